@@ -1,0 +1,31 @@
+"""vmx: multilingual sentence embeddings (VMSST, EMS, InfoXLM, EMMA-X, MPCL) in JAX/Flax."""
+from setuptools import find_packages, setup
+
+setup(
+    name="vmx",
+    version="0.1.0",
+    description="JAX/Flax training system for multilingual sentence embeddings",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["vmx", "vmx.*", "tasks", "tasks.*"]),
+    package_data={"vmx.data": ["registry.tsv"]},
+    # Ranges tested on Python 3.11 / CPU (see README, "Tested versions").
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12,<0.13",
+        "seqio>=0.0.20",
+        "sentencepiece>=0.2,<0.3",
+        "tensorflow>=2.21,<2.22",
+        "tensorflow-text>=2.21,<2.22",
+        "tensorflow-datasets>=4.9",
+        "tensorboard>=2.20",
+        "gin-config>=0.5,<0.6",
+        "clu>=0.0.12",
+        "numpy>=2.0",
+        "tqdm>=4.66",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+)

@@ -1,0 +1,18 @@
+"""SeqIO registrations for vmx's corpora.
+
+Tasks are registered when a gin run asks for them (their vocabulary and data
+location are run settings), by the gin-configurable functions here, which return
+the task or mixture name for `DatasetConfig.mixture_or_task_name`:
+
+  DatasetConfig.mixture_or_task_name = @tasks.parallel_mixture()
+  tasks.parallel_mixture.corpus = 'tatoeba-challenge'
+  tasks.parallel_mixture.languages = %TRAIN_LANGUAGES
+  tasks.parallel_mixture.alpha = 0.3
+
+Corpora (layouts of ../shared/data/train, see its README):
+  tatoeba-challenge  train/tatoeba-challenge/<xxx>-eng/train.{<xxx>,eng}.gz  (ISO 639-3)
+  wmt-newstest       train/wmt-newstest/<xx>-en/train.{<xx>,en}.gz           (ISO 639-1)
+Any other Moses or TSV corpus: `tasks.moses_task` / `tasks.tsv_task`.
+"""
+from tasks.parallel import (CORPORA, ParallelCorpus, corpus_files, corpus_text_files,
+                            moses_task, parallel_mixture, tsv_task)

@@ -1,0 +1,17 @@
+"""Registers vmx's classes with gin (import this before parsing gin files).
+
+Names are the class/function names (`TransformerEncoder.num_layers = 6`); the
+module path disambiguates if needed (`vmx.encoders.TransformerEncoder`).
+"""
+import gin
+
+from vmx import encoders
+from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
+from vmx.models import dual_encoder
+from vmx.training import checkpoints, optimizers, partitioning, trainer  # noqa: F401
+import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
+
+gin.external_configurable(encoders.TransformerEncoder, module="vmx.encoders")
+gin.external_configurable(dual_encoder.DualEncoder, module="vmx.models")
+gin.external_configurable(dual_encoder.DualEncoderModel, module="vmx.models")
+gin.external_configurable(pipeline.DatasetConfig, module="vmx.data")

@@ -1,0 +1,51 @@
+"""SeqIO feature converters: task features -> model features."""
+from __future__ import annotations
+
+import seqio
+import tensorflow as tf
+
+FeatureSpec = seqio.FeatureConverter.FeatureSpec
+
+
+class PairFeatureConverter(seqio.FeatureConverter):
+  """Translation pairs for dual encoders (and any model reading both sides).
+
+  inputs, targets, inputs_lang, targets_lang ->
+  left_tokens [L_in], right_tokens [L_tgt] (zero-padded, truncated), left_lang, right_lang.
+  """
+  TASK_FEATURES = {
+      "inputs": FeatureSpec(dtype=tf.int32),
+      "targets": FeatureSpec(dtype=tf.int32),
+      "inputs_lang": FeatureSpec(dtype=tf.int32, rank=0),
+      "targets_lang": FeatureSpec(dtype=tf.int32, rank=0),
+  }
+  MODEL_FEATURES = {
+      "left_tokens": FeatureSpec(dtype=tf.int32),
+      "right_tokens": FeatureSpec(dtype=tf.int32),
+      "left_lang": FeatureSpec(dtype=tf.int32, rank=0),
+      "right_lang": FeatureSpec(dtype=tf.int32, rank=0),
+  }
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, pack: bool = False, **kwargs):
+    if pack:
+      raise ValueError("PairFeatureConverter does not pack: each row is one sentence")
+    super().__init__(pack=False, **kwargs)
+
+  SCALAR_FEATURES = ("inputs_lang", "targets_lang")
+
+  def __call__(self, ds, task_feature_lengths):
+    # Scalars have no length, but seqio's checks want a key for every feature.
+    lengths = {**task_feature_lengths, **{k: 1 for k in self.SCALAR_FEATURES}}
+    return super().__call__(ds, lengths)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    ds = seqio.utils.trim_and_pad_dataset(
+        ds, {k: task_feature_lengths[k] for k in ("inputs", "targets")})
+    return ds.map(lambda ex: {"left_tokens": ex["inputs"], "right_tokens": ex["targets"],
+                              "left_lang": ex["inputs_lang"], "right_lang": ex["targets_lang"]},
+                  num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {"left_tokens": task_feature_lengths["inputs"],
+            "right_tokens": task_feature_lengths["targets"], "left_lang": 1, "right_lang": 1}

@@ -1,0 +1,120 @@
+"""Plain-Python readers and validators for text corpora (no TensorFlow).
+
+Parallel corpora come in two layouts:
+  * Moses: two aligned files, line i of one is the translation of line i of the
+    other (`train.deu.gz` / `train.eng.gz`); `.gz` is read transparently.
+  * TSV: one file, `source<TAB>target` (columns configurable).
+`validate_parallel` / `validate_tsv` read the files once, count pairs and raise
+`DataError` naming the file and line of the first problem: different line
+counts, an empty line, invalid UTF-8, a missing column. Results are cached by
+(path, size, mtime) so a restart does not re-read a large corpus.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+from vmx.data.download import DataError, cache_dir
+
+EMPTY_LINE_POLICIES = ("error", "skip")
+
+
+def open_text(path) -> "io.BufferedReader":
+  path = Path(path)
+  if not path.exists():
+    raise DataError(f"{path}: no such file")
+  return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _decode(raw: bytes, path, lineno: int) -> str:
+  try:
+    return raw.decode("utf-8").rstrip("\r\n")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} "
+                    f"({raw[max(0, e.start - 8):e.start + 8]!r})") from None
+
+
+def iter_lines(path) -> Iterator[tuple[int, str]]:
+  """(1-based line number, decoded line without newline)."""
+  with open_text(path) as f:
+    for i, raw in enumerate(f, 1):
+      yield i, _decode(raw, path, i)
+
+
+def _stamp(paths) -> str:
+  return "|".join(f"{Path(p).resolve()}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}"
+                  for p in paths)
+
+
+def _cached(kind: str, paths, compute):
+  key = f"{kind}|{_stamp(paths)}"
+  store = cache_dir() / "validated.json"
+  try:
+    known = json.loads(store.read_text())
+  except (OSError, ValueError):
+    known = {}
+  if key in known:
+    return known[key]
+  value = compute()
+  known[key] = value
+  try:
+    store.parent.mkdir(parents=True, exist_ok=True)
+    tmp = store.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known))
+    os.replace(tmp, store)
+  except OSError:
+    pass
+  return value
+
+
+def read_parallel(src_path, tgt_path, empty_lines: str = "error") -> Iterator[tuple[str, str]]:
+  """Aligned (source, target) pairs of a Moses-layout corpus, validated as read."""
+  if empty_lines not in EMPTY_LINE_POLICIES:
+    raise ValueError(f"empty_lines={empty_lines!r}; expected one of {EMPTY_LINE_POLICIES}")
+  with open_text(src_path) as fs, open_text(tgt_path) as ft:
+    i = 0
+    while True:
+      rs, rt = fs.readline(), ft.readline()
+      i += 1
+      if not rs or not rt:
+        if rs or rt:
+          short, long_ = (src_path, tgt_path) if not rs else (tgt_path, src_path)
+          raise DataError(f"{short} has {i - 1} lines but {long_} has more (line {i} has no "
+                          f"translation): Moses files must be aligned line by line")
+        return
+      s, t = _decode(rs, src_path, i), _decode(rt, tgt_path, i)
+      if not s.strip() or not t.strip():
+        if empty_lines == "skip":
+          continue
+        bad = src_path if not s.strip() else tgt_path
+        raise DataError(f"{bad}:{i}: empty line (set empty_lines='skip' to drop such pairs)")
+      yield s, t
+
+
+def validate_parallel(src_path, tgt_path, empty_lines: str = "error") -> int:
+  """Number of usable pairs; raises DataError on the first bad line."""
+  return _cached(f"moses:{empty_lines}", [src_path, tgt_path],
+                 lambda: sum(1 for _ in read_parallel(src_path, tgt_path, empty_lines)))
+
+
+def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple[str, ...]]:
+  """Selected columns of each TSV line, validated as read."""
+  need = max(columns) + 1
+  for i, line in iter_lines(path):
+    fields = line.split("\t")
+    if len(fields) < need:
+      raise DataError(f"{path}:{i}: {len(fields)} tab-separated field(s), need at least {need}")
+    row = tuple(fields[c] for c in columns)
+    if any(not x.strip() for x in row):
+      if empty_lines == "skip":
+        continue
+      raise DataError(f"{path}:{i}: empty field (set empty_lines='skip' to drop such rows)")
+    yield row
+
+
+def validate_tsv(path, columns=(0, 1), empty_lines: str = "error") -> int:
+  return _cached(f"tsv:{tuple(columns)}:{empty_lines}", [path],
+                 lambda: sum(1 for _ in read_tsv(path, columns, empty_lines)))

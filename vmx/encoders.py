@@ -1,0 +1,196 @@
+"""Transformer encoder, poolers and projection heads (Flax linen).
+
+The encoder is the unit every method reuses: dual encoders (CONTRASTIVE, EMS,
+MPCL, InfoXLM), the semantic/language encoders of VMSST and the momentum copies
+of MoCo-style methods are instances of `TransformerEncoder`; two instances can
+share one token table by passing the same `Embed` module as `shared_embedding`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax.linen import partitioning as nnp
+
+from vmx import layers
+
+Array = jax.Array
+POOLING_METHODS = ("mean", "first")
+POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
+REMAT_POLICIES = ("none", "full", "dots")
+
+
+class EncoderLayer(nn.Module):
+  """Pre-LayerNorm Transformer layer: x + Attn(LN(x)); x + MLP(LN(x))."""
+  num_heads: int
+  head_dim: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  activation: str = "gelu"
+  dtype: jnp.dtype = jnp.float32
+  scanned: bool = False  # called under nn.scan: return (carry, None)
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, deterministic: bool):
+    h = layers.LayerNorm(dtype=self.dtype, name="pre_attention_norm")(x_BxLxD)
+    h = layers.MultiHeadAttention(self.num_heads, self.head_dim, self.attention_dropout_rate,
+                                  dtype=self.dtype, name="attention")(h, h, mask_Bx1xLxL,
+                                                                     deterministic)
+    x = x_BxLxD + nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    h = layers.LayerNorm(dtype=self.dtype, name="pre_mlp_norm")(x)
+    h = layers.MlpBlock(self.mlp_dim, self.activation, self.dropout_rate, dtype=self.dtype,
+                        name="mlp")(h, deterministic)
+    x = x + nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
+    if self.scanned:
+      return x, None
+    return x
+
+
+class TransformerEncoder(nn.Module):
+  """Token (+ position, + optional language) embeddings -> N layers -> final LN.
+
+  Returns hidden states [B, L, D] of layer `output_layer` (default None: the
+  last, after the final LayerNorm; 0 means the embeddings) and the validity mask
+  [B, L] (token id 0 is padding). Layers above `output_layer` are not built.
+  """
+  vocab_size: int
+  num_layers: int = 6
+  emb_dim: int = 512
+  num_heads: int = 8
+  head_dim: Optional[int] = None  # default emb_dim // num_heads
+  mlp_dim: int = 2048
+  max_length: int = 512
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  activation: str = "gelu"
+  position_embedding: str = "learned"
+  num_languages: int = 0  # > 0 adds a language embedding to every position
+  scan_layers: bool = False
+  remat_policy: str = "none"
+  dtype: jnp.dtype = jnp.float32
+  output_layer: Optional[int] = None
+  shared_embedding: Optional[nn.Module] = None
+
+  @property
+  def depth(self) -> int:
+    """How many layers run (all of them unless output_layer is set)."""
+    return self.num_layers if self.output_layer is None else self.output_layer
+
+  def setup(self):
+    if not 0 <= self.depth <= self.num_layers:
+      raise ValueError(f"output_layer={self.output_layer} outside [0, {self.num_layers}]")
+    if self.position_embedding not in POSITION_EMBEDDINGS:
+      raise ValueError(f"position_embedding={self.position_embedding!r}; "
+                       f"expected one of {POSITION_EMBEDDINGS}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
+    self.token_embed = self.shared_embedding or layers.Embed(
+        self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
+    if self.position_embedding == "learned":
+      self.position_embed = layers.Embed(self.max_length, self.emb_dim, dtype=self.dtype,
+                                         axes=("length", "embed"),
+                                         embedding_init=nn.initializers.normal(0.02),
+                                         name="position_embed")
+    if self.num_languages:
+      self.language_embed = layers.Embed(self.num_languages, self.emb_dim, dtype=self.dtype,
+                                         axes=("languages", "embed"),
+                                         embedding_init=nn.initializers.normal(0.02),
+                                         name="language_embed")
+    self.final_norm = layers.LayerNorm(dtype=self.dtype, name="final_norm")
+    self.embed_dropout = nn.Dropout(self.dropout_rate)
+    self.layer_stack = self._make_layers()
+
+  def _layer_kwargs(self):
+    if not self.head_dim and self.emb_dim % self.num_heads:
+      raise ValueError(f"emb_dim {self.emb_dim} is not divisible by num_heads {self.num_heads};"
+                       f" set head_dim")
+    return dict(num_heads=self.num_heads, head_dim=self.head_dim or self.emb_dim // self.num_heads,
+                mlp_dim=self.mlp_dim,
+                dropout_rate=self.dropout_rate,
+                attention_dropout_rate=self.attention_dropout_rate,
+                activation=self.activation, dtype=self.dtype)
+
+  def _layer_cls(self):
+    if self.remat_policy == "none":
+      return EncoderLayer
+    policy = (jax.checkpoint_policies.checkpoint_dots if self.remat_policy == "dots"
+              else jax.checkpoint_policies.nothing_saveable)
+    # self=0, x=1, mask=2, deterministic=3
+    return nnp.remat(EncoderLayer, policy=policy, prevent_cse=not self.scan_layers,
+                     static_argnums=(3,))
+
+  def _make_layers(self):
+    cls = self._layer_cls()
+    if self.depth == 0:
+      return None
+    if not self.scan_layers:
+      return [cls(**self._layer_kwargs(), name=f"layers_{i}") for i in range(self.depth)]
+    scanned = nnp.scan_with_axes(
+        cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast, nn.broadcast), length=self.depth, axis_name="layers")
+    return scanned(**self._layer_kwargs(), scanned=True, name="layers")
+
+  def embed(self, tokens_BxL: Array, lang_B: Optional[Array]) -> Array:
+    x = self.token_embed(tokens_BxL)
+    length = tokens_BxL.shape[1]
+    if length > self.max_length:
+      raise ValueError(f"sequence length {length} > max_length {self.max_length}")
+    if self.position_embedding == "learned":
+      x = x + self.position_embed(jnp.arange(length))[None]
+    elif self.position_embedding == "sinusoidal":
+      x = x + jnp.asarray(layers.sinusoidal_positions(length, self.emb_dim), self.dtype)[None]
+    if self.num_languages:
+      if lang_B is None:
+        raise ValueError("this encoder has language embeddings: pass language ids")
+      x = x + self.language_embed(lang_B)[:, None, :]
+    return x
+
+  def __call__(self, tokens_BxL: Array, lang_B: Optional[Array] = None,
+               deterministic: bool = True):
+    valid_BxL = tokens_BxL > 0
+    mask = layers.make_attention_mask(valid_BxL, valid_BxL)
+    x = self.embed(tokens_BxL, lang_B)
+    x = self.embed_dropout(x, deterministic=deterministic)
+    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
+    if self.depth == 0:
+      return x, valid_BxL
+    if self.scan_layers:
+      x, _ = self.layer_stack(x, mask, deterministic)
+    else:
+      for lyr in self.layer_stack:
+        x = lyr(x, mask, deterministic)
+    if self.depth < self.num_layers:
+      return x, valid_BxL
+    return self.final_norm(x), valid_BxL
+
+
+def pool(hidden_BxLxD: Array, valid_BxL: Array, method: str = "mean") -> Array:
+  """Sentence vector [B, D] from hidden states: masked mean, or the first token."""
+  if method == "mean":
+    w = valid_BxL.astype(jnp.float32)[..., None]
+    return (hidden_BxLxD.astype(jnp.float32) * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
+  if method == "first":
+    return hidden_BxLxD[:, 0].astype(jnp.float32)
+  raise ValueError(f"pooling={method!r}; expected one of {POOLING_METHODS}")
+
+
+class ProjectionHead(nn.Module):
+  """MLP on sentence vectors: Dense(d1) -> act -> ... -> Dense(dn); () = identity."""
+  features: Sequence[int] = ()
+  activation: str = "relu"
+  use_bias: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxD: Array) -> Array:
+    for i, f in enumerate(self.features):
+      if i:
+        x_BxD = getattr(jax.nn, self.activation)(x_BxD)
+      x_BxD = layers.Dense(f, ("embed", "mlp") if i == 0 else ("mlp", "mlp"),
+                           use_bias=self.use_bias, dtype=self.dtype, name=f"dense_{i}")(x_BxD)
+    return x_BxD.astype(jnp.float32)

@@ -1,0 +1,153 @@
+"""Transformer building blocks (Flax linen) with t5x logical axis names.
+
+Every parameter is declared with `flax.linen.partitioning.param_with_axes`, so
+the partitioner (and t5x's) can map it onto a mesh with logical axis rules:
+  batch, length, embed, mlp, heads, kv, vocab, layers.
+Parameters are float32; `dtype` is the computation dtype (float32 or bfloat16).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax.linen import partitioning as nnp
+
+Array = jax.Array
+param_with_axes = nnp.param_with_axes
+with_sharding_constraint = nnp.with_sharding_constraint
+
+default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+default_embed_init = nn.initializers.normal(stddev=1.0)
+
+
+class Dense(nn.Module):
+  """y = x @ W (+ b) over the last axis, W with logical axes `kernel_axes`."""
+  features: int
+  kernel_axes: tuple[str, str] = ("embed", "mlp")
+  use_bias: bool = False
+  dtype: jnp.dtype = jnp.float32
+  kernel_init: Callable = default_kernel_init
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    kernel = param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features),
+                             jnp.float32, axes=self.kernel_axes)
+    y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
+    if self.use_bias:
+      bias = param_with_axes("bias", nn.initializers.zeros, (self.features,), jnp.float32,
+                             axes=(self.kernel_axes[-1],))
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+class Embed(nn.Module):
+  """Lookup table [num_embeddings, features] with axes (vocab, embed)."""
+  num_embeddings: int
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  axes: tuple[str, str] = ("vocab", "embed")
+  embedding_init: Callable = default_embed_init
+
+  def setup(self):
+    self.embedding = param_with_axes("embedding", self.embedding_init,
+                                     (self.num_embeddings, self.features), jnp.float32,
+                                     axes=self.axes)
+
+  def __call__(self, ids: Array) -> Array:
+    # One-hot matmul shards well over 'vocab'; a gather is cheaper on CPU/GPU.
+    return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+  def attend(self, x: Array) -> Array:
+    """Logits against the table (tied output projection)."""
+    return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
+
+
+class LayerNorm(nn.Module):
+  epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    y = (x32 - mean) * jax.lax.rsqrt(var + self.epsilon)
+    scale = param_with_axes("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32,
+                            axes=("embed",))
+    bias = param_with_axes("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32,
+                           axes=("embed",))
+    return (y * scale + bias).astype(self.dtype)
+
+
+def sinusoidal_positions(length: int, features: int) -> np.ndarray:
+  """Fixed sin/cos position table [length, features] (Vaswani et al. 2017)."""
+  pos = np.arange(length)[:, None]
+  inv = 1.0 / (10000 ** (np.arange(0, features, 2) / features))
+  table = np.zeros((length, features), np.float32)
+  table[:, 0::2] = np.sin(pos * inv)
+  table[:, 1::2] = np.cos(pos * inv)[:, : features // 2]
+  return table
+
+
+def make_attention_mask(query_valid_BxQ: Array, key_valid_BxK: Array,
+                        causal: bool = False) -> Array:
+  """Boolean mask [B, 1, Q, K]: True where query q may attend to key k."""
+  mask = query_valid_BxQ[:, None, :, None] & key_valid_BxK[:, None, None, :]
+  if causal:
+    q, k = query_valid_BxQ.shape[-1], key_valid_BxK.shape[-1]
+    mask = mask & jnp.tril(jnp.ones((q, k), bool))[None, None]
+  return mask
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head dot-product attention; self- or cross-attention.
+
+  Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed].
+  """
+  num_heads: int
+  head_dim: int
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxQxD: Array, kv_BxKxD: Array, mask_Bx1xQxK: Array,
+               deterministic: bool) -> Array:
+    d = x_BxQxD.shape[-1]
+
+    def proj(name, inputs):
+      w = param_with_axes(name, default_kernel_init, (d, self.num_heads, self.head_dim),
+                          jnp.float32, axes=("embed", "heads", "kv"))
+      return jnp.einsum("bld,dhk->blhk", inputs.astype(self.dtype), w.astype(self.dtype))
+
+    q = proj("query", x_BxQxD) / np.sqrt(self.head_dim).astype(self.dtype)
+    k = proj("key", kv_BxKxD)
+    v = proj("value", kv_BxKxD)
+    q = with_sharding_constraint(q, ("batch", "length", "heads", "kv"))
+    logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
+    logits = jnp.where(mask_Bx1xQxK, logits, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    if self.dropout_rate > 0.0 and not deterministic:
+      weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+    ctx = jnp.einsum("bhqs,bshk->bqhk", weights, v)
+    wo = param_with_axes("out", default_kernel_init, (self.num_heads, self.head_dim, d),
+                         jnp.float32, axes=("heads", "kv", "embed"))
+    return jnp.einsum("bqhk,hkd->bqd", ctx, wo.astype(self.dtype))
+
+
+class MlpBlock(nn.Module):
+  """Position-wise feed-forward: wo(act(wi(x)))."""
+  mlp_dim: int
+  activation: str = "gelu"
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    h = Dense(self.mlp_dim, ("embed", "mlp"), use_bias=True, dtype=self.dtype, name="wi")(x)
+    h = getattr(jax.nn, self.activation)(h)
+    h = with_sharding_constraint(h, ("batch", "length", "mlp"))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return Dense(x.shape[-1], ("mlp", "embed"), use_bias=True, dtype=self.dtype, name="wo")(h)

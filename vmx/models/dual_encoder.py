@@ -1,0 +1,96 @@
+"""Dual encoders: the CONTRASTIVE baseline (VMSST paper §6.3).
+
+One Transformer encoder (shared by both sides unless `share_encoders=False`),
+a pooler (mean / first token, from a chosen layer) and an optional projection
+head give sentence vectors for the two sides of a translation pair; the loss is
+bidirectional in-batch InfoNCE over the GLOBAL batch (vmx.losses).
+
+Batch features (vmx.data.feature_converters.PairFeatureConverter):
+  left_tokens [B, L] int32, right_tokens [B, L] int32, left_lang [B], right_lang [B].
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from clu import metrics as clu_metrics
+from flax import linen as nn
+
+from vmx import encoders, losses
+from vmx.models.base import BaseModel, _LazyClass
+
+
+class DualEncoder(nn.Module):
+  """Encoder(s) + pooler + projection head for pairs of sentences."""
+  encoder: encoders.TransformerEncoder
+  pooling: str = "mean"
+  projection_dims: Sequence[int] = ()
+  share_encoders: bool = True
+
+  def setup(self):
+    self.left_encoder = self.encoder
+    self.right_encoder = (self.encoder if self.share_encoders
+                          else self.encoder.clone(parent=self, name="right_encoder"))
+    self.left_head = encoders.ProjectionHead(tuple(self.projection_dims), name="projection")
+    self.right_head = (self.left_head if self.share_encoders else
+                       encoders.ProjectionHead(tuple(self.projection_dims),
+                                               name="right_projection"))
+
+  def encode(self, tokens_BxL, lang_B=None, deterministic: bool = True, side: str = "left"):
+    enc, head = ((self.left_encoder, self.left_head) if side == "left"
+                 else (self.right_encoder, self.right_head))
+    hidden, valid = enc(tokens_BxL, lang_B, deterministic=deterministic)
+    return head(encoders.pool(hidden, valid, self.pooling))
+
+  def __call__(self, left_tokens, right_tokens, left_lang=None, right_lang=None,
+               deterministic: bool = True):
+    return (self.encode(left_tokens, left_lang, deterministic, "left"),
+            self.encode(right_tokens, right_lang, deterministic, "right"))
+
+
+class DualEncoderModel(BaseModel):
+  """t5x-style model for dual encoders trained with in-batch InfoNCE."""
+  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
+  CONFIG_FIELDS = ("module", "temperature", "bidirectional")
+
+  def __init__(self, module: DualEncoder, temperature: float = 0.05,
+               bidirectional: bool = True):
+    super().__init__(module)
+    self.temperature = temperature
+    self.bidirectional = bidirectional
+
+  def _apply(self, params, batch, dropout_rng):
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    return self.module.apply(
+        {"params": params}, batch["left_tokens"], batch["right_tokens"],
+        batch.get("left_lang"), batch.get("right_lang"),
+        deterministic=dropout_rng is None, rngs=rngs)
+
+  def loss_fn(self, params, batch, dropout_rng):
+    left, right = self._apply(params, batch, dropout_rng)
+    loss, m = losses.in_batch_softmax_loss(left, right, self.temperature, self.bidirectional)
+    metrics = {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
+    return loss, metrics
+
+  def score_batch(self, params, batch, return_intermediates: bool = False):
+    """Cosine similarity of each (left, right) pair: [B]."""
+    left, right = self._apply(params, batch, None)
+    scores = jnp.sum(losses.l2_normalize(left) * losses.l2_normalize(right), axis=-1)
+    if return_intermediates:
+      return scores, {"left_encodings": left, "right_encodings": right}
+    return scores
+
+  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
+    """L2-normalized embeddings [B, D] of `{side}_tokens`; aux: the raw vectors."""
+    emb = self.module.apply({"params": params}, batch[f"{side}_tokens"],
+                            batch.get(f"{side}_lang"), True, side,
+                            method=DualEncoder.encode)
+    return losses.l2_normalize(emb), {"unnormalized": emb}
+
+  def get_initial_variables(self, rng, input_shapes, input_types=None):
+    input_types = input_types or {}
+    dummy = {k: jnp.ones(s, input_types.get(k, jnp.int32)) for k, s in input_shapes.items()}
+    return self.module.init({"params": rng}, dummy["left_tokens"], dummy["right_tokens"],
+                            dummy.get("left_lang"), dummy.get("right_lang"),
+                            deterministic=True)

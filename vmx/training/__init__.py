@@ -1,0 +1,1 @@
+"""Training: partitioning (mesh + logical axis rules), optimizers, checkpoints, trainer."""
