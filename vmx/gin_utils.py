@@ -99,6 +99,20 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_fl
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except (ValueError, KeyError, SyntaxError, IOError, TypeError) as e:
     raise ConfigError(one_line(e)) from None
+  unset = unset_required_macros()
+  if unset:
+    raise ConfigError(f"required macro(s) {', '.join(unset)} not set: pass e.g. "
+                      f"--gin.{unset[0]}=VALUE")
+
+
+def unset_required_macros() -> list[str]:
+  """Macros still bound to %gin.REQUIRED (gin itself would pass the marker on)."""
+  from gin import config as gin_config
+  out = []
+  for (scope, selector), params in gin_config._CONFIG.items():
+    if selector == "gin.macro" and str(params.get("value")) == "%gin.REQUIRED":
+      out.append(scope)
+  return sorted(out)
 
 
 def one_line(e: BaseException) -> str:

@@ -126,7 +126,7 @@ class Trainer:
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics)
-    metrics["grad_norm"] = clu_metrics.Average.from_model_output(optax.global_norm(grads))
+    metrics["grad_norm"] = clu_metrics.Average.from_model_output(optax.tree.norm(grads))
     if self.learning_rate is not None:
       metrics["learning_rate"] = clu_metrics.LastValue.from_model_output(
           jnp.asarray(self.learning_rate(state.step)))

@@ -1,0 +1,78 @@
+"""Every gin experiment file parses; bad command lines give one clear error line."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import gin
+import pytest
+
+from conftest import REPO
+from vmx import gin_utils
+
+EXPERIMENTS = sorted(p.name for p in (REPO / "gin_configs").glob("*.gin"))
+REQUIRED_MACROS = ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "NUM_LAYERS", "EMB_DIM",
+                   "NUM_HEADS", "MLP_DIM", "VOCAB_SIZE", "MAX_LENGTH")
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_file_parses_and_exposes_macros(name):
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin([name], ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 7"])
+    for m in REQUIRED_MACROS:
+      gin.query_parameter(f"%{m}")
+    assert gin.query_parameter("%TRAIN_STEPS") == 7
+    header = (REPO / "gin_configs" / name).read_text().splitlines()[:12]
+    text = "\n".join(header)
+    for word in ("Command:", "Hardware:", "Time:", "Result:"):
+      assert word in text, f"{name}: header lacks {word!r}"
+  finally:
+    gin.clear_config()
+
+
+def _run(*args, env=None):
+  e = dict(os.environ, **(env or {}))
+  return subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), *args],
+                        capture_output=True, text=True, env=e, cwd=REPO, timeout=300)
+
+
+def _error_line(proc):
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  return errors[0]
+
+
+def test_unknown_binding_names_the_binding():
+  line = _error_line(_run("--gin_file=contrastive_tiny.gin", "--gin.MODEL_DIR=/tmp/x",
+                          "--gin.TransformerEncoder.num_layerz=3"))
+  assert "num_layerz" in line
+
+
+def test_unknown_configurable_names_it():
+  line = _error_line(_run("--gin_file=contrastive_tiny.gin", "--gin.MODEL_DIR=/tmp/x",
+                          "--gin.NoSuchThing.x=3"))
+  assert "NoSuchThing" in line
+
+
+def test_missing_gin_file():
+  line = _error_line(_run("--gin_file=no_such_experiment.gin"))
+  assert "no_such_experiment.gin" in line and "not found" in line
+
+
+def test_required_model_dir_left_unset():
+  line = _error_line(_run("--gin_file=contrastive_tiny.gin"))
+  assert "MODEL_DIR" in line
+
+
+def test_missing_data_dir(tmp_path):
+  line = _error_line(_run("--gin_file=contrastive_tiny.gin", f"--gin.MODEL_DIR={tmp_path}",
+                          env={"VMX_DATA_DIR": str(tmp_path / "absent")}))
+  assert "absent" in line and "not a directory" in line
+
+
+def test_plain_string_values_need_no_quotes():
+  bindings, rest = gin_utils.split_gin_bindings(["--gin.MODEL_DIR=/tmp/a b", "--x",
+                                                 "--gin.N=3", "--gin.S='q'"])
+  assert bindings == ["MODEL_DIR = '/tmp/a b'", "N = 3", "S = 'q'"] and rest == ["--x"]

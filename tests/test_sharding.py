@@ -1,0 +1,91 @@
+"""Loss and gradients do not depend on the number of devices (global-batch negatives)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vmx import encoders
+from vmx.models import DualEncoder, DualEncoderModel
+from vmx.training import optimizers, partitioning
+from vmx.training.trainer import Trainer
+
+B, L = 16, 12
+
+
+def _model(scan=False):
+  enc = encoders.TransformerEncoder(vocab_size=64, num_layers=2, emb_dim=32, num_heads=4,
+                                    mlp_dim=64, max_length=L, scan_layers=scan)
+  return DualEncoderModel(DualEncoder(enc, projection_dims=(16,)), temperature=0.1)
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  lens = rng.integers(3, L, size=(2, B))
+  toks = rng.integers(3, 64, size=(2, B, L))
+  toks[0][np.arange(L)[None] >= lens[0][:, None]] = 0
+  toks[1][np.arange(L)[None] >= lens[1][:, None]] = 0
+  return {"left_tokens": toks[0].astype(np.int32), "right_tokens": toks[1].astype(np.int32),
+          "left_lang": np.zeros(B, np.int32), "right_lang": np.ones(B, np.int32)}
+
+
+def _loss_and_grads(num_devices, num_partitions=1, scan=False):
+  model = _model(scan)
+  part = partitioning.Partitioner(num_partitions=num_partitions, num_devices=num_devices)
+  shapes = {k: v.shape for k, v in _batch().items()}
+  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part, shapes)
+  state = tr.create_state(0)
+  batch = part.host_local_to_global(_batch(), tr.batch_shardings)
+  fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]))
+  with part.context():
+    loss, grads = fn(state.params, batch)
+  return float(loss), jax.tree.map(np.asarray, grads), tr, state, batch
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+@pytest.mark.parametrize("num_partitions,scan", [(1, False), (2, True)])
+def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions, scan):
+  l1, g1, *_ = _loss_and_grads(1, 1, scan)
+  l8, g8, tr8, state8, batch8 = _loss_and_grads(8, num_partitions, scan)
+  np.testing.assert_allclose(l1, l8, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), g1, g8)
+  # The batch really is split over the 8 devices.
+  assert len(batch8["left_tokens"].sharding.device_set) == 8
+  assert batch8["left_tokens"].addressable_shards[0].data.shape[0] == B // (8 // num_partitions)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_train_step_equal_on_1_and_8_devices():
+  out = []
+  for n in (1, 8):
+    *_, tr, state, batch = _loss_and_grads(n)
+    for _ in range(2):
+      state, metrics = tr.step(state, _batch())
+    out.append((jax.tree.map(np.asarray, state.params), float(metrics["loss"].compute())))
+  np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               out[0][0], out[1][0])
+
+
+def test_params_carry_t5x_logical_axes():
+  model = _model()
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {"left_tokens": (2, L),
+                                                          "right_tokens": (2, L)})
+  from flax.linen import partitioning as nnp
+  names = {tuple(s) for s in jax.tree.leaves(
+      nnp.get_axis_names(v["params_axes"]),
+      is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))}
+  assert ("vocab", "embed") in names and ("embed", "heads", "kv") in names
+  assert ("embed", "mlp") in names and ("heads", "kv", "embed") in names
+
+
+def test_scan_and_unrolled_layers_compute_the_same_function():
+  b = {k: jnp.asarray(v) for k, v in _batch().items()}
+  unrolled, scanned = _model(False), _model(True)
+  p = unrolled.get_initial_variables(jax.random.PRNGKey(0), {k: v.shape for k, v in b.items()})
+  p = jax.tree.map(np.asarray, p["params"])
+  enc = p["encoder"]
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *[enc[f"layers_{i}"] for i in range(2)])
+  ps = {**p, "encoder": {**{k: v for k, v in enc.items() if not k.startswith("layers_")},
+                         "layers": stacked}}
+  np.testing.assert_allclose(unrolled.score_batch(p, b), scanned.score_batch(ps, b),
+                             rtol=1e-5, atol=1e-6)
