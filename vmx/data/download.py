@@ -118,20 +118,3 @@ def resolve(rel: str, data_dir: Optional[str] = None) -> Path:
   if p.exists():
     return p
   return download(rel, p)
-
-
-def resolve_dir(rel_dir: str, data_dir: Optional[str] = None) -> Path:
-  """A directory of the data layout; downloads every registry file under it if needed."""
-  root = configured_data_dir(data_dir)
-  if root is not None:
-    p = root / rel_dir
-    if not p.is_dir():
-      raise DataError(f"{p}: no such directory in data dir {root}")
-    return p
-  prefix = rel_dir.rstrip("/") + "/"
-  members = [r for r in registry() if r.startswith(prefix)]
-  if not members:
-    raise DataError(f"{rel_dir}: not in the data registry {REGISTRY}")
-  for r in members:
-    resolve(r)
-  return cache_dir() / rel_dir
