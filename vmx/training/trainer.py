@@ -12,6 +12,7 @@ position; a run restarted with the same model_dir resumes from the latest one.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -174,6 +175,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   `stop_at_step` ends this invocation early (as a preempted job would) without
   changing the schedule, which is defined by `total_steps`.
   """
+  if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
+    raise ValueError(f"train.model_dir must be a path, got {model_dir!r}: set MODEL_DIR")
   model_dir = str(model_dir)
   Path(model_dir).mkdir(parents=True, exist_ok=True)
   partitioner = partitioner or partitioning.Partitioner()
