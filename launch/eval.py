@@ -4,7 +4,7 @@
   python launch/eval.py --checkpoint_dir=/tmp/vmx/contrastive_tiny --tasks=tatoeba \
       [--languages=deu,fra] [--step=N] [--output=results.json] [--data_dir=...]
 
-Prints a per-language table and writes JSON (default CHECKPOINT_DIR/eval_tatoeba_<step>.json).
+Prints a per-language table and writes JSON (default CHECKPOINT_DIR/eval_tatoeba.json).
 Languages default to those the model was trained on that have a Tatoeba test set.
 """
 import argparse
@@ -43,9 +43,8 @@ def main(argv):
              if f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}" in download.registry()]
   enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
                                 batch_size=args.batch_size)
-  uses_lang = bool(info["model"]["module"].get("encoder", {}).get("num_languages", 0))
-  res = tatoeba.evaluate(lambda s, l: enc.encode(s, lang=l if uses_lang else None), langs,
-                         args.data_dir, progress=True)
+  res = tatoeba.evaluate(lambda s, l: enc.encode(s, lang=l), langs, args.data_dir,
+                         progress=True)
   print(tatoeba.format_table(res))
   out = Path(args.output or Path(args.checkpoint_dir) / "eval_tatoeba.json")
   out.write_text(json.dumps({"task": "tatoeba", "checkpoint_dir": str(args.checkpoint_dir),

@@ -72,14 +72,14 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
   mixture name. `model_languages` fixes the language ids (index in that list).
   """
   c = _corpus(corpus)
-  key = vtasks.vocabulary_key(vocabulary)
+  key = vtasks.short_hash(vocabulary)
   prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
   names = []
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
     names.append(vtasks.register_pair_task(
         f"{prefix}.{lang}_{c.pivot}.{key}", vtasks.moses_source(src, piv, empty_lines),
         lang, c.pivot, vocabulary, model_languages, shuffle_buffer_size))
-  lang_key = vtasks.vocabulary_key(",".join(languages))
+  lang_key = vtasks.short_hash(",".join(languages))
   return vtasks.register_mixture(f"{prefix}.mix_{lang_key}_a{alpha}.{key}", names, alpha)
 
 

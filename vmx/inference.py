@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from vmx.data.vocab import Tokenizer
@@ -84,8 +83,12 @@ class Encoder:
                info["languages"], L, batch_size)
 
   def _lang_ids(self, lang, n: int) -> np.ndarray:
-    if lang is None:
+    """Language ids for models that read them; others ignore `lang`."""
+    if not self.model.uses_languages:
       return np.zeros((n,), np.int32)
+    if lang is None:
+      raise ValueError("this model reads language ids: pass lang= (one code, or one per "
+                       f"sentence, of {', '.join(self.languages[:12])}…)")
     langs = [lang] * n if isinstance(lang, str) else list(lang)
     if len(langs) != n:
       raise ValueError(f"lang has {len(langs)} entries for {n} sentences")

@@ -7,7 +7,7 @@ Parameters are float32; `dtype` is the computation dtype (float32 or bfloat16).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

@@ -27,7 +27,6 @@ class DatasetConfig:
   seed: Optional[int] = None
   use_cached: bool = False
   pack: bool = False
-  passthrough_features: tuple = ("inputs_lang", "targets_lang")
 
 
 def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
@@ -44,7 +43,10 @@ def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
                 shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards),
                 num_epochs=num_epochs)
   if isinstance(provider, seqio.Mixture):
-    kwargs["passthrough_features"] = list(cfg.passthrough_features)
+    # Mixtures keep only tokenized output features unless told: pass the converter's
+    # other inputs (e.g. language ids) through.
+    kwargs["passthrough_features"] = [k for k in feature_converter.TASK_FEATURES
+                                      if k not in provider.output_features]
   ds = provider.get_dataset(**kwargs)
   ds = feature_converter(ds, cfg.task_feature_lengths)
   ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)

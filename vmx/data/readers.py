@@ -15,14 +15,14 @@ import gzip
 import json
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from vmx.data.download import DataError, cache_dir
 
 EMPTY_LINE_POLICIES = ("error", "skip")
 
 
-def open_text(path) -> "io.BufferedReader":
+def open_text(path) -> BinaryIO:
   path = Path(path)
   if not path.exists():
     raise DataError(f"{path}: no such file")

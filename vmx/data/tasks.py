@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from typing import Optional, Sequence
+from typing import Sequence
 
 import seqio
 import tensorflow as tf
@@ -93,8 +93,9 @@ def language_id(lang: str, languages: Sequence[str], where: str = "") -> int:
   return list(languages).index(lang)
 
 
-def vocabulary_key(vocab_path: str) -> str:
-  return hashlib.sha256(str(vocab_path).encode()).hexdigest()[:8]
+def short_hash(text: str) -> str:
+  """8 hex digits naming a vocabulary or language set inside task names."""
+  return hashlib.sha256(str(text).encode()).hexdigest()[:8]
 
 
 def _unregister(registry, name):

@@ -42,6 +42,8 @@ class _LazyClass:
 class BaseModel(abc.ABC):
   FEATURE_CONVERTER_CLS: Any = None
   HAS_MUTABLES = False
+  # Whether the model reads language ids (then inference must be told the language).
+  uses_languages = False
 
   def __init__(self, module: nn.Module):
     self.module = module
@@ -93,7 +95,7 @@ def to_config(obj):
     return [to_config(x) for x in obj]
   if isinstance(obj, dict):
     return {k: to_config(v) for k, v in obj.items()}
-  if isinstance(obj, type) or obj in (jnp.float32, jnp.bfloat16, jnp.float16):
+  if isinstance(obj, type):  # jnp.float32, jnp.bfloat16, ...
     return {"__dtype__": jnp.dtype(obj).name}
   if hasattr(obj, "CONFIG_FIELDS"):
     fields = {f: getattr(obj, f) for f in obj.CONFIG_FIELDS}

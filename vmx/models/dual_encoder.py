@@ -10,9 +10,8 @@ Batch features (vmx.data.feature_converters.PairFeatureConverter):
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
-import jax
 import jax.numpy as jnp
 from clu import metrics as clu_metrics
 from flax import linen as nn
@@ -59,6 +58,10 @@ class DualEncoderModel(BaseModel):
     super().__init__(module)
     self.temperature = temperature
     self.bidirectional = bidirectional
+
+  @property
+  def uses_languages(self) -> bool:
+    return bool(self.module.encoder.num_languages)
 
   def _apply(self, params, batch, dropout_rng):
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import gin
-import jax
 import orbax.checkpoint as ocp
 
 from vmx.inference import CHECKPOINT_PREFIX
@@ -40,8 +39,11 @@ class Checkpointer:
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
-  def save(self, state, data_state: dict, force: bool = False) -> bool:
-    step = int(jax.device_get(state.step))
+  def save(self, step: int, state, data_state: dict, force: bool = False) -> bool:
+    """Saves if `step` is due (or `force`). `step` is a Python int, so that asking
+    costs no device->host sync in the training loop."""
+    if not (force or self.manager.should_save(step)):
+      return False
     rest = {"step": state.step, "opt_state": state.opt_state,
             "flax_mutables": state.flax_mutables, "rng": state.rng}
     return self.manager.save(step, args=ocp.args.Composite(

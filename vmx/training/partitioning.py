@@ -14,7 +14,6 @@ import flax
 import gin
 import jax
 import numpy as np
-from flax import linen as nn
 from flax.linen import partitioning as nnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 

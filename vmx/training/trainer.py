@@ -11,7 +11,6 @@ position; a run restarted with the same model_dir resumes from the latest one.
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ import flax
 import gin
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from clu import metrics as clu_metrics
 
@@ -54,11 +52,11 @@ class TatoebaEvalConfig:
 
 def input_shapes(dataset_cfg: pipeline.DatasetConfig, model: BaseModel,
                  batch_size: Optional[int] = None) -> dict:
-  lengths = model.FEATURE_CONVERTER_CLS(pack=False).get_model_feature_lengths(
-      dataset_cfg.task_feature_lengths)
+  """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise."""
+  fc = model.FEATURE_CONVERTER_CLS(pack=False)
+  lengths = fc.get_model_feature_lengths(dataset_cfg.task_feature_lengths)
   b = batch_size or dataset_cfg.batch_size
-  scalar = {"left_lang", "right_lang"}
-  return {k: (b,) if k in scalar else (b, n) for k, n in lengths.items()}
+  return {k: (b,) if fc.MODEL_FEATURES[k].rank == 0 else (b, n) for k, n in lengths.items()}
 
 
 class Trainer:
@@ -107,8 +105,6 @@ class Trainer:
     self.train_step = jax.jit(self._train_step, in_shardings=(self.state_shardings,
                                                               self.batch_shardings),
                               out_shardings=(self.state_shardings, repl), donate_argnums=(0,))
-    self.eval_step = jax.jit(self._eval_step,
-                             in_shardings=(params_sh, self.batch_shardings), out_shardings=repl)
 
   def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
     model = self.model
@@ -133,9 +129,6 @@ class Trainer:
           jnp.asarray(self.learning_rate(state.step)))
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          flax_mutables=mutables), metrics
-
-  def _eval_step(self, params, batch):
-    return self.model.eval_fn(params, batch)
 
   def create_state(self, seed: int) -> TrainState:
     with self.partitioner.context():
@@ -188,10 +181,10 @@ def train(*, model: BaseModel = gin.REQUIRED,
   trainer = Trainer(model, optimizer, partitioner, shapes, learning_rate)
 
   # Self-contained model_dir for inference: vocabulary + model config.
+  max_length = max(train_dataset_cfg.task_feature_lengths.values())
   if jax.process_index() == 0:
     copy_vocabulary(vocabulary, model_dir)
-    max_len = max(train_dataset_cfg.task_feature_lengths.values())
-    write_model_info(model_dir, model, languages, max_len)
+    write_model_info(model_dir, model, languages, max_length)
     (Path(model_dir) / "config.gin").write_text(gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
@@ -208,17 +201,18 @@ def train(*, model: BaseModel = gin.REQUIRED,
   end = min(total_steps, stop_at_step or total_steps)
 
   writer = metrics_lib.create_writer(model_dir)
-  tokenizer = Tokenizer(vocabulary)
-  max_length = max(train_dataset_cfg.task_feature_lengths.values())
+  # One Encoder (one jitted encode function) for every evaluation of this run.
+  encoder = (Encoder(model, None, Tokenizer(vocabulary), languages, max_length,
+                     eval_cfg.batch_size) if eval_cfg is not None else None)
 
   def evaluate(step):
     if eval_cfg is None:
       return {}
     from vmx.evaluation import tatoeba
-    enc = Encoder(model, state.params, tokenizer, languages, max_length, eval_cfg.batch_size)
+    encoder.params = state.params
     with partitioner.context():
-      res = tatoeba.evaluate(lambda s, l: enc.encode(s, lang=l if model_uses_lang else None),
-                             eval_cfg.languages, eval_cfg.data_dir, eval_cfg.english)
+      res = tatoeba.evaluate(lambda s, l: encoder.encode(s, lang=l), eval_cfg.languages,
+                             eval_cfg.data_dir, eval_cfg.english)
     scalars = {f"tatoeba/{l}": r["mean"] for l, r in res["languages"].items()}
     scalars["tatoeba/mean"] = res["mean"]["mean"]
     writer.write_scalars(step, scalars)
@@ -226,7 +220,6 @@ def train(*, model: BaseModel = gin.REQUIRED,
     _print(f"[vmx] step {step}: tatoeba mean {res['mean']['mean']:.2f} ({per_lang})")
     return scalars
 
-  model_uses_lang = _uses_languages(model)
   bar = None
   if progress and jax.process_index() == 0:
     from tqdm.auto import tqdm
@@ -260,7 +253,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
         _print(f"[vmx] step {done}: " + ", ".join(
             f"{k.split('/')[-1]} {v:.4g}" for k, v in scalars.items()))
         acc, t_log, steps_since = None, time.time(), 0
-      ckpt.save(state, data.state(), force=done == end)
+      ckpt.save(done, state, data.state(), force=done == end)
       if eval_cfg is not None and eval_period and (done % eval_period == 0 or done == end):
         last.update(evaluate(done))
   finally:
@@ -270,8 +263,3 @@ def train(*, model: BaseModel = gin.REQUIRED,
     ckpt.close()
     writer.flush()
   return state, last
-
-
-def _uses_languages(model: BaseModel) -> bool:
-  enc = getattr(getattr(model, "module", None), "encoder", None)
-  return bool(getattr(enc, "num_languages", 0))
