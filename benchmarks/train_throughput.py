@@ -7,7 +7,7 @@
 
 Same flags as launch/train.py (no data or vocabulary is read). Prints one JSON line:
 step_s, pairs_per_s, tokens_per_s, model_flops_per_step (analytic: 3 x forward matmul
-FLOPs of both encoder passes), xla_flops_per_step (XLA's cost analysis), achieved_flops,
+FLOPs of both encoder passes; XLA's count for other models), xla_flops_per_step (XLA's cost analysis), achieved_flops,
 peak_flops (a large f32 matmul timed in this process) and mfu = achieved / peak.
 """
 import importlib.util  # noqa: F401
@@ -45,7 +45,6 @@ def encoder_forward_flops(enc, batch: int, length: int) -> float:
 
 
 def main(argv):
-  import gin
   import jax
   import numpy as np
 
@@ -56,18 +55,8 @@ def main(argv):
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=3)
   args = p.parse_args(rest)
-  bindings = ["MODEL_DIR = '/tmp/unused'"] + bindings
-
-  @gin.configurable
-  def bench_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gin.REQUIRED,
-                    max_length=gin.REQUIRED, partitioner=None):
-    return model, optimizer, batch_size, max_length, partitioner
-
-  gin_utils.parse_gin(args.gin_file, bindings + [
-      "bench_objects.model = %MODEL", "bench_objects.optimizer = @create_optimizer()",
-      "bench_objects.batch_size = %BATCH_SIZE", "bench_objects.max_length = %MAX_LENGTH",
-      "bench_objects.partitioner = @Partitioner()"], args.gin_search_paths)
-  model, tx, B, L, part = bench_objects()
+  model, tx, B, L, part = gin_utils.build_experiment(args.gin_file, bindings,
+                                                     args.gin_search_paths)
   from vmx.training.trainer import Trainer
   enc = model.module.encoder
   shapes = {"left_tokens": (B, L), "right_tokens": (B, L), "left_lang": (B,), "right_lang": (B,)}
@@ -91,7 +80,11 @@ def main(argv):
     state, m = trainer.step(state, batch)
   jax.block_until_ready(state)
   step_s = (time.perf_counter() - t) / args.steps
-  model_flops = 3 * 2 * encoder_forward_flops(enc, B, L)  # fwd+bwd, both sides
+  from vmx.models import DualEncoderModel
+  if isinstance(model, DualEncoderModel):
+    model_flops = 3 * 2 * encoder_forward_flops(enc, B, L)  # fwd+bwd, both sides
+  else:  # encoder-decoder models: XLA's count (includes attention softmax etc.)
+    model_flops = xla_flops
   peak = measure_peak_flops()
   achieved = model_flops / step_s
   out = {"step_s": step_s, "pairs_per_s": B / step_s, "tokens_per_s": 2 * B * L / step_s,

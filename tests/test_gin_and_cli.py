@@ -9,7 +9,8 @@ import pytest
 from conftest import REPO
 from vmx import gin_utils
 
-EXPERIMENTS = sorted(p.name for p in (REPO / "gin_configs").glob("*.gin"))
+EXPERIMENTS = sorted(str(p.relative_to(REPO / "gin_configs"))
+                     for pat in ("*.gin", "ablations/*.gin") for p in (REPO / "gin_configs").glob(pat))
 REQUIRED_MACROS = ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "NUM_LAYERS", "EMB_DIM",
                    "NUM_HEADS", "MLP_DIM", "VOCAB_SIZE", "MAX_LENGTH")
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from conftest import write_lines
-from vmx import encoders
+from vmx import decoders, encoders
 from vmx.data import pipeline, vocab
-from vmx.models import DualEncoder, DualEncoderModel
+from vmx.models import VMSST, DualEncoder, DualEncoderModel, VMSSTModel
 from vmx.training import checkpoints, optimizers, partitioning
 from vmx.training.trainer import train
 
@@ -31,11 +31,20 @@ def toy_task(tmp_path_factory):
   return name, vp
 
 
-def _run(model_dir, name, vp, stop_at_step=None):
-  gin.clear_config()
+def _model(kind):
   enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=8, dropout_rate=0.1)
-  model = DualEncoderModel(DualEncoder(enc), temperature=0.1)
+  if kind == "contrastive":
+    return DualEncoderModel(DualEncoder(enc), temperature=0.1)
+  # VMSST: sampled latents + KL annealing state in flax_mutables must resume exactly too.
+  dec = decoders.ConditionedDecoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8, dropout_rate=0.1)
+  return VMSSTModel(VMSST(enc, dec, num_languages=2), kl_anneal_steps=10)
+
+
+def _run(model_dir, name, vp, stop_at_step=None, kind="contrastive"):
+  gin.clear_config()
+  model = _model(kind)
   lr = optimizers.learning_rate_schedule("linear", 1e-2, 2, total_steps=6)
   state, _ = train(model=model,
                    train_dataset_cfg=pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8},
@@ -48,13 +57,18 @@ def _run(model_dir, name, vp, stop_at_step=None):
   return state
 
 
-def test_resume_equals_uninterrupted(tmp_path, toy_task):
+@pytest.mark.parametrize("kind", ["contrastive", "vmsst"])
+def test_resume_equals_uninterrupted(tmp_path, toy_task, kind):
   name, vp = toy_task
-  full = _run(tmp_path / "full", name, vp)
-  first = _run(tmp_path / "split", name, vp, stop_at_step=3)
+  full = _run(tmp_path / "full", name, vp, kind=kind)
+  first = _run(tmp_path / "split", name, vp, stop_at_step=3, kind=kind)
   assert int(first.step) == 3
-  resumed = _run(tmp_path / "split", name, vp)
+  resumed = _run(tmp_path / "split", name, vp, kind=kind)
   assert int(resumed.step) == 6
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               full.flax_mutables, resumed.flax_mutables)
+  if kind == "vmsst":
+    assert int(resumed.flax_mutables["annealing"]["updates"]) == 6
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
                                                        rtol=1e-6, atol=1e-7),
                full.params, resumed.params)
@@ -67,8 +81,17 @@ def test_resume_equals_uninterrupted(tmp_path, toy_task):
   from vmx.inference import Encoder
   enc = Encoder.from_checkpoint(tmp_path / "split")
   v = enc.encode(["alpha beta", "GAMMA"], lang="xx")
+  assert v.shape == (2, 16)
   np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
   direct = np.asarray(enc.model.predict_batch(
       jax.tree.map(np.asarray, resumed.params),
       {"left_tokens": enc.tokenizer.encode(["alpha beta", "GAMMA"], 8)}))
   np.testing.assert_allclose(v, direct, rtol=1e-5, atol=1e-6)
+  if kind == "vmsst":  # the inference embedding is the semantic posterior's mean
+    assert isinstance(enc.model, VMSSTModel)
+    mu, _ = enc.model.module.apply({"params": jax.tree.map(np.asarray, resumed.params)},
+                                   enc.tokenizer.encode(["alpha beta", "GAMMA"], 8),
+                                   method=VMSST.semantic)
+    mu = np.asarray(mu)
+    np.testing.assert_allclose(v, mu / np.linalg.norm(mu, axis=1, keepdims=True),
+                               rtol=1e-5, atol=1e-6)

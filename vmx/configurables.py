@@ -5,13 +5,22 @@ module path disambiguates if needed (`vmx.encoders.TransformerEncoder`).
 """
 import gin
 
-from vmx import encoders
+from vmx import decoders, encoders
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
-from vmx.models import dual_encoder
+from vmx.models import dual_encoder, vmsst
 from vmx.training import checkpoints, optimizers, partitioning, trainer  # noqa: F401
 import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
 
 gin.external_configurable(encoders.TransformerEncoder, module="vmx.encoders")
+gin.external_configurable(decoders.ConditionedDecoder, module="vmx.decoders")
 gin.external_configurable(dual_encoder.DualEncoder, module="vmx.models")
 gin.external_configurable(dual_encoder.DualEncoderModel, module="vmx.models")
 gin.external_configurable(pipeline.DatasetConfig, module="vmx.data")
+gin.external_configurable(vmsst.VMSST, module="vmx.models")
+gin.external_configurable(vmsst.VMSSTModel, module="vmx.models")
+
+
+@gin.configurable
+def num_languages(languages=gin.REQUIRED) -> int:
+  """len(languages), for bindings such as `VMSST.num_languages = @num_languages()`."""
+  return len(languages)

@@ -86,8 +86,6 @@ class TransformerEncoder(nn.Module):
     if self.position_embedding not in POSITION_EMBEDDINGS:
       raise ValueError(f"position_embedding={self.position_embedding!r}; "
                        f"expected one of {POSITION_EMBEDDINGS}")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
     if self.position_embedding == "learned":
@@ -114,25 +112,9 @@ class TransformerEncoder(nn.Module):
                 attention_dropout_rate=self.attention_dropout_rate,
                 activation=self.activation, dtype=self.dtype)
 
-  def _layer_cls(self):
-    if self.remat_policy == "none":
-      return EncoderLayer
-    policy = (jax.checkpoint_policies.checkpoint_dots if self.remat_policy == "dots"
-              else jax.checkpoint_policies.nothing_saveable)
-    # self=0, x=1, mask=2, deterministic=3
-    return nnp.remat(EncoderLayer, policy=policy, prevent_cse=not self.scan_layers,
-                     static_argnums=(3,))
-
   def _make_layers(self):
-    cls = self._layer_cls()
-    if self.depth == 0:
-      return None
-    if not self.scan_layers:
-      return [cls(**self._layer_kwargs(), name=f"layers_{i}") for i in range(self.depth)]
-    scanned = nnp.scan_with_axes(
-        cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast, nn.broadcast), length=self.depth, axis_name="layers")
-    return scanned(**self._layer_kwargs(), scanned=True, name="layers")
+    return make_layer_stack(self, EncoderLayer, self._layer_kwargs(), self.depth,
+                            self.scan_layers, self.remat_policy, num_inputs=1, name="layers")
 
   def embed(self, tokens_BxL: Array, lang_B: Optional[Array]) -> Array:
     x = self.token_embed(tokens_BxL)
@@ -166,6 +148,33 @@ class TransformerEncoder(nn.Module):
     if self.depth < self.num_layers:
       return x, valid_BxL
     return self.final_norm(x), valid_BxL
+
+
+def make_layer_stack(parent: nn.Module, layer_cls, kwargs: dict, depth: int, scan: bool,
+                     remat_policy: str, num_inputs: int, name: str):
+  """`depth` layers of `layer_cls`, optionally rematerialized and/or scanned.
+
+  A layer is called as layer(x, *inputs, deterministic) with `num_inputs`
+  broadcast inputs (mask, conditioning, ...). Scanned: one module named `name`
+  whose params have a leading 'layers' axis; else a list `{name}_{i}`.
+  """
+  if remat_policy not in REMAT_POLICIES:
+    raise ValueError(f"remat_policy={remat_policy!r}; expected one of {REMAT_POLICIES}")
+  if depth == 0:
+    return None
+  cls = layer_cls
+  if remat_policy != "none":
+    policy = (jax.checkpoint_policies.checkpoint_dots if remat_policy == "dots"
+              else jax.checkpoint_policies.nothing_saveable)
+    # args: self=0, x=1, inputs=2.., deterministic=num_inputs+2 (static)
+    cls = nnp.remat(layer_cls, policy=policy, prevent_cse=not scan,
+                    static_argnums=(num_inputs + 2,))
+  if not scan:
+    return [cls(**kwargs, parent=parent, name=f"{name}_{i}") for i in range(depth)]
+  scanned = nnp.scan_with_axes(
+      cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+      in_axes=(nn.broadcast,) * (num_inputs + 1), length=depth, axis_name="layers")
+  return scanned(**kwargs, scanned=True, parent=parent, name=name)
 
 
 def pool(hidden_BxLxD: Array, valid_BxL: Array, method: str = "mean") -> Array:

@@ -142,3 +142,23 @@ def run_main(main, argv=None):
 _GIN_ERRORS = ("No configurable matching", "Required bindings", "not provided in config",
                "Unbound macro", "No binding for macro", "unknown parameter",
                "Configurable", "is not a parameter")
+
+
+@gin.configurable
+def experiment_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gin.REQUIRED,
+                       max_length=gin.REQUIRED, partitioner=None):
+  """What a train step needs, without data: see `build_experiment`."""
+  return model, optimizer, batch_size, max_length, partitioner
+
+
+def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                     search_paths_flag: str = ""):
+  """(model, optimizer, batch_size, max_length, partitioner) of an experiment file,
+  without reading data or a vocabulary (benchmarks, tests). MODEL_DIR may stay unset."""
+  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", *bindings,
+                        "experiment_objects.model = %MODEL",
+                        "experiment_objects.optimizer = @create_optimizer()",
+                        "experiment_objects.batch_size = %BATCH_SIZE",
+                        "experiment_objects.max_length = %MAX_LENGTH",
+                        "experiment_objects.partitioner = @Partitioner()"], search_paths_flag)
+  return experiment_objects()

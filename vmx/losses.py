@@ -53,3 +53,34 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float 
   else:
     loss = -log_p_t_given_s.mean()
   return loss, {"loss": loss, "in_batch_accuracy": acc}
+
+
+# ----------------------------------------------------------------------------
+# Generative (VMSST / BITRANSLATION) terms.
+
+def sequence_nll(logits_BxLxV: Array, targets_BxL: Array, mask_BxL: Array) -> Array:
+  """-log p(x) per sequence [B]: token cross-entropies summed over valid positions."""
+  logits = logits_BxLxV.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  gold = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
+  return jnp.sum((log_z - gold) * mask_BxL.astype(jnp.float32), axis=-1)
+
+
+def gaussian_kl(mean_BxZ: Array, logvar_BxZ: Array) -> Array:
+  """KL( N(mean, diag exp(logvar)) || N(0, I) ) per row [B], in closed form:
+  0.5 * sum_z (exp(logvar) + mean^2 - 1 - logvar)."""
+  m, lv = mean_BxZ.astype(jnp.float32), logvar_BxZ.astype(jnp.float32)
+  return 0.5 * jnp.sum(jnp.exp(lv) + m * m - 1.0 - lv, axis=-1)
+
+
+def reparameterize(rng: Array, mean_BxZ: Array, logvar_BxZ: Array) -> Array:
+  """z = mean + exp(logvar / 2) * eps, eps ~ N(0, I): a sample differentiable in mean/logvar."""
+  eps = jax.random.normal(rng, mean_BxZ.shape, jnp.float32)
+  return mean_BxZ.astype(jnp.float32) + jnp.exp(0.5 * logvar_BxZ.astype(jnp.float32)) * eps
+
+
+def linear_anneal(step: Array, num_steps: int) -> Array:
+  """KL weight schedule: min(1, step / num_steps) (num_steps <= 0: always 1)."""
+  if num_steps <= 0:
+    return jnp.ones((), jnp.float32)
+  return jnp.minimum(1.0, jnp.asarray(step, jnp.float32) / float(num_steps))

@@ -1,0 +1,348 @@
+"""VMSST: Variational Multilingual Source-Separation Transformer, and BITRANSLATION.
+
+Wieting, Clark, Cohen, Neubig, Berg-Kirkpatrick. "Beyond Contrastive Learning: A
+Variational Generative Model for Multilingual Retrieval". ACL 2023.
+
+Generative story (§3). A translation pair (x_i, x_j) in languages (l_i, l_j) shares
+a semantic latent z_sem; each sentence also has a language-specific latent:
+  z_sem, z_li, z_lj ~ N(0, I)
+  x_i ~ p(x_i | z_sem, z_li),   x_j ~ p(x_j | z_sem, z_lj)       (one shared decoder)
+
+Inference networks (§4), diagonal Gaussians from mean-pooled encoder states
+through linear maps to (mean, log-variance):
+  q(z_sem | x)        semantic encoder (no language input)
+  q(z_l | x, l)       language encoder (a language embedding at its input)
+The two encoders share only the token embedding table (so does the decoder).
+q(z_sem | x_i, x_j) is approximated with ONE side of the pair: within a batch,
+even rows use x_i, odd rows x_j.
+
+Decoder (vmx.decoders.ConditionedDecoder): causal, no cross-attention; the
+conditioning vector [z_l ; z_sem] enters every layer and the output projection
+([h ; z_l ; z_sem] -> V, 3d x V); its first input is the target language's
+embedding.
+
+Objective (§4, Eq. for the full model), per pair, averaged over the global batch
+(loss = its negative):
+  log p(x_i | mu_sem(x_j)) + log p(x_j | mu_sem(x_i))                    translation
+  + lambda * ( E_q[log p(x_i | z_sem, z_li)] + E_q[log p(x_j | z_sem, z_lj)]
+               - beta_t * [KL(q(z_sem)) + KL(q(z_li)) + KL(q(z_lj))] )   ELBO
+  beta_t = kl_weight * min(1, t / kl_anneal_steps)                        KL annealing
+with one reparameterized sample of every latent, KLs in closed form.
+log p(x) is the sum of token log-probabilities (EOS included): nats per sentence,
+as in the authors' fairseq code (`--sentence-avg`).
+
+Choices where the paper leaves room (documented; switches where both readings
+are plausible):
+* Translation terms condition on [0 ; mu_sem(x_src)]: the language slot holds the
+  prior mean, so it carries nothing of the target sentence; which language to
+  produce is said by the decoder's start embedding.
+* The conditioning sublayer is linear, [LN(x) ; c] -> d plus residual, as in the
+  authors' BGT code (its ReLU result is discarded there).
+* Latent size = d_model (`latent_dim=None`), latent maps without bias.
+* VMSST-CONTRASTIVE adds `contrastive_weight` * in-batch InfoNCE on (mu_sem(x_i),
+  mu_sem(x_j)). With `contrastive_reduction='sum'` (default) the InfoNCE is summed
+  over the pairs of the batch: the paper's weights (.0005 / .001 at batch 2048)
+  then give it ~1-2 nats of weight per pair against ~100 for the per-sentence
+  generative terms; 'mean' averages it like the other terms (then those weights
+  make it negligible).
+* Several language encoders (Table 4 "4 enc.", Table 6 "per language"): every
+  encoder runs on the whole batch and each row keeps the output of the encoder
+  its language is assigned to (languages round-robin over encoders unless
+  `language_encoder_assignment` lists an encoder per language id). Same for
+  per-language decoders. Cost grows with the number of encoders: meant for the
+  small language sets of those tables.
+* "One encoder for both variables": one encoder (no language embedding, since
+  the semantic vector must not depend on it) with two pairs of latent maps.
+
+BITRANSLATION (§6.3) is `language_latents=False` with `elbo_weight=0`: translation
+terms only, decoder conditioned on mu_sem alone, no KL.
+
+Inference embedding: mu_sem of the semantic encoder (`predict_batch_with_aux`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from clu import metrics as clu_metrics
+from flax import linen as nn
+
+from vmx import decoders, encoders, layers, losses
+from vmx.models.base import BaseModel, _LazyClass
+
+Array = jax.Array
+CONTRASTIVE_REDUCTIONS = ("sum", "mean")
+
+
+class GaussianHead(nn.Module):
+  """Sentence vector [B, D] -> (mean, logvar) [B, Z] of a diagonal Gaussian."""
+  latent_dim: int
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BxD: Array):
+    mean = layers.Dense(self.latent_dim, ("embed", "mlp"), dtype=self.dtype, name="mean")(x_BxD)
+    logvar = layers.Dense(self.latent_dim, ("embed", "mlp"), dtype=self.dtype,
+                          name="logvar")(x_BxD)
+    return mean.astype(jnp.float32), logvar.astype(jnp.float32)
+
+
+def _select(outputs: Sequence[Array], group_B: Optional[Array]) -> Array:
+  """Row b of outputs[group_B[b]] (one-hot mix, sharding-friendly)."""
+  if len(outputs) == 1:
+    return outputs[0]
+  stacked = jnp.stack(outputs)  # [N, B, ...]
+  onehot = jax.nn.one_hot(group_B, len(outputs), dtype=stacked.dtype)  # [B, N]
+  return jnp.einsum("bn,nb...->b...", onehot, stacked)
+
+
+class VMSST(nn.Module):
+  """Semantic encoder, language encoder(s) and decoder(s) sharing one token table."""
+  encoder: encoders.TransformerEncoder       # template: semantic and language encoders
+  decoder: decoders.ConditionedDecoder       # template: the decoder(s)
+  num_languages: int                         # language ids (the run's LANGUAGES)
+  latent_dim: Optional[int] = None           # default: encoder emb_dim
+  pooling: str = "mean"
+  language_latents: bool = True              # False: BITRANSLATION (no z_l, no ELBO)
+  num_language_encoders: int = 1
+  language_encoder_assignment: Optional[Sequence[int]] = None  # encoder index per language id
+  per_language_decoders: bool = False        # Table 6: one decoder per language
+  single_encoder: bool = False               # Table 4: one encoder for z_sem and z_l
+  language_embedding_in_encoder: bool = True
+  language_embedding_in_decoder: bool = True
+
+  def setup(self):
+    enc = self.encoder
+    if self.decoder.emb_dim != enc.emb_dim or self.decoder.vocab_size != enc.vocab_size:
+      raise ValueError(f"decoder (emb_dim {self.decoder.emb_dim}, vocab {self.decoder.vocab_size}) "
+                       f"and encoder (emb_dim {enc.emb_dim}, vocab {enc.vocab_size}) share "
+                       f"the token table: sizes must match")
+    self._check_options()
+    z = self.latent_dim or enc.emb_dim
+    self.token_embed = layers.Embed(enc.vocab_size, enc.emb_dim, dtype=enc.dtype,
+                                    name="token_embed")
+    self.semantic_encoder = enc.clone(parent=self, name="semantic_encoder", num_languages=0,
+                                      shared_embedding=self.token_embed)
+    self.semantic_head = GaussianHead(z, name="semantic_latent")
+    if self.language_latents:
+      if self.single_encoder:
+        self.language_encoders = [self.semantic_encoder]
+      else:
+        n_lang = self.num_languages if self.language_embedding_in_encoder else 0
+        self.language_encoders = [
+            enc.clone(parent=self, name=f"language_encoder_{k}", num_languages=n_lang,
+                      shared_embedding=self.token_embed)
+            for k in range(self.num_language_encoders)]
+      self.language_heads = [GaussianHead(z, name=f"language_latent_{k}")
+                             for k in range(len(self.language_encoders))]
+    n_dec = self.num_languages if self.per_language_decoders else 1
+    dec_langs = self.num_languages if self.language_embedding_in_decoder else 0
+    self.decoders = [self.decoder.clone(parent=self, name=f"decoder_{k}",
+                                        num_languages=dec_langs,
+                                        shared_embedding=self.token_embed)
+                     for k in range(n_dec)]
+
+  def _check_options(self):
+    if self.single_encoder and self.num_language_encoders != 1:
+      raise ValueError("single_encoder=True uses one encoder: num_language_encoders must be 1")
+    if self.single_encoder and self.language_embedding_in_encoder:
+      raise ValueError("single_encoder=True: the shared encoder also gives the semantic "
+                       "vector, which must not read the language; set "
+                       "language_embedding_in_encoder=False")
+    if not self.language_latents and (self.num_language_encoders != 1 or self.single_encoder
+                                      or not self.language_embedding_in_encoder):
+      raise ValueError("language_latents=False (BITRANSLATION) has no language encoder: "
+                       "leave the language-encoder options at their defaults")
+    if self.language_encoder_assignment is not None:
+      a = list(self.language_encoder_assignment)
+      if len(a) != self.num_languages or not all(0 <= k < self.num_language_encoders
+                                                 for k in a):
+        raise ValueError(f"language_encoder_assignment needs {self.num_languages} entries in "
+                         f"[0, {self.num_language_encoders}), got {a}")
+
+  # -- inference networks ---------------------------------------------------
+  def semantic(self, tokens_BxL: Array, deterministic: bool = True):
+    """(mean, logvar) of q(z_sem | x)."""
+    hidden, valid = self.semantic_encoder(tokens_BxL, None, deterministic=deterministic)
+    return self.semantic_head(encoders.pool(hidden, valid, self.pooling))
+
+  def language(self, tokens_BxL: Array, lang_B: Array, deterministic: bool = True):
+    """(mean, logvar) of q(z_l | x, l), from the encoder assigned to language l."""
+    outs = []
+    for enc, head in zip(self.language_encoders, self.language_heads):
+      hidden, valid = enc(tokens_BxL, lang_B if enc.num_languages else None,
+                          deterministic=deterministic)
+      outs.append(head(encoders.pool(hidden, valid, self.pooling)))
+    group = None
+    if len(outs) > 1:
+      assignment = (jnp.asarray(self.language_encoder_assignment, jnp.int32)
+                    if self.language_encoder_assignment is not None
+                    else jnp.arange(self.num_languages) % len(outs))
+      group = assignment[lang_B]
+    return _select([m for m, _ in outs], group), _select([v for _, v in outs], group)
+
+  def decode(self, targets_BxL: Array, lang_B: Array, cond_BxC: Array,
+             deterministic: bool = True) -> Array:
+    """Logits [B, L, V] of targets given the conditioning vector (target language's decoder)."""
+    outs = [dec(targets_BxL, lang_B, cond_BxC, deterministic) for dec in self.decoders]
+    return _select(outs, lang_B if len(outs) > 1 else None)
+
+  def encode(self, tokens_BxL: Array, lang_B: Optional[Array] = None,
+             deterministic: bool = True, side: str = "left") -> Array:
+    """Sentence embedding: mu_sem (language ids are not read)."""
+    del lang_B, side
+    return self.semantic(tokens_BxL, deterministic)[0]
+
+  # -- training forward -----------------------------------------------------
+  def __call__(self, left_tokens, right_tokens, left_lang, right_lang,
+               deterministic: bool = True, sample: bool = False):
+    """Everything the objective needs, for pairs (x_i, x_j) = (left, right).
+
+    Returns a dict with semantic (and language) posteriors of both sides and
+    `logits` [B, P, L, V], `targets`/`mask` [B, P, L] for the P decoder passes:
+    0: x_i | [0 ; mu_sem(x_j)],  1: x_j | [0 ; mu_sem(x_i)]       (translation)
+    2: x_i | [z_li ; z_sem],     3: x_j | [z_lj ; z_sem]          (reconstruction)
+    BITRANSLATION has passes 0 and 1 only, conditioned on mu_sem alone.
+    `sample=True` draws the latents from q (rng 'latent'); otherwise z = mean.
+    """
+    b = left_tokens.shape[0]
+    out = {}
+    out["sem_left"] = self.semantic(left_tokens, deterministic)
+    out["sem_right"] = self.semantic(right_tokens, deterministic)
+    mu_l, mu_r = out["sem_left"][0], out["sem_right"][0]
+    if self.language_latents:
+      zero = jnp.zeros_like(mu_l)
+      conds = [jnp.concatenate([zero, mu_r], -1), jnp.concatenate([zero, mu_l], -1)]
+    else:
+      conds = [mu_r, mu_l]
+    targets = [left_tokens, right_tokens]
+    langs = [left_lang, right_lang]
+    if self.language_latents:
+      out["lang_left"] = self.language(left_tokens, left_lang, deterministic)
+      out["lang_right"] = self.language(right_tokens, right_lang, deterministic)
+      take_left = (jnp.arange(b) % 2 == 0)[:, None]  # alternate the side feeding z_sem
+      out["sem"] = tuple(jnp.where(take_left, a, c)
+                         for a, c in zip(out["sem_left"], out["sem_right"]))
+      draw = ((lambda m, lv: losses.reparameterize(self.make_rng("latent"), m, lv)) if sample
+              else (lambda m, lv: m))
+      z_sem = draw(*out["sem"])
+      z_li, z_lj = draw(*out["lang_left"]), draw(*out["lang_right"])
+      conds += [jnp.concatenate([z_li, z_sem], -1), jnp.concatenate([z_lj, z_sem], -1)]
+      targets += [left_tokens, right_tokens]
+      langs += [left_lang, right_lang]
+    # One decoder call over [B * P] rows, pair-major so each device keeps its own rows.
+    p = len(conds)
+    dec_targets, mask = decoders.decoder_targets(jnp.stack(targets, 1).reshape(b * p, -1))
+    logits = self.decode(dec_targets, jnp.stack(langs, 1).reshape(b * p),
+                         jnp.stack(conds, 1).reshape(b * p, -1), deterministic)
+    out["logits"] = logits.reshape(b, p, *logits.shape[1:])
+    out["targets"] = dec_targets.reshape(b, p, -1)
+    out["mask"] = mask.reshape(b, p, -1)
+    return out
+
+
+class VMSSTModel(BaseModel):
+  """t5x-style model for VMSST, VMSST-CONTRASTIVE, BITRANSLATION and the ablations.
+
+  The KL annealing step is model state: `flax_mutables['annealing']['updates']`
+  (checkpointed with the train state, +1 per training loss_fn call), t5x's
+  flax_mutables path. `eval_fn` uses the fully annealed weight.
+  """
+  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
+  CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
+                   "contrastive_weight", "contrastive_temperature", "contrastive_reduction")
+  HAS_MUTABLES = True
+
+  def __init__(self, module: VMSST, elbo_weight: float = 0.1, kl_weight: float = 1.0,
+               kl_anneal_steps: int = 1_000_000, contrastive_weight: float = 0.0,
+               contrastive_temperature: float = 0.05, contrastive_reduction: str = "sum"):
+    super().__init__(module)
+    if module.language_latents and elbo_weight <= 0:
+      raise ValueError("elbo_weight must be > 0 when the model has language latents (the "
+                       "language encoders learn only from the ELBO); for BITRANSLATION set "
+                       "VMSST.language_latents=False")
+    if not module.language_latents and (elbo_weight or kl_weight != 1.0):
+      raise ValueError("language_latents=False (BITRANSLATION) has no ELBO: set "
+                       "elbo_weight=0 and leave kl_weight at 1")
+    if contrastive_reduction not in CONTRASTIVE_REDUCTIONS:
+      raise ValueError(f"contrastive_reduction={contrastive_reduction!r}; expected one of "
+                       f"{CONTRASTIVE_REDUCTIONS}")
+    self.elbo_weight, self.kl_weight = elbo_weight, kl_weight
+    self.kl_anneal_steps = kl_anneal_steps
+    self.contrastive_weight = contrastive_weight
+    self.contrastive_temperature = contrastive_temperature
+    self.contrastive_reduction = contrastive_reduction
+
+  def _apply(self, params, batch, dropout_rng, sample: bool):
+    rngs = None
+    if dropout_rng is not None:
+      d, z = jax.random.split(dropout_rng)
+      rngs = {"dropout": d, "latent": z}
+    return self.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+                             batch["left_lang"], batch["right_lang"],
+                             deterministic=dropout_rng is None,
+                             sample=sample and dropout_rng is not None, rngs=rngs)
+
+  def objective(self, params, batch, dropout_rng, kl_anneal: Array):
+    """(loss, metrics dict of scalars): the negated objective of the module docstring."""
+    out = self._apply(params, batch, dropout_rng, sample=True)
+    nll_BxP = losses.sequence_nll(out["logits"], out["targets"], out["mask"])
+    tokens_BxP = out["mask"].sum(-1)
+    translation = (nll_BxP[:, 0] + nll_BxP[:, 1]).mean()
+    loss = translation
+    m = {"translation_nll": translation,
+         "translation_nll_per_token": nll_BxP[:, :2].sum() / tokens_BxP[:, :2].sum()}
+    if self.module.language_latents:
+      reconstruction = (nll_BxP[:, 2] + nll_BxP[:, 3]).mean()
+      kl = (losses.gaussian_kl(*out["sem"]) + losses.gaussian_kl(*out["lang_left"])
+            + losses.gaussian_kl(*out["lang_right"])).mean()
+      beta = self.kl_weight * kl_anneal
+      loss = loss + self.elbo_weight * (reconstruction + beta * kl)
+      m.update(reconstruction_nll=reconstruction, kl=kl, kl_weight=beta,
+               elbo=-(reconstruction + kl))
+    if self.contrastive_weight:
+      c, cm = losses.in_batch_softmax_loss(out["sem_left"][0], out["sem_right"][0],
+                                           self.contrastive_temperature)
+      if self.contrastive_reduction == "sum":
+        c = c * batch["left_tokens"].shape[0]
+      loss = loss + self.contrastive_weight * c
+      m.update(contrastive=cm["loss"], in_batch_accuracy=cm["in_batch_accuracy"])
+    m["loss"] = loss
+    return loss, m
+
+  def loss_fn(self, params, batch, dropout_rng, flax_mutables):
+    updates = flax_mutables["annealing"]["updates"]
+    loss, m = self.objective(params, batch, dropout_rng,
+                             losses.linear_anneal(updates, self.kl_anneal_steps))
+    metrics = {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
+    new = {**flax_mutables, "annealing": {"updates": updates + 1}}
+    return loss, (metrics, new)
+
+  def eval_fn(self, params, batch):
+    loss, m = self.objective(params, batch, None, jnp.ones((), jnp.float32))
+    return loss, {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
+
+  def score_batch(self, params, batch, return_intermediates: bool = False):
+    """Cosine similarity of mu_sem(left) and mu_sem(right): [B]."""
+    left = self.module.apply({"params": params}, batch["left_tokens"], method=VMSST.encode)
+    right = self.module.apply({"params": params}, batch["right_tokens"], method=VMSST.encode)
+    scores = jnp.sum(losses.l2_normalize(left) * losses.l2_normalize(right), axis=-1)
+    if return_intermediates:
+      return scores, {"left_encodings": left, "right_encodings": right}
+    return scores
+
+  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
+    """L2-normalized mu_sem [B, Z] of `{side}_tokens`; aux: the raw means."""
+    emb = self.module.apply({"params": params}, batch[f"{side}_tokens"], method=VMSST.encode)
+    return losses.l2_normalize(emb), {"unnormalized": emb}
+
+  def get_initial_variables(self, rng, input_shapes, input_types=None):
+    input_types = input_types or {}
+    dummy = {k: jnp.ones(s, input_types.get(k, jnp.int32)) for k, s in input_shapes.items()}
+    b = dummy["left_tokens"].shape[0]
+    zeros = jnp.zeros((b,), jnp.int32)
+    variables = self.module.init({"params": rng}, dummy["left_tokens"], dummy["right_tokens"],
+                                 dummy.get("left_lang", zeros), dummy.get("right_lang", zeros),
+                                 deterministic=True)
+    return {**variables, "annealing": {"updates": jnp.zeros((), jnp.int32)}}
