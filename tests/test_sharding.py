@@ -89,3 +89,28 @@ def test_scan_and_unrolled_layers_compute_the_same_function():
                          "layers": stacked}}
   np.testing.assert_allclose(unrolled.score_batch(p, b), scanned.score_batch(ps, b),
                              rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scan,policy", [(True, "full"), (False, "dots")])
+def test_remat_with_dropout_gives_the_same_loss_and_grads(scan, policy):
+  """Gradient checkpointing changes memory, not math, also with dropout on (the
+  `deterministic` flag must stay static under remat)."""
+  from vmx import decoders
+  kw = dict(vocab_size=50, num_layers=2, emb_dim=16, num_heads=2, mlp_dim=32, max_length=8,
+            dropout_rate=0.1, attention_dropout_rate=0.1, scan_layers=scan)
+  toks = jnp.asarray(np.random.default_rng(0).integers(3, 50, size=(4, 8)), jnp.int32)
+  cond = jnp.ones((4, 16))
+  rngs = {"dropout": jax.random.PRNGKey(1)}
+  for cls, args in ((encoders.TransformerEncoder, (toks,)),
+                    (decoders.ConditionedDecoder, (toks, None, cond))):
+    plain, rematted = cls(**kw), cls(**kw, remat_policy=policy)
+    params = plain.init(jax.random.PRNGKey(0), *args)
+
+    def loss(module, p):
+      out = module.apply(p, *args, deterministic=False, rngs=rngs)
+      return jnp.sum(jnp.square(out[0] if isinstance(out, tuple) else out))
+
+    l0, g0 = jax.value_and_grad(lambda p: loss(plain, p))(params)
+    l1, g1 = jax.value_and_grad(lambda p: loss(rematted, p))(params)
+    np.testing.assert_allclose(l0, l1, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), g0, g1)

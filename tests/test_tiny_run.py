@@ -12,26 +12,22 @@ from conftest import REPO, needs_data
 STEPS = 400
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-  model_dir = tmp_path_factory.mktemp("tiny_run")
+def _train(model_dir, gin_file, steps):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)  # the real CLI on the real (1-device) CPU
   proc = subprocess.run(
-      [sys.executable, str(REPO / "launch/train.py"), "--gin_file=contrastive_tiny.gin",
-       f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={STEPS}",
-       f"--gin.EVAL_PERIOD={STEPS}", f"--gin.CHECKPOINT_PERIOD={STEPS}"],
+      [sys.executable, str(REPO / "launch/train.py"), f"--gin_file={gin_file}",
+       f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={steps}",
+       f"--gin.EVAL_PERIOD={steps}", f"--gin.CHECKPOINT_PERIOD={steps}"],
       capture_output=True, text=True, env=env, cwd=REPO, timeout=1500)
   assert proc.returncode == 0, proc.stderr[-3000:]
   rows = [json.loads(l) for l in (model_dir / "metrics.jsonl").read_text().splitlines()]
   return model_dir, rows
 
 
-@needs_data
-def test_tiny_run_lifts_tatoeba(tiny_run):
-  model_dir, rows = tiny_run
+def _assert_lifts_tatoeba(model_dir, rows, steps):
   init = next(r for r in rows if r["step"] == 0 and "tatoeba/mean" in r)
-  final = [r for r in rows if r["step"] == STEPS and "tatoeba/mean" in r][-1]
+  final = [r for r in rows if r["step"] == steps and "tatoeba/mean" in r][-1]
   langs = [k for k in init if k.startswith("tatoeba/") and k != "tatoeba/mean"]
   lifted = [k for k in langs if final[k] >= 3 * init[k] and final[k] >= init[k] + 10]
   assert len(lifted) >= 5, {k: (init[k], final[k]) for k in langs}
@@ -39,27 +35,44 @@ def test_tiny_run_lifts_tatoeba(tiny_run):
   train_losses = [r["train/loss"] for r in rows if "train/loss" in r]
   assert train_losses[-1] < train_losses[0]
   assert (model_dir / "train").is_dir()  # TensorBoard events
-  assert (model_dir / f"checkpoint_{STEPS}").is_dir()
+  assert (model_dir / f"checkpoint_{steps}").is_dir()
+  return final
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  return _train(tmp_path_factory.mktemp("tiny_run"), "contrastive_tiny.gin", STEPS)
 
 
 @needs_data
-def test_eval_cli_and_encoder_need_no_tensorflow(tiny_run):
-  model_dir, rows = tiny_run
-  final = [r for r in rows if r["step"] == STEPS and "tatoeba/mean" in r][-1]
-  out = model_dir / "eval.json"
-  code = (
-      "import sys, runpy\n"
-      f"sys.argv = ['eval.py', '--checkpoint_dir={model_dir}', '--tasks=tatoeba',"
-      f" '--languages=deu,fra', '--output={out}']\n"
-      f"runpy.run_path('{REPO}/launch/eval.py', run_name='__main__')\n"
-      "assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'\n"
-      "assert 'seqio' not in sys.modules\n")
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                        env=env, cwd=REPO, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "deu" in proc.stdout and "mean" in proc.stdout
-  res = json.loads(out.read_text())
-  for lang in ("deu", "fra"):
-    assert abs(res["languages"][lang]["mean"] - final[f"tatoeba/{lang}"]) < 0.2
+def test_tiny_run_lifts_tatoeba(tiny_run):
+  _assert_lifts_tatoeba(*tiny_run, STEPS)
+
+
+VMSST_STEPS = 600  # vmsst_tiny.gin's own length (~10 min on 2 cores)
+
+
+@needs_data
+def test_tiny_vmsst_run_lifts_tatoeba(tmp_path):
+  """The full generative model (ELBO, annealed KL, sampled latents) learns retrieval.
+
+  A generative objective aligns languages more slowly than InfoNCE at this scale (README,
+  "Results: VMSST and baselines": 2.4 -> 5.8 here vs 16 for CONTRASTIVE on the same
+  budget), so the bar is relative: the mean at least doubles and at least 6 of the 8
+  languages gain >= 50% and >= 2 points over the random-init model.
+  """
+  model_dir, rows = _train(tmp_path / "vmsst", "vmsst_tiny.gin", VMSST_STEPS)
+  init = next(r for r in rows if r["step"] == 0 and "tatoeba/mean" in r)
+  final = [r for r in rows if r["step"] == VMSST_STEPS and "tatoeba/mean" in r][-1]
+  langs = [k for k in init if k.startswith("tatoeba/") and k != "tatoeba/mean"]
+  lifted = [k for k in langs if final[k] >= 1.5 * init[k] and final[k] >= init[k] + 2]
+  assert len(lifted) >= 6, {k: (init[k], final[k]) for k in langs}
+  assert final["tatoeba/mean"] >= 2 * init["tatoeba/mean"], (init, final)
+  train = [r for r in rows if "train/loss" in r]
+  assert train[-1]["train/loss"] < train[0]["train/loss"]
+  assert train[-1]["train/kl_weight"] == 1.0 and train[-1]["train/kl"] > 0
+  assert train[-1]["train/in_batch_accuracy"] > train[0]["train/in_batch_accuracy"]
+  # The checkpoint serves mu_sem through the inference API (no language id needed).
+  from vmx.inference import Encoder
+  vecs = Encoder.from_checkpoint(model_dir).encode(["Where is the station?", "Wo ist der Bahnhof?"])
+  assert vecs.shape == (2, 128)

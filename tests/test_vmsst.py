@@ -189,7 +189,7 @@ def test_bitranslation_has_no_language_latents_and_bad_combinations_fail():
   assert not any(k.startswith("language_") for k in v["params"])
   loss, (m, _) = model.loss_fn(v["params"], batch, jax.random.PRNGKey(0),
                                {"annealing": v["annealing"]})
-  assert set(m) == {"loss", "translation_nll", "translation_nll_per_token"}
+  assert set(m) == {"loss", "translation_nll", "translation_nll_per_token", "in_batch_accuracy"}
   with pytest.raises(ValueError, match="language_latents=False"):
     _model(module_kw=dict(language_latents=False))  # elbo_weight 0.1 without latents
   with pytest.raises(ValueError, match="elbo_weight must be > 0"):
@@ -225,6 +225,11 @@ VARIANTS = sorted(str(p.relative_to(REPO / "gin_configs"))
                   for p in (REPO / "gin_configs").glob(pat))
 TINY = ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32", "VOCAB_SIZE = 64",
         "MAX_LENGTH = 8", "BATCH_SIZE = 8", "NUM_PARTITIONS = 1"]
+# The 6l/24l files set DECODER_LAYERS themselves; keep it small (compile time) except
+# in the decoder-depth ablations, whose depth is what they test.
+SMALL_DECODER = "DECODER_LAYERS = 2"
+DECODER_DEPTH_ABLATIONS = ("ablations/vmsst_decoder_12l.gin", "ablations/vmsst_decoder_1l.gin")
+BF16 = "vmsst_tiny.gin+bfloat16"  # the ACTIVATION_DTYPE switch, encoders and decoder
 # What each ablation must change in the parameter tree.
 STRUCTURE = {
     "ablations/vmsst_factorized_output.gin":
@@ -258,17 +263,23 @@ def _step_batch(b, length):
           "right_lang": (np.arange(b, dtype=np.int32) + 1) % 3}
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", VARIANTS + [BF16])
 def test_every_variant_builds_and_takes_a_step(name):
   import gin
   from vmx import gin_utils
   from vmx.training import partitioning
   from vmx.training.trainer import Trainer
+  bindings = TINY + ([] if name in DECODER_DEPTH_ABLATIONS else [SMALL_DECODER])
+  bf16 = name == BF16
+  if bf16:
+    name, bindings = "vmsst_tiny.gin", bindings + ["ACTIVATION_DTYPE = 'bfloat16'"]
   gin.clear_config()
   try:
-    model, tx, b, length, _ = gin_utils.build_experiment([name], TINY)
+    model, tx, b, length, _ = gin_utils.build_experiment([name], bindings)
   finally:
     gin.clear_config()
+  if bf16:
+    assert model.module.encoder.dtype == model.module.decoder.dtype == "bfloat16"
   batch = _step_batch(b, length)
   trainer = Trainer(model, tx, partitioning.Partitioner(num_devices=1),
                     {k: v.shape for k, v in batch.items()})
@@ -276,6 +287,10 @@ def test_every_variant_builds_and_takes_a_step(name):
   before = jax.tree.map(np.asarray, state.params)
   if name in STRUCTURE:
     assert STRUCTURE[name](before), name
+  if bf16:  # activations really are bfloat16 (parameters stay float32)
+    hidden, _ = model.module.apply({"params": before}, batch["left_tokens"],
+                                   method=lambda m, t: m.semantic_encoder(t))
+    assert hidden.dtype == jnp.bfloat16
   state, metrics = trainer.step(state, batch)
   loss = float(metrics["loss"].compute())
   assert np.isfinite(loss) and loss > 0

@@ -166,9 +166,11 @@ def make_layer_stack(parent: nn.Module, layer_cls, kwargs: dict, depth: int, sca
   if remat_policy != "none":
     policy = (jax.checkpoint_policies.checkpoint_dots if remat_policy == "dots"
               else jax.checkpoint_policies.nothing_saveable)
-    # args: self=0, x=1, inputs=2.., deterministic=num_inputs+2 (static)
-    cls = nnp.remat(layer_cls, policy=policy, prevent_cse=not scan,
-                    static_argnums=(num_inputs + 2,))
+    # nn.remat counts `self` as argument 0: x=1, inputs=2.., deterministic=num_inputs+2,
+    # which must stay a Python bool (dropout branches on it). (flax.linen.partitioning's
+    # remat counts from x instead.)
+    cls = nn.remat(layer_cls, policy=policy, prevent_cse=not scan,
+                   static_argnums=(num_inputs + 2,))
   if not scan:
     return [cls(**kwargs, parent=parent, name=f"{name}_{i}") for i in range(depth)]
   scanned = nnp.scan_with_axes(
