@@ -159,6 +159,12 @@ def test_objective_matches_numpy_elbo_and_annealing_state():
   c = -0.5 * (np.diag(_np_log_softmax(s)).mean() + np.diag(_np_log_softmax(s.T)).mean())
   ref = translation + 0.1 * elbo_terms + 0.01 * c * B  # contrastive summed over pairs
   np.testing.assert_allclose(float(loss), ref, rtol=1e-4)
+  # The other reading of the contrastive weight: InfoNCE averaged over the pairs.
+  mean_model = _model(model_kw=dict(elbo_weight=0.1, kl_anneal_steps=4, contrastive_weight=0.01,
+                                    contrastive_temperature=0.1, contrastive_reduction="mean"))
+  mean_loss, _ = mean_model.loss_fn(params, batch, rng,
+                                    {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
+  np.testing.assert_allclose(float(mean_loss), ref - 0.01 * c * (B - 1), rtol=1e-4)
   # Translation passes condition on [0 ; mu_sem(other side)].
   cond_check = model.module.apply(
       {"params": params}, decoders.decoder_targets(batch["left_tokens"])[0],
