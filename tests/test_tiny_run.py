@@ -25,13 +25,16 @@ def _train(model_dir, gin_file, steps):
   return model_dir, rows
 
 
-def _assert_lifts_tatoeba(model_dir, rows, steps):
+def _assert_lifts_tatoeba(model_dir, rows, steps, factor=3.0, points=10.0, min_languages=5,
+                          mean_factor=3.0):
+  """>= min_languages languages reach factor x and + points over random init; the mean
+  reaches mean_factor x; loss falls; TensorBoard events and the final checkpoint exist."""
   init = next(r for r in rows if r["step"] == 0 and "tatoeba/mean" in r)
   final = [r for r in rows if r["step"] == steps and "tatoeba/mean" in r][-1]
   langs = [k for k in init if k.startswith("tatoeba/") and k != "tatoeba/mean"]
-  lifted = [k for k in langs if final[k] >= 3 * init[k] and final[k] >= init[k] + 10]
-  assert len(lifted) >= 5, {k: (init[k], final[k]) for k in langs}
-  assert final["tatoeba/mean"] >= 3 * init["tatoeba/mean"]
+  lifted = [k for k in langs if final[k] >= factor * init[k] and final[k] >= init[k] + points]
+  assert len(lifted) >= min_languages, {k: (init[k], final[k]) for k in langs}
+  assert final["tatoeba/mean"] >= mean_factor * init["tatoeba/mean"], (init, final)
   train_losses = [r["train/loss"] for r in rows if "train/loss" in r]
   assert train_losses[-1] < train_losses[0]
   assert (model_dir / "train").is_dir()  # TensorBoard events
@@ -57,19 +60,14 @@ def test_tiny_vmsst_run_lifts_tatoeba(tmp_path):
   """The full generative model (ELBO, annealed KL, sampled latents) learns retrieval.
 
   A generative objective aligns languages more slowly than InfoNCE at this scale (README,
-  "Results: VMSST and baselines": 2.4 -> 5.8 here vs 16 for CONTRASTIVE on the same
+  "VMSST and baselines on one CPU budget": 2.4 -> 5.8 here vs 16 for CONTRASTIVE on the same
   budget), so the bar is relative: the mean at least doubles and at least 6 of the 8
   languages gain >= 50% and >= 2 points over the random-init model.
   """
   model_dir, rows = _train(tmp_path / "vmsst", "vmsst_tiny.gin", VMSST_STEPS)
-  init = next(r for r in rows if r["step"] == 0 and "tatoeba/mean" in r)
-  final = [r for r in rows if r["step"] == VMSST_STEPS and "tatoeba/mean" in r][-1]
-  langs = [k for k in init if k.startswith("tatoeba/") and k != "tatoeba/mean"]
-  lifted = [k for k in langs if final[k] >= 1.5 * init[k] and final[k] >= init[k] + 2]
-  assert len(lifted) >= 6, {k: (init[k], final[k]) for k in langs}
-  assert final["tatoeba/mean"] >= 2 * init["tatoeba/mean"], (init, final)
+  _assert_lifts_tatoeba(model_dir, rows, VMSST_STEPS, factor=1.5, points=2.0, min_languages=6,
+                        mean_factor=2.0)
   train = [r for r in rows if "train/loss" in r]
-  assert train[-1]["train/loss"] < train[0]["train/loss"]
   assert train[-1]["train/kl_weight"] == 1.0 and train[-1]["train/kl"] > 0
   assert train[-1]["train/in_batch_accuracy"] > train[0]["train/in_batch_accuracy"]
   # The checkpoint serves mu_sem through the inference API (no language id needed).

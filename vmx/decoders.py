@@ -31,7 +31,7 @@ from flax.linen import partitioning as nnp
 
 from vmx import layers
 from vmx.data.vocab import EOS_ID
-from vmx.encoders import make_layer_stack
+from vmx.encoders import layer_kwargs, make_layer_stack
 
 Array = jax.Array
 
@@ -130,9 +130,6 @@ class ConditionedDecoder(nn.Module):
   def setup(self):
     if self.num_layers < 1:
       raise ValueError(f"decoder num_layers={self.num_layers}; need at least 1")
-    if not self.head_dim and self.emb_dim % self.num_heads:
-      raise ValueError(f"decoder emb_dim {self.emb_dim} is not divisible by num_heads "
-                       f"{self.num_heads}; set head_dim")
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
     self.position_embed = layers.Embed(self.max_length, self.emb_dim, dtype=self.dtype,
@@ -143,12 +140,7 @@ class ConditionedDecoder(nn.Module):
                                     axes=("languages", "embed"),
                                     embedding_init=nn.initializers.normal(0.02),
                                     name="start_embed")
-    kwargs = dict(num_heads=self.num_heads,
-                  head_dim=self.head_dim or self.emb_dim // self.num_heads,
-                  mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
-                  attention_dropout_rate=self.attention_dropout_rate,
-                  activation=self.activation, dtype=self.dtype)
-    self.layer_stack = make_layer_stack(self, DecoderLayer, kwargs, self.num_layers,
+    self.layer_stack = make_layer_stack(self, DecoderLayer, layer_kwargs(self), self.num_layers,
                                         self.scan_layers, self.remat_policy, num_inputs=2,
                                         name="layers")
     self.final_norm = layers.LayerNorm(dtype=self.dtype, name="final_norm")

@@ -102,18 +102,8 @@ class TransformerEncoder(nn.Module):
     self.embed_dropout = nn.Dropout(self.dropout_rate)
     self.layer_stack = self._make_layers()
 
-  def _layer_kwargs(self):
-    if not self.head_dim and self.emb_dim % self.num_heads:
-      raise ValueError(f"emb_dim {self.emb_dim} is not divisible by num_heads {self.num_heads};"
-                       f" set head_dim")
-    return dict(num_heads=self.num_heads, head_dim=self.head_dim or self.emb_dim // self.num_heads,
-                mlp_dim=self.mlp_dim,
-                dropout_rate=self.dropout_rate,
-                attention_dropout_rate=self.attention_dropout_rate,
-                activation=self.activation, dtype=self.dtype)
-
   def _make_layers(self):
-    return make_layer_stack(self, EncoderLayer, self._layer_kwargs(), self.depth,
+    return make_layer_stack(self, EncoderLayer, layer_kwargs(self), self.depth,
                             self.scan_layers, self.remat_policy, num_inputs=1, name="layers")
 
   def embed(self, tokens_BxL: Array, lang_B: Optional[Array]) -> Array:
@@ -148,6 +138,17 @@ class TransformerEncoder(nn.Module):
     if self.depth < self.num_layers:
       return x, valid_BxL
     return self.final_norm(x), valid_BxL
+
+
+def layer_kwargs(stack: nn.Module) -> dict:
+  """Per-layer settings of an encoder or decoder stack (head_dim defaults to emb_dim / heads)."""
+  if not stack.head_dim and stack.emb_dim % stack.num_heads:
+    raise ValueError(f"{type(stack).__name__}: emb_dim {stack.emb_dim} is not divisible by "
+                     f"num_heads {stack.num_heads}; set head_dim")
+  return dict(num_heads=stack.num_heads, head_dim=stack.head_dim or stack.emb_dim // stack.num_heads,
+              mlp_dim=stack.mlp_dim, dropout_rate=stack.dropout_rate,
+              attention_dropout_rate=stack.attention_dropout_rate,
+              activation=stack.activation, dtype=stack.dtype)
 
 
 def make_layer_stack(parent: nn.Module, layer_cls, kwargs: dict, depth: int, scan: bool,
