@@ -25,7 +25,11 @@ setup(
         "gin-config>=0.5,<0.6",
         "clu>=0.0.12",
         "numpy>=2.0",
+        "scipy>=1.11",
+        "scikit-learn>=1.4",
+        "matplotlib>=3.8",
         "tqdm>=4.66",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
+    extras_require={"test": ["pytest>=8"], "bench": ["faiss-cpu>=1.8"]},
 )

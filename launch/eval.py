@@ -1,58 +1,98 @@
 #!/usr/bin/env python
-"""Evaluate a trained vmx model (no TensorFlow needed).
+"""Evaluate a trained vmx model on a suite of tasks (no TensorFlow needed).
 
-  python launch/eval.py --checkpoint_dir=/tmp/vmx/contrastive_tiny --tasks=tatoeba \
-      [--languages=deu,fra] [--step=N] [--output=results.json] [--data_dir=...]
+  python launch/eval.py --checkpoint_dir=/tmp/vmx/contrastive_tiny --suite=standard \
+      [--tasks=tatoeba,bucc] [--output_dir=DIR] [--data_dir=...] [--step=N]
 
-Prints a per-language table and writes JSON (default CHECKPOINT_DIR/eval_tatoeba.json).
-Languages default to those the model was trained on that have a Tatoeba test set.
+Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, stsb,
+geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
+(standard + sts17 + retrieval, which need --sts17_dir / --retrieval_dir).
+Writes OUTPUT_DIR/<task>.json (MTEB-like), summary.md and plots; OUTPUT_DIR defaults
+to CHECKPOINT_DIR/eval/checkpoint_<step>. Exits 1 if any task failed (the others'
+results are still written). Any object with encode(list_of_str) can be evaluated
+from Python: `vmx.evaluation.harness.run(encoder, suite=..., output_dir=...)`.
 """
 import argparse
-import json
+import importlib.util  # noqa: F401  (see launch/train.py)
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-TASKS = ("tatoeba",)
+
+def _list(s):
+  return [x for x in s.split(",") if x] if s else []
 
 
-def main(argv):
-  from vmx.data import download
-  from vmx.evaluation import tatoeba
-  from vmx.inference import Encoder, read_model_info
-
+def parse_args(argv):
+  from vmx.evaluation import harness
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True, help="a vmx model_dir")
-  p.add_argument("--tasks", default="tatoeba", help=f"comma-separated, of {TASKS}")
-  p.add_argument("--languages", default="", help="comma-separated ISO 639-3 codes")
+  p.add_argument("--suite", default="standard", help=f"one of {sorted(harness.SUITES)}")
+  p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
+                                             f"{sorted(harness.TASKS)}")
   p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
-  p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR or the cache")
+  p.add_argument("--output_dir", default=None)
+  p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR, else the cache")
+  p.add_argument("--languages", default="", help="Tatoeba languages (ISO 639-3), or 'all'; "
+                                                 "default: the model's trained languages")
+  p.add_argument("--bucc_pairs", default=",".join(harness.bucc.PAIRS))
+  p.add_argument("--sts17_dir", default=None)
+  p.add_argument("--sts17_gs_dir", default=None)
+  p.add_argument("--retrieval_dir", action="append", default=[],
+                 help="a directory with queries.tsv, corpus.tsv, qrels.tsv (repeatable)")
+  p.add_argument("--geometry_files", default="",
+                 help="lang=path,... line-aligned N-way files (default newstest2013 x6)")
+  p.add_argument("--geometry_n", type=int, default=1000)
+  p.add_argument("--transfer_languages", default=",".join(harness.transfer.XNLI_LANGS))
+  p.add_argument("--transfer_source", default="en")
   p.add_argument("--batch_size", type=int, default=256)
-  p.add_argument("--output", default=None, help="JSON results path")
+  p.add_argument("--no_plots", action="store_true")
+  p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
-  unknown = set(args.tasks.split(",")) - set(TASKS)
-  if unknown:
-    raise download.DataError(f"--tasks: unknown task(s) {sorted(unknown)}; known: {TASKS}")
-  info = read_model_info(args.checkpoint_dir)
-  langs = [l for l in args.languages.split(",") if l]
-  if not langs:
-    langs = [l for l in info["languages"]
-             if f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}" in download.registry()]
-  enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
-                                batch_size=args.batch_size)
-  res = tatoeba.evaluate(lambda s, l: enc.encode(s, lang=l), langs, args.data_dir,
-                         progress=True)
-  print(tatoeba.format_table(res))
-  out = Path(args.output or Path(args.checkpoint_dir) / "eval_tatoeba.json")
-  out.write_text(json.dumps({"task": "tatoeba", "checkpoint_dir": str(args.checkpoint_dir),
-                             **res}, indent=1))
-  print(f"wrote {out}")
-  return res
+  geo = None
+  if args.geometry_files:
+    try:
+      geo = dict(kv.split("=", 1) for kv in _list(args.geometry_files))
+    except ValueError:
+      p.error(f"--geometry_files={args.geometry_files!r}: expected lang=path,lang=path")
+  langs = _list(args.languages)
+  if langs == ["all"]:
+    from vmx.evaluation import tatoeba
+    langs = tatoeba.available_languages(args.data_dir)
+  cfg = harness.EvalConfig(
+      data_dir=args.data_dir, tatoeba_languages=langs or None, bucc_pairs=_list(args.bucc_pairs),
+      sts17_dir=args.sts17_dir, sts17_gs_dir=args.sts17_gs_dir, retrieval_dirs=args.retrieval_dir,
+      geometry_files=geo, geometry_n=args.geometry_n,
+      transfer_languages=_list(args.transfer_languages), transfer_source=args.transfer_source,
+      plots=not args.no_plots, progress=not args.no_progress)
+  try:
+    tasks = harness.resolve_tasks(args.suite, _list(args.tasks))
+  except ValueError as e:
+    p.error(str(e))
+  return args, cfg, tasks
+
+
+def main(argv):
+  from vmx.evaluation import harness
+  from vmx.inference import Encoder
+  args, cfg, tasks = parse_args(argv)
+  enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step, batch_size=args.batch_size)
+  out = Path(args.output_dir or Path(args.checkpoint_dir) / "eval" / enc.revision)
+  try:
+    results = harness.run(enc, output_dir=out, config=cfg, tasks=tasks,
+                          model_info={"name": enc.name, "revision": enc.revision})
+  except harness.EvaluationFailed as e:
+    print((out / "summary.md").read_text())
+    print(f"[vmx eval] some tasks failed: {e}", file=sys.stderr)
+    return 1
+  print((out / "summary.md").read_text())
+  print(f"[vmx eval] wrote {out}")
+  return results
 
 
 if __name__ == "__main__":
   from vmx.gin_utils import run_main
-  run_main(main)
+  sys.exit(1 if run_main(main) == 1 else 0)

@@ -69,6 +69,7 @@ class Encoder:
     self.languages = list(languages)
     self.max_length = int(max_length)
     self.batch_size = batch_size
+    self.name, self.revision = type(model).__name__, None   # set by from_checkpoint
     self._predict = jax.jit(lambda p, b: model.predict_batch(p, b))
 
   @classmethod
@@ -78,9 +79,11 @@ class Encoder:
     L = info["max_length"]
     shapes = {"left_tokens": (1, L), "right_tokens": (1, L), "left_lang": (1,),
               "right_lang": (1,)}
-    params, _ = restore_params(model_dir, model, step, shapes)
-    return cls(model, params, Tokenizer(str(Path(model_dir) / info["vocabulary"])),
-               info["languages"], L, batch_size)
+    params, step = restore_params(model_dir, model, step, shapes)
+    enc = cls(model, params, Tokenizer(str(Path(model_dir) / info["vocabulary"])),
+              info["languages"], L, batch_size)
+    enc.name, enc.revision = Path(model_dir).absolute().name, f"{CHECKPOINT_PREFIX}_{step}"
+    return enc
 
   def _lang_ids(self, lang, n: int) -> np.ndarray:
     """Language ids for models that read them; others ignore `lang`."""

@@ -1,1 +1,13 @@
-"""Evaluation tasks run on anything with `encode(list_of_str, lang=...) -> array`."""
+"""Evaluation suite (no TensorFlow): run it with `harness.run(encoder, suite=...)` or
+`launch/eval.py`.
+
+  tatoeba    similarity search accuracy both ways, xSIM, XTREME head / long tail
+  bucc       BUCC 2018 bitext mining: cosine / ratio margin, best-F1 threshold
+  sts        STS 2012-16 (VMSST and SBERT protocols), STS benchmark, SemEval-2017
+  retrieval  queries against a knowledge base: R@k, mAP@20, MRR@10
+  geometry   invariance, canonical form, isotropy on N-way parallel text
+  transfer   zero-shot cross-lingual classifier probe (XNLI, MLDoc-style files)
+  knn        blocked, device-sharded exact kNN in both directions (one pass)
+  mining     margin scoring, forward/backward/intersect/max, threshold search
+  harness    suites, MTEB-like results JSON, summary table, plots
+"""

@@ -1,20 +1,32 @@
-"""Tatoeba similarity search (LASER Tatoeba v1, XTREME): accuracy in both directions.
+"""Tatoeba similarity search (LASER Tatoeba v1, XTREME): accuracy both ways and xSIM.
 
 For language xx with aligned files tatoeba.xx-eng.{xx,eng}: cosine similarity of
 every xx sentence to every English one; xx→en accuracy is the fraction whose
-nearest English sentence is its translation, en→xx the converse; `mean` is
-their average. Results are ×100.
+nearest English sentence is its translation, en→xx the converse; `mean` is their
+average. xSIM (LASER) is the xx→en ERROR rate when candidates are rescored with
+the ratio margin (k = 4; `mining.xsim_errors`). Results are ×100.
+
+Languages are grouped as EMMA-X does: `head` = XTREME's 36 Tatoeba languages,
+`long_tail` = the others evaluated.
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from vmx.data import download, readers
+from vmx.evaluation import knn, mining
 
 EncodeFn = Callable[[list, str], np.ndarray]
+
+# XTREME's Tatoeba languages, as Tatoeba v1 (ISO 639-3) codes.
+XTREME36 = ("afr", "ara", "ben", "bul", "cmn", "deu", "ell", "est", "eus", "fin", "fra", "heb",
+            "hin", "hun", "ind", "ita", "jav", "jpn", "kat", "kaz", "kor", "mal", "mar", "nld",
+            "pes", "por", "rus", "spa", "swh", "tam", "tel", "tgl", "tha", "tur", "urd", "vie")
+METRICS = ("xx2en", "en2xx", "mean", "xsim")
 
 
 def tatoeba_files(lang: str, data_dir: Optional[str] = None):
@@ -24,28 +36,46 @@ def tatoeba_files(lang: str, data_dir: Optional[str] = None):
   return download.resolve(f"{rel}.{lang}", data_dir), download.resolve(f"{rel}.eng", data_dir)
 
 
+def available_languages(data_dir: Optional[str] = None) -> list[str]:
+  """Languages with a Tatoeba test set (in the data dir, else in the registry)."""
+  root = download.configured_data_dir(data_dir)
+  names = ([p.name for p in (root / "eval/tatoeba/v1").glob("tatoeba.*-eng.*")] if root
+           else [r.rsplit("/", 1)[1] for r in download.registry() if r.startswith("eval/tatoeba/v1/")])
+  return sorted({m.group(1) for n in names if (m := re.fullmatch(r"tatoeba\.(\w+)-eng\.\1", n))})
+
+
 def load_tatoeba(lang: str, data_dir: Optional[str] = None):
   src, eng = tatoeba_files(lang, data_dir)
   pairs = list(readers.read_parallel(src, eng, empty_lines="error"))
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
-  x = np.asarray(x, np.float32)
-  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def retrieval_accuracy(src_NxD: np.ndarray, tgt_NxD: np.ndarray) -> tuple[float, float]:
   """(src→tgt, tgt→src) top-1 accuracy ×100 of aligned rows under cosine similarity."""
-  sim = _normalize(src_NxD) @ _normalize(tgt_NxD).T
+  sim = mining.normalize(src_NxD) @ mining.normalize(tgt_NxD).T
   gold = np.arange(sim.shape[0])
   return (100.0 * float(np.mean(sim.argmax(1) == gold)),
           100.0 * float(np.mean(sim.argmax(0) == gold)))
 
 
+def score_language(src_NxD, eng_NxD, margin: str = "ratio", k: int = 4) -> dict:
+  a, b = retrieval_accuracy(src_NxD, eng_NxD)
+  nn = knn.topk(mining.normalize(src_NxD), mining.normalize(eng_NxD), k=min(k, len(src_NxD)))
+  err, n = mining.xsim_errors(nn, margin)
+  return {"xx2en": a, "en2xx": b, "mean": (a + b) / 2, "xsim": 100.0 * err / n, "n": n}
+
+
+def _group_means(per: dict, langs) -> dict:
+  rows = [per[l] for l in langs if l in per]
+  out = {m: float(np.mean([r[m] for r in rows])) if rows else float("nan") for m in METRICS}
+  out["n_languages"] = len(rows)
+  return out
+
+
 def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str] = None,
-             english: str = "eng", progress: bool = False) -> dict:
-  """{"languages": {xx: {xx2en, en2xx, mean, n}}, "mean": {...}, "seconds": t}.
+             english: str = "eng", progress: bool = False, margin: str = "ratio") -> dict:
+  """{"languages": {xx: {xx2en, en2xx, mean, xsim, n}}, "mean": {...}, "groups":
+  {"head": {...}, "long_tail": {...}}, "seconds": t}.
 
   `encode(sentences, lang)` returns one vector per sentence; `english` is the
   language code the encoder knows English by.
@@ -55,19 +85,24 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
   it = languages
   if progress:
     from tqdm.auto import tqdm
-    it = tqdm(languages, desc="tatoeba", unit="lang")
+    it = tqdm(languages, desc="tatoeba", unit="lang", leave=False)
   for lang in it:
     xx, en = load_tatoeba(lang, data_dir)
-    a, b = retrieval_accuracy(encode(xx, lang), encode(en, english))
-    per[lang] = {"xx2en": a, "en2xx": b, "mean": (a + b) / 2, "n": len(xx)}
-  mean = {k: float(np.mean([v[k] for v in per.values()])) for k in ("xx2en", "en2xx", "mean")}
-  return {"languages": per, "mean": mean, "seconds": time.time() - t0}
+    per[lang] = score_language(encode(xx, lang), encode(en, english), margin)
+  mean = {m: float(np.mean([v[m] for v in per.values()])) for m in METRICS}
+  groups = {"head": _group_means(per, XTREME36),
+            "long_tail": _group_means(per, [l for l in per if l not in XTREME36])}
+  return {"languages": per, "mean": mean, "groups": groups, "seconds": time.time() - t0}
 
 
 def format_table(results: dict) -> str:
-  lines = [f"{'lang':<10}{'xx→en':>8}{'en→xx':>8}{'mean':>8}{'n':>7}"]
+  lines = [f"{'lang':<10}{'xx→en':>8}{'en→xx':>8}{'mean':>8}{'xSIM':>8}{'n':>7}"]
   for lang, r in results["languages"].items():
-    lines.append(f"{lang:<10}{r['xx2en']:>8.2f}{r['en2xx']:>8.2f}{r['mean']:>8.2f}{r['n']:>7}")
-  m = results["mean"]
-  lines.append(f"{'mean':<10}{m['xx2en']:>8.2f}{m['en2xx']:>8.2f}{m['mean']:>8.2f}")
+    lines.append(f"{lang:<10}{r['xx2en']:>8.2f}{r['en2xx']:>8.2f}{r['mean']:>8.2f}"
+                 f"{r['xsim']:>8.2f}{r['n']:>7}")
+  for name, m in [("mean", results["mean"])] + [
+      (f"{g} ({v['n_languages']})", v) for g, v in results.get("groups", {}).items()
+      if v["n_languages"]]:
+    lines.append(f"{name:<10}{m['xx2en']:>8.2f}{m['en2xx']:>8.2f}{m['mean']:>8.2f}"
+                 f"{m['xsim']:>8.2f}")
   return "\n".join(lines)

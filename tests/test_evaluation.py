@@ -1,0 +1,492 @@
+"""Evaluation suite: every metric against hand-computed cases, NumPy, scipy, scikit-learn;
+blocked kNN == brute force (1 and 8 devices); the harness's files round-trip."""
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import write_lines
+from vmx.data.download import DataError
+from vmx.evaluation import (bucc, common, geometry, harness, knn, mining, retrieval, sts,
+                            tatoeba, transfer)
+
+
+def _unit(rng, n, d):
+  return mining.normalize(rng.standard_normal((n, d)).astype(np.float32))
+
+
+def _ref_topk(x, y, k):
+  s = x.astype(np.float64) @ y.astype(np.float64).T
+  ri = np.argsort(-s, axis=1, kind="stable")[:, :k]
+  ci = np.argsort(-s.T, axis=1, kind="stable")[:, :k]
+  return s, ri, ci
+
+
+# ----------------------------------------------------------------------------- kNN
+
+@pytest.mark.parametrize("n,m,k,ndev", [(1000, 777, 4, 1), (1000, 777, 4, 8), (37, 301, 1, 8),
+                                        (300, 64, 20, 1)])
+def test_blocked_topk_equals_brute_force(n, m, k, ndev):
+  if jax.device_count() < ndev:
+    pytest.skip("needs 8 (simulated) devices")
+  rng = np.random.default_rng(n + m)
+  x, y = _unit(rng, n, 24), _unit(rng, m, 24)
+  s, ri, ci = _ref_topk(x, y, k)
+  nn = knn.bidirectional_topk(x, y, k=k, block_rows=64, block_cols=128, group=16,
+                              devices=jax.devices()[:ndev])
+  np.testing.assert_array_equal(nn.row_idx, ri)
+  np.testing.assert_array_equal(nn.col_idx, ci)
+  np.testing.assert_allclose(nn.row_vals, np.take_along_axis(s, ri, 1), atol=1e-5)
+  np.testing.assert_allclose(nn.col_vals, np.take_along_axis(s.T, ci, 1), atol=1e-5)
+  dense = knn.dense_topk(x, y, k)
+  np.testing.assert_array_equal(dense.row_idx, ri)
+  np.testing.assert_array_equal(dense.col_idx, ci)
+
+
+def test_topk_rejects_bad_shapes():
+  with pytest.raises(ValueError, match="k=5"):
+    knn.topk(np.ones((3, 2)), np.ones((4, 2)), k=5)
+  with pytest.raises(ValueError, match=r"\[N, D\]"):
+    knn.bidirectional_topk(np.ones((3, 2)), np.ones((4, 3)), k=1)
+
+
+# ----------------------------------------------------------------------------- mining
+
+def test_margin_scores_equal_direct_numpy_formula():
+  rng = np.random.default_rng(0)
+  x, y = _unit(rng, 50, 8), _unit(rng, 70, 8)
+  k = 4
+  s, ri, ci = _ref_topk(x, y, k)
+  x_mean = np.sort(s, axis=1)[:, ::-1][:, :k].mean(1)
+  y_mean = np.sort(s.T, axis=1)[:, ::-1][:, :k].mean(1)
+  for margin, f in [("ratio", lambda a, b: a / b), ("distance", lambda a, b: a - b),
+                    ("absolute", lambda a, b: a)]:
+    sc = mining.margin_scores(x, y, k=k, margin=margin)
+    for i in range(50):
+      for j in range(k):
+        t = sc.fwd_idx[i, j]
+        assert sc.fwd_scores[i, j] == pytest.approx(f(s[i, t], (x_mean[i] + y_mean[t]) / 2),
+                                                    rel=1e-5, abs=1e-6)
+    for t in range(70):
+      for j in range(k):
+        i = sc.bwd_idx[t, j]
+        assert sc.bwd_scores[t, j] == pytest.approx(f(s[i, t], (y_mean[t] + x_mean[i]) / 2),
+                                                    rel=1e-5, abs=1e-6)
+
+
+def _laser_max(sc):
+  """LASER mine_bitexts.py --retrieval max, verbatim logic."""
+  fwd_best = sc.fwd_idx[np.arange(len(sc.fwd_idx)), sc.fwd_scores.argmax(1)]
+  bwd_best = sc.bwd_idx[np.arange(len(sc.bwd_idx)), sc.bwd_scores.argmax(1)]
+  indices = np.stack((np.concatenate((np.arange(len(fwd_best)), bwd_best)),
+                      np.concatenate((fwd_best, np.arange(len(bwd_best))))), axis=1)
+  scores = np.concatenate((sc.fwd_scores.max(1), sc.bwd_scores.max(1)))
+  seen_s, seen_t, out = set(), set(), set()
+  for i in np.argsort(-scores):
+    s, t = indices[i]
+    if s not in seen_s and t not in seen_t:
+      seen_s.add(s), seen_t.add(t), out.add((int(s), int(t)))
+  return out, fwd_best, bwd_best
+
+
+def test_best_pairs_forward_backward_intersect_max():
+  rng = np.random.default_rng(1)
+  x, y = _unit(rng, 40, 6), _unit(rng, 55, 6)
+  sc = mining.margin_scores(x, y, k=4)
+  ref_max, fwd_best, bwd_best = _laser_max(sc)
+  got = lambda r: {(int(a), int(b)) for a, b, _ in zip(*mining.best_pairs(sc, r))}
+  assert got("max") == ref_max
+  assert got("forward") == {(i, int(j)) for i, j in enumerate(fwd_best)}
+  assert got("backward") == {(int(i), j) for j, i in enumerate(bwd_best)}
+  assert got("intersect") == {(i, int(j)) for i, j in enumerate(fwd_best) if bwd_best[j] == i}
+  _, _, score = mining.best_pairs(sc, "max")
+  assert np.all(np.diff(score) <= 0)
+
+
+def test_threshold_search_known_optimum():
+  # 10 candidates, best first; gold has 6 pairs, 5 of them among the candidates.
+  scores = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05]
+  correct = [1, 1, 1, 0, 1, 0, 0, 1, 0, 0]
+  # F1 after each prefix: 2c/(e+6): 2/7, 4/8, 6/9, 6/10, 8/11, 8/12, 8/13, 10/14, 10/15, 10/16
+  th = mining.optimize_threshold(scores, correct, n_gold=6)
+  assert th == pytest.approx((0.5 + 0.4) / 2)           # 8/11 = 0.727 is the best
+  p, r, f = mining.evaluate_pairs({i: s for i, s in enumerate(scores)},
+                                  {i for i, c in enumerate(correct) if c}, th)
+  assert (p, r) == pytest.approx((100 * 4 / 5, 100 * 4 / 5))  # 4 of 5 kept are gold (5 gold here)
+  # brute force over every cut agrees
+  best = max(range(1, 11), key=lambda e: 2 * sum(correct[:e]) / (e + 6))
+  assert best == 5
+  # equal scores cannot be split by a threshold
+  assert mining.optimize_threshold([1.0, 1.0, 0.5], [1, 0, 0], n_gold=1) == pytest.approx(0.75)
+  assert mining.optimize_threshold([0.3], [0], n_gold=2) == math.inf
+  assert mining.optimize_threshold([0.3], [1], n_gold=1) < 0.3
+
+
+def test_xsim_matches_numpy():
+  rng = np.random.default_rng(2)
+  x = _unit(rng, 60, 8)
+  y = mining.normalize(x + 0.9 * rng.standard_normal(x.shape).astype(np.float32))
+  s, _, _ = _ref_topk(x, y, 4)
+  xm = np.sort(s, 1)[:, ::-1][:, :4].mean(1)
+  ym = np.sort(s.T, 1)[:, ::-1][:, :4].mean(1)
+  nn = knn.topk(x, y, 4)
+  err_abs, n = mining.xsim_errors(nn, "absolute")
+  assert n == 60 and err_abs == int(np.sum(s.argmax(1) != np.arange(60)))
+  ratio = np.full_like(s, -np.inf)
+  for i in range(60):
+    for t in np.argsort(-s[i])[:4]:
+      ratio[i, t] = s[i, t] / ((xm[i] + ym[t]) / 2)
+  err_ratio, _ = mining.xsim_errors(nn, "ratio")
+  assert err_ratio == int(np.sum(ratio.argmax(1) != np.arange(60)))
+  assert 0 < err_ratio < 60
+
+
+# ----------------------------------------------------------------------------- encoders
+
+class MeaningEncoder:
+  """Toy encoder: a sentence 'w<ID> ...' maps to a fixed random vector of meaning ID
+  (same in every language) plus noise; others to noise. Records the languages it saw."""
+
+  def __init__(self, noise=0.0, dim=32, seed=0):
+    self.noise, self.dim, self.rng = noise, dim, np.random.default_rng(seed)
+    self.table = np.random.default_rng(123).standard_normal((5000, dim)).astype(np.float32)
+    self.langs = []
+
+  def encode(self, sentences, lang=None):
+    self.langs.append(lang)
+    ids = [int(s.split()[0][1:]) if s.startswith("w") else 4999 for s in sentences]
+    return self.table[ids] + self.noise * self.rng.standard_normal(
+        (len(sentences), self.dim)).astype(np.float32)
+
+
+def test_as_encode_fn_adapts_objects_and_callables():
+  enc = MeaningEncoder()
+  f = common.as_encode_fn(enc)
+  assert f(["w1 a", "w2 b"], "deu").shape == (2, 32) and enc.langs == ["deu"]
+
+  class NoLang:
+    def encode(self, sentences):
+      return np.ones((len(sentences), 3))
+  assert common.as_encode_fn(NoLang())(["a"], "deu").shape == (1, 3)
+  assert common.as_encode_fn(lambda s, lang: np.ones((len(s), 2)))(["a", "b"], "x").shape == (2, 2)
+  with pytest.raises(ValueError, match=r"shape \(3,\)"):
+    common.as_encode_fn(lambda s: np.ones(3))(["a", "b", "c"], "x")
+
+
+# ----------------------------------------------------------------------------- BUCC
+
+def _bucc_dir(root, pair="de-en", split="sample", n=60, n_gold=20, seed=0):
+  """Comparable corpora: n_gold true translations (same meaning id) among distractors."""
+  rng = np.random.default_rng(seed)
+  src, tgt = pair.split("-")
+  base = Path(root) / "eval/bucc2018" / pair
+  meanings = rng.permutation(4000)
+  gold = meanings[:n_gold]
+  src_m = np.concatenate([gold, meanings[n_gold:n]])
+  tgt_m = np.concatenate([gold, meanings[n:2 * n - n_gold]])
+  src_ids = [f"{src}-{i:09d}" for i in rng.permutation(len(src_m))]
+  tgt_ids = [f"en-{i:09d}" for i in rng.permutation(len(tgt_m))]
+  write_lines(base / f"{pair}.{split}.{src}", [f"{i}\tw{m} {src}" for i, m in zip(src_ids, src_m)])
+  write_lines(base / f"{pair}.{split}.en", [f"{i}\tw{m} en" for i, m in zip(tgt_ids, tgt_m)])
+  write_lines(base / f"{pair}.{split}.gold", [f"{src_ids[i]}\t{tgt_ids[i]}" for i in range(n_gold)])
+  return root
+
+
+def test_bucc_perfect_encoder_and_train_test_threshold(tmp_path):
+  _bucc_dir(tmp_path, split="training", seed=0)
+  _bucc_dir(tmp_path, split="test", seed=1)
+  enc = MeaningEncoder(noise=0.05)
+  res = bucc.evaluate(common.as_encode_fn(enc), ["de-en"], str(tmp_path))
+  row = res["scores"]["test"][0]
+  assert row["threshold_split"] == "training" and row["split"] == "test"
+  assert row["margin_max"]["f1"] == pytest.approx(100.0)
+  assert row["cosine_intersect"]["f1"] == pytest.approx(100.0)
+  assert {"deu", "eng"} <= set(enc.langs)
+
+
+def test_bucc_duplicate_texts_count_for_every_id(tmp_path):
+  base = tmp_path / "eval/bucc2018/fr-en"
+  write_lines(base / "fr-en.sample.fr", ["f1\tw1 x", "f2\tw1 x", "f3\tw2 y", "f4\tw3 z"])
+  write_lines(base / "fr-en.sample.en", ["e1\tw1 x", "e2\tw2 y", "e3\tw7 z", "e4\tw8 q"])
+  write_lines(base / "fr-en.sample.gold", ["f1\te1", "f2\te1", "f3\te2"])
+  res = bucc.evaluate(common.as_encode_fn(MeaningEncoder()), ["fr-en"], str(tmp_path), k=2)
+  m = res["scores"]["test"][0]["margin_max"]
+  assert m["recall"] == pytest.approx(100.0) and m["precision"] == pytest.approx(100.0)
+
+
+def test_bucc_bad_input_names_file_and_line(tmp_path):
+  base = tmp_path / "eval/bucc2018/de-en"
+  write_lines(base / "de-en.sample.de", ["d1\tok", "no tab here"])
+  write_lines(base / "de-en.sample.en", ["e1\tok"])
+  write_lines(base / "de-en.sample.gold", ["d1\te1"])
+  with pytest.raises(DataError, match=r"task bucc: .*de-en\.sample\.de:2: expected 'id<TAB>sentence'"):
+    bucc.evaluate(common.as_encode_fn(MeaningEncoder()), ["de-en"], str(tmp_path))
+  with pytest.raises(DataError, match=r"no gold file for fr-en"):
+    bucc.evaluate(common.as_encode_fn(MeaningEncoder()), ["fr-en"], str(tmp_path))
+
+
+# ----------------------------------------------------------------------------- STS
+
+class VecEncoder:
+  """Sentences are 'x,y' coordinates: cosine similarity is known in closed form."""
+
+  def encode(self, sentences, lang=None):
+    return np.array([[float(v) for v in s.split(",")] for s in sentences], np.float32)
+
+
+def _angle(a):
+  return f"{math.cos(a):.6f},{math.sin(a):.6f}"
+
+
+def test_sts_years_vmsst_and_sbert_protocols(tmp_path):
+  rng = np.random.default_rng(0)
+  truth = {}
+  for year, sets in [("STS12", ["A", "B"]), ("STS13", ["SMT", "C"])]:
+    for name in sets:
+      ang = rng.uniform(0, 1.5, size=12)
+      gold = 5 * np.cos(ang) + rng.normal(0, 0.4, size=12)
+      lines = [f"{_angle(0)}\t{_angle(a)}" for a in ang] + ["1,0\t0,1"]
+      gs = [f"{g:.4f}" for g in gold] + [""]          # last line unscored
+      d = tmp_path / f"eval/sts/{year}-en-test"
+      write_lines(d / f"STS.input.{name}.txt", lines)
+      write_lines(d / f"STS.gs.{name}.txt", gs)
+      truth[(year, name)] = (np.cos(ang), gold)
+  write_lines(tmp_path / "eval/sts/STS12-en-test/STS.gs.ALL.txt", ["1"])  # no input: ignored
+  res = sts.evaluate_sts12_16(common.as_encode_fn(VecEncoder()), ("STS12", "STS13"), str(tmp_path))
+  p = lambda y, n: 100 * stats.pearsonr(*truth[(y, n)])[0]
+  vmsst = np.mean([np.mean([p("STS12", "A"), p("STS12", "B")]),
+                   np.mean([p("STS13", "SMT"), p("STS13", "C")])])
+  sp = lambda keys: 100 * stats.spearmanr(np.concatenate([truth[k][0] for k in keys]),
+                                          np.concatenate([truth[k][1] for k in keys]))[0]
+  sbert = np.mean([sp([("STS12", "A"), ("STS12", "B")]), sp([("STS13", "C")])])  # SMT excluded
+  assert res["vmsst_pearson"] == pytest.approx(vmsst, abs=1e-3)
+  assert res["sbert_spearman"] == pytest.approx(sbert, abs=1e-3)
+  assert res["scores"]["test"][0]["datasets"]["A"]["n"] == 12
+
+
+def test_sts_line_mismatch_and_stsb(tmp_path):
+  d = tmp_path / "eval/sts/STS12-en-test"
+  write_lines(d / "STS.input.A.txt", ["1,0\t0,1", "1,0\t1,0"])
+  write_lines(d / "STS.gs.A.txt", ["1"])
+  with pytest.raises(DataError, match=r"STS.input.A.txt has 2 lines but .*STS.gs.A.txt has 1"):
+    sts.evaluate_sts12_16(common.as_encode_fn(VecEncoder()), ("STS12",), str(tmp_path))
+  rows, gold, pred = [], [], []
+  for i, a in enumerate(np.linspace(0, 1.5, 9)):
+    g = 5 * math.cos(a) ** 3
+    rows.append(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g:.3f}\t{_angle(0)}\t{_angle(a)}")
+    gold.append(round(g, 3))
+    pred.append(math.cos(a))
+  for split in ("test", "dev"):
+    write_lines(tmp_path / f"eval/sts/STSBenchmark/sts-{split}.csv", rows)
+  res = sts.evaluate_stsb(common.as_encode_fn(VecEncoder()), data_dir=str(tmp_path))
+  row = res["scores"]["test"][0]
+  assert row["spearman"] == pytest.approx(100.0)          # monotone
+  assert row["pearson"] == pytest.approx(100 * stats.pearsonr(pred, gold)[0], abs=1e-3)
+
+
+def test_sts17_crosslingual_layout(tmp_path):
+  ang = np.linspace(0.1, 1.4, 10)
+  write_lines(tmp_path / "STS.input.track4a.es-en.txt", [f"{_angle(0)}\t{_angle(a)}" for a in ang])
+  write_lines(tmp_path / "gs/STS.gs.track4a.es-en.txt",
+              [f"{5 - 3 * a:.3f}" if i != 3 else "" for i, a in enumerate(ang)])
+  enc = type("E", (VecEncoder,), {"seen": []})()
+  orig = enc.encode
+  enc.encode = lambda s, lang=None: (enc.seen.append(lang), orig(s))[1]
+  res = sts.evaluate_sts17(common.as_encode_fn(enc), str(tmp_path), str(tmp_path / "gs"))
+  row = res["scores"]["test"][0]
+  assert row["hf_subset"] == "track4a.es-en" and row["n"] == 9
+  assert row["spearman"] == pytest.approx(100.0)
+  assert enc.seen == ["spa", "eng"]
+  with pytest.raises(DataError, match="no STS.input.trackN"):
+    sts.evaluate_sts17(common.as_encode_fn(enc), str(tmp_path / "gs"))
+
+
+# ----------------------------------------------------------------------------- retrieval
+
+def test_ranking_metrics_hand_computed_and_sklearn():
+  ranked = [["a", "b", "c", "d"], ["x", "y", "z", "w"], ["p", "q", "r", "s"]]
+  rel = [{"b", "d"}, {"x"}, {"nope"}]
+  m = retrieval.ranking_metrics(ranked, rel, ks=(1, 2))
+  assert m["recall_at_1"] == pytest.approx(100 / 3)     # only query 2 has gold at rank 1
+  assert m["recall_at_2"] == pytest.approx(200 / 3)
+  ap1 = (1 / 2 + 2 / 4) / 2                              # hits at ranks 2 and 4
+  assert m["map_at_20"] == pytest.approx(100 * (ap1 + 1 + 0) / 3)
+  assert m["mrr_at_10"] == pytest.approx(100 * (1 / 2 + 1 + 0) / 3)
+  from sklearn.metrics import average_precision_score
+  y_true = [0, 1, 0, 1]
+  assert ap1 == pytest.approx(average_precision_score(y_true, [4, 3, 2, 1]))
+
+
+def test_retrieval_end_to_end_and_bad_qrels(tmp_path):
+  d = tmp_path / "r"
+  write_lines(d / "queries.tsv", [f"q{i}\tw{i} question\t{'de' if i % 2 else 'eng'}"
+                                  for i in range(30)] + ["q99\tw999 orphan"])
+  write_lines(d / "corpus.tsv", [f"d{i}\tw{i} passage" for i in range(40)])
+  write_lines(d / "qrels.tsv", [f"q{i}\td{i}" for i in range(30)])
+  enc = MeaningEncoder(noise=0.01)
+  res = retrieval.evaluate(common.as_encode_fn(enc), str(d))
+  subsets = {s["hf_subset"]: s for s in res["scores"]["test"]}
+  assert subsets["all"]["recall_at_1"] == pytest.approx(100.0)
+  assert subsets["all"]["map_at_20"] == pytest.approx(100.0)
+  assert set(subsets) == {"all", "deu", "eng"} and res["n_skipped_queries"] == 1
+  assert "deu" in enc.langs
+  write_lines(d / "qrels.tsv", ["q1\td1", "q2\tmissing"])
+  with pytest.raises(DataError, match=r"qrels.tsv:2: unknown document id 'missing'"):
+    retrieval.evaluate(common.as_encode_fn(enc), str(d))
+
+
+# ----------------------------------------------------------------------------- geometry
+
+def test_gaussian_kl_closed_form_and_full_vs_diag():
+  p = (np.array([0.0]), np.array([1.0]))
+  q = (np.array([1.0]), np.array([4.0]))
+  # KL(N(0,1) || N(1,4)) = log 2 + (1 + 1) / 8 - 1/2
+  assert geometry.kl_gaussian(p, q) == pytest.approx(math.log(2) + 2 / 8 - 0.5)
+  rng = np.random.default_rng(0)
+  mu1, mu2 = rng.normal(size=3), rng.normal(size=3)
+  v1, v2 = rng.uniform(0.5, 2, 3), rng.uniform(0.5, 2, 3)
+  assert geometry.kl_gaussian((mu1, v1), (mu2, v2)) == pytest.approx(
+      geometry.kl_gaussian((mu1, np.diag(v1)), (mu2, np.diag(v2))))
+  # Monte Carlo check of the full-covariance formula
+  a = rng.normal(size=(3, 3)); s1 = a @ a.T + np.eye(3)
+  b = rng.normal(size=(3, 3)); s2 = b @ b.T + np.eye(3)
+  xs = rng.multivariate_normal(mu1, s1, size=200000)
+  logp = stats.multivariate_normal(mu1, s1).logpdf(xs)
+  logq = stats.multivariate_normal(mu2, s2).logpdf(xs)
+  assert geometry.kl_gaussian((mu1, s1), (mu2, s2)) == pytest.approx(np.mean(logp - logq),
+                                                                      rel=0.02)
+
+
+def test_geometry_metrics_behave():
+  rng = np.random.default_rng(0)
+  base = rng.normal(size=(100, 16))
+  aligned = {l: base + 0.01 * rng.normal(size=base.shape) for l in ("a", "b", "c")}
+  shifted = {l: base + 0.01 * rng.normal(size=base.shape) + 3 * rng.normal(size=16)
+             for l in ("a", "b", "c")}
+  assert geometry.invariance(aligned) < geometry.invariance(shifted)
+  assert geometry.canonical_form(aligned) > geometry.canonical_form(shifted)
+  from sklearn.metrics import calinski_harabasz_score
+  x = np.concatenate([mining.normalize(e) for e in aligned.values()])
+  assert geometry.canonical_form(aligned) == pytest.approx(
+      calinski_harabasz_score(x, np.tile(np.arange(100), 3)))
+  # principal ratio: hand-computed case W = [[1, 0], [0, 2]]: eigenvectors e1, e2 and negatives
+  w = np.array([[1.0, 0.0], [0.0, 2.0]])
+  z = [math.exp(1) + 1, math.exp(-1) + 1, 1 + math.exp(2), 1 + math.exp(-2)]
+  assert geometry.principal_ratio(w) == pytest.approx(min(z) / max(z))
+  iso = mining.normalize(rng.normal(size=(20000, 4)))
+  aniso = mining.normalize(rng.normal(size=(20000, 4)) + np.array([3, 0, 0, 0]))
+  assert geometry.principal_ratio(iso) > 0.9 > 0.2 > geometry.principal_ratio(aniso)
+
+
+# ----------------------------------------------------------------------------- transfer
+
+def test_transfer_probe_split_and_accuracy(tmp_path):
+  rng = np.random.default_rng(0)
+  labels = rng.choice(["pos", "neg"], size=120)
+  for lang, noise in (("en", 0.0), ("de", 0.0), ("xx", 1.0)):
+    lines = []
+    for i, y in enumerate(labels):
+      m = (1 if y == "pos" else 2) if rng.uniform() > noise else int(rng.integers(1, 3))
+      lines.append(f"w{m} item {i}\t{y}")
+    write_lines(tmp_path / f"cls-{lang}.tsv", lines)
+  res = transfer.evaluate(common.as_encode_fn(MeaningEncoder(noise=0.1)),
+                          str(tmp_path / "cls-{lang}.tsv"), ["en", "de", "xx"], n_train=80)
+  acc = {s["hf_subset"]: s for s in res["scores"]["test"]}
+  assert acc["en-de"]["accuracy"] == pytest.approx(100.0) and acc["en-de"]["n"] == 40
+  assert acc["en-xx"]["accuracy"] < 90
+  assert res["main_score"] == pytest.approx((acc["en-de"]["accuracy"] + acc["en-xx"]["accuracy"]) / 2)
+  write_lines(tmp_path / "cls-yy.tsv", ["w1 a\tpos"] * 100 + ["w2 b\tunseen"] * 20)
+  with pytest.raises(DataError, match=r"labels \['unseen'\]"):
+    transfer.evaluate(common.as_encode_fn(MeaningEncoder()), str(tmp_path / "cls-{lang}.tsv"),
+                      ["yy"], n_train=80)
+  write_lines(tmp_path / "cls-zz.tsv", ["w1 a\tpos"] * 50)
+  with pytest.raises(DataError, match=r"cls-zz.tsv has 50 lines, .*cls-en.tsv has 120"):
+    transfer.evaluate(common.as_encode_fn(MeaningEncoder()), str(tmp_path / "cls-{lang}.tsv"),
+                      ["zz"], n_train=80)
+
+
+# ----------------------------------------------------------------------------- tatoeba
+
+def test_tatoeba_xsim_and_head_tail_groups(tmp_path):
+  d = tmp_path / "eval/tatoeba/v1"
+  for lang in ("deu", "xyz"):
+    write_lines(d / f"tatoeba.{lang}-eng.{lang}", [f"w{i} {lang}" for i in range(30)])
+    write_lines(d / f"tatoeba.{lang}-eng.eng", [f"w{i} eng" for i in range(30)])
+  res = tatoeba.evaluate(common.as_encode_fn(MeaningEncoder(noise=0.01)), ["deu", "xyz"],
+                         str(tmp_path))
+  assert res["languages"]["deu"]["mean"] == pytest.approx(100.0)
+  assert res["languages"]["deu"]["xsim"] == pytest.approx(0.0)
+  assert res["groups"]["head"]["n_languages"] == 1 and res["groups"]["long_tail"]["n_languages"] == 1
+  assert tatoeba.available_languages(str(tmp_path)) == ["deu", "xyz"]
+
+
+# ----------------------------------------------------------------------------- harness
+
+def _harness_data(root):
+  d = Path(root)
+  for lang in ("deu", "fra"):
+    write_lines(d / f"eval/tatoeba/v1/tatoeba.{lang}-eng.{lang}", [f"w{i} {lang}" for i in range(40)])
+    write_lines(d / f"eval/tatoeba/v1/tatoeba.{lang}-eng.eng", [f"w{i} eng" for i in range(40)])
+  rows = [f"g\tf\t2012\t{i:04d}\t{(i % 5) + 0.5}\tw{i} a\tw{i if i % 2 else i + 1} b" for i in range(30)]
+  write_lines(d / "eval/sts/STSBenchmark/sts-test.csv", rows)
+  write_lines(d / "eval/sts/STSBenchmark/sts-dev.csv", rows)
+  geo = {}
+  for lang in ("en", "de", "fr"):
+    geo[lang] = write_lines(d / f"nway/x.{lang}.gz", [f"w{i} {lang}" for i in range(50)], gz=True)
+  return geo
+
+
+def test_harness_writes_mteb_like_files_summary_and_plots(tmp_path):
+  geo = _harness_data(tmp_path / "data")
+  cfg = harness.EvalConfig(data_dir=str(tmp_path / "data"), geometry_files=geo, geometry_n=50,
+                           progress=False)
+  out = tmp_path / "out"
+  enc = MeaningEncoder(noise=0.05)
+  results = harness.run(enc, tasks=["tatoeba", "stsb", "geometry"], output_dir=str(out),
+                        config=cfg, model_info={"name": "toy", "revision": "r1"})
+  for name, r in results.items():
+    on_disk = json.loads((out / f"{name}.json").read_text())
+    assert on_disk == json.loads(json.dumps(r))          # round-trips
+    for key in ("task_name", "main_score", "dataset_revision", "evaluation_time", "model",
+                "scores", "mteb_version"):
+      assert key in on_disk
+    for split in on_disk["scores"].values():
+      for s in split:
+        assert {"main_score", "hf_subset", "languages"} <= set(s)
+  assert results["tatoeba"]["main_score"] == pytest.approx(100.0)
+  assert results["tatoeba"]["model"] == {"name": "toy", "revision": "r1"}
+  summary = (out / "summary.md").read_text()
+  assert "| tatoeba | 100.00 |" in summary and "| geometry |" in summary
+  assert (out / "tatoeba_languages.png").stat().st_size > 1000
+  assert (out / "geometry_projection.png").stat().st_size > 1000
+  # the data revision changes with the data
+  rev = results["stsb"]["dataset_revision"]
+  write_lines(tmp_path / "data/eval/sts/STSBenchmark/sts-test.csv",
+              ["g\tf\t2012\t0\t1.0\tw1 a\tw2 b", "g\tf\t2012\t1\t2.0\tw1 a\tw1 b",
+               "g\tf\t2012\t2\t3.0\tw3 a\tw3 b"])
+  again = harness.run(enc, tasks=["stsb"], config=cfg)
+  assert again["stsb"]["dataset_revision"] != rev
+
+
+def test_harness_missing_data_fails_that_task_only(tmp_path):
+  geo = _harness_data(tmp_path / "data")
+  cfg = harness.EvalConfig(data_dir=str(tmp_path / "data"), geometry_files=geo, progress=False)
+  out = tmp_path / "out"
+  with pytest.raises(harness.EvaluationFailed,
+                     match=r"bucc: DataError: task bucc: no gold file for de-en.*retrieval: "
+                           r"DataError: task retrieval: needs --retrieval_dir"):
+    harness.run(MeaningEncoder(), tasks=["tatoeba", "bucc", "retrieval", "stsb"],
+                output_dir=str(out), config=cfg)
+  assert (out / "tatoeba.json").exists() and (out / "stsb.json").exists()
+  summary = (out / "summary.md").read_text()
+  assert "| bucc | failed |" in summary and "| stsb |" in summary
+  with pytest.raises(ValueError, match="unknown suite"):
+    harness.resolve_tasks("nope")
+  missing = harness.EvalConfig(data_dir=str(tmp_path / "data"), tatoeba_languages=["spa"],
+                               progress=False)
+  with pytest.raises(harness.EvaluationFailed, match=r"task tatoeba: .*tatoeba\.spa-eng\.spa"):
+    harness.run(MeaningEncoder(), tasks=["tatoeba"], config=missing)

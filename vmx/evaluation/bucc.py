@@ -1,0 +1,123 @@
+"""BUCC 2018 bitext mining (Zweigenbaum et al.; the LASER / XTREME protocol).
+
+Layout (as distributed): `eval/bucc2018/<xx>-en/<xx>-en.<split>.{<xx>,en}` hold
+`id<TAB>sentence` lines of two comparable corpora, `<xx>-en.<split>.gold` holds
+`id_xx<TAB>id_en` lines of the true translation pairs. Splits are `sample`,
+`training`, `test`.
+
+Sentences are de-duplicated by text (LASER's --unify) and embedded; every
+source–target pair is scored by cosine (`absolute`) or ratio margin over the
+k = 4 nearest neighbours in both directions, each sentence keeps its best
+candidate (`forward`, `backward`, `intersect`, `max`), and a mined text pair
+counts for every id pair carrying those texts. The threshold that maximizes F1
+against the gold is chosen on `training` and applied to `test` when both have
+gold; otherwise it is chosen and reported on the same split (optimistic; the
+split is named in the results). P/R/F1 are ×100.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Optional, Sequence
+
+import numpy as np
+
+from vmx.data.download import DataError
+from vmx.evaluation import common, knn, mining
+
+PAIRS = ("de-en", "fr-en")
+SCORINGS = {"cosine": "absolute", "margin": "ratio"}
+
+
+def read_corpus(path, task="bucc") -> tuple[list[str], list[str]]:
+  ids, sents = [], []
+  for i, line in enumerate(common.read_lines(path, task), 1):
+    parts = line.split("\t")
+    if len(parts) != 2 or not parts[0]:
+      raise DataError(f"task {task}: {path}:{i}: expected 'id<TAB>sentence', got {line[:80]!r}")
+    ids.append(parts[0])
+    sents.append(parts[1])
+  return ids, sents
+
+
+def read_gold(path, task="bucc") -> set[tuple[str, str]]:
+  gold = set()
+  for i, line in enumerate(common.read_lines(path, task), 1):
+    parts = line.split("\t")
+    if len(parts) != 2:
+      raise DataError(f"task {task}: {path}:{i}: expected 'id_src<TAB>id_tgt', got {line[:80]!r}")
+    gold.add((parts[0], parts[1]))
+  return gold
+
+
+def _unify(ids, sents):
+  """Unique texts, and for each text the ids carrying it."""
+  text_ids = defaultdict(list)
+  for i, s in zip(ids, sents):
+    text_ids[s].append(i)
+  texts = list(text_ids)
+  return texts, [text_ids[t] for t in texts]
+
+
+def candidate_pairs(scored: mining.Scored, src_ids, tgt_ids,
+                    retrieval: str) -> dict[tuple[str, str], float]:
+  """{(src_id, tgt_id): score} of the mined pairs (ids expanded from unique texts)."""
+  s_idx, t_idx, score = mining.best_pairs(scored, retrieval)
+  out = {}
+  for s, t, v in zip(s_idx, t_idx, score):
+    for a in src_ids[s]:
+      for b in tgt_ids[t]:
+        key = (a, b)
+        out[key] = max(out.get(key, -np.inf), float(v))
+  return out
+
+
+def _split_data(files: common.DataFiles, pair: str, split: str):
+  src = pair.split("-")[0]
+  base = f"eval/bucc2018/{pair}/{pair}.{split}"
+  return (read_corpus(files.path(f"{base}.{src}")), read_corpus(files.path(f"{base}.en")),
+          read_gold(files.path(f"{base}.gold")))
+
+
+def evaluate(encode: common.EncodeFn, pairs: Sequence[str] = PAIRS,
+             data_dir: Optional[str] = None, k: int = 4, progress: bool = False,
+             files: Optional[common.DataFiles] = None) -> dict:
+  files = files or common.DataFiles("bucc", data_dir)
+  subsets = []
+  for pair in pairs:
+    src = pair.split("-")[0]
+    splits = [s for s in ("training", "test", "sample")
+              if files.exists(f"eval/bucc2018/{pair}/{pair}.{s}.gold")]
+    if not splits:
+      raise DataError(f"task bucc: no gold file for {pair} (looked for "
+                      f"eval/bucc2018/{pair}/{pair}.{{training,test,sample}}.gold)")
+    if "training" in splits and "test" in splits:
+      fit, report = "training", "test"
+    else:
+      fit = report = splits[0]
+    mined = {}   # split -> (knn, id maps, gold)
+    for split in dict.fromkeys((fit, report)):
+      (s_ids, s_txt), (t_ids, t_txt), gold = _split_data(files, pair, split)
+      s_u, s_map = _unify(s_ids, s_txt)
+      t_u, t_map = _unify(t_ids, t_txt)
+      nn = knn.topk(mining.normalize(encode(s_u, common.iso3(src))),
+                    mining.normalize(encode(t_u, "eng")), k=min(k, len(s_u), len(t_u)),
+                    progress=progress)
+      mined[split] = (nn, s_map, t_map, gold)
+    row = {"hf_subset": pair, "languages": [common.iso3(src), "eng"],
+           "threshold_split": fit, "split": report}
+    for scoring, margin in SCORINGS.items():
+      scored = {sp: mining.score_candidates(m[0], margin) for sp, m in mined.items()}
+      for retrieval in mining.RETRIEVALS:
+        cand = {sp: candidate_pairs(scored[sp], m[1], m[2], retrieval) for sp, m in mined.items()}
+        gold = mined[fit][3]
+        th = mining.optimize_threshold(list(cand[fit].values()),
+                                       [p in gold for p in cand[fit]], len(gold))
+        p, r, f = mining.evaluate_pairs(cand[report], mined[report][3], th)
+        row[f"{scoring}_{retrieval}"] = {"precision": p, "recall": r, "f1": f,
+                                         "threshold": th}
+    row["main_score"] = row["margin_max"]["f1"]
+    row["n_gold"] = len(mined[report][3])
+    subsets.append(row)
+  return {"scores": {"test": subsets},
+          "main_score": common.mean([r["main_score"] for r in subsets])}

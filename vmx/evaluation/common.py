@@ -1,0 +1,156 @@
+"""What every evaluation task shares: the encoder interface, data files, languages.
+
+An encoder is anything with `encode(list_of_str) -> [n, d] array` (optionally
+taking `lang=` a language code, as vmx's `Encoder` does), or a plain callable
+`f(sentences, lang) -> array`. Tasks see it as `EncodeFn(sentences, lang)` with
+ISO 639-3 language codes (the codes vmx models are trained with).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from vmx.data import download, readers
+
+EncodeFn = Callable[[list, str], np.ndarray]
+
+# ISO 639-1 -> the ISO 639-3 codes of the training data and Tatoeba (XTREME's mapping).
+ISO3 = {
+    "af": "afr", "ar": "ara", "bg": "bul", "bn": "ben", "de": "deu", "el": "ell", "en": "eng",
+    "es": "spa", "et": "est", "eu": "eus", "fa": "pes", "fi": "fin", "fr": "fra", "he": "heb",
+    "hi": "hin", "hu": "hun", "id": "ind", "it": "ita", "ja": "jpn", "jv": "jav", "ka": "kat",
+    "kk": "kaz", "ko": "kor", "ml": "mal", "mr": "mar", "nl": "nld", "pt": "por", "ru": "rus",
+    "sw": "swh", "ta": "tam", "te": "tel", "th": "tha", "tl": "tgl", "tr": "tur", "ur": "urd",
+    "vi": "vie", "zh": "cmn", "cs": "ces", "pl": "pol", "ro": "ron", "lt": "lit", "lv": "lav",
+}
+
+
+def iso3(code: str) -> str:
+  """ISO 639-3 for a 2-letter code we know; other codes are returned unchanged."""
+  return ISO3.get(code, code)
+
+
+def as_encode_fn(encoder, progress: Optional[bool] = None) -> EncodeFn:
+  """Adapt an encoder object or callable to `EncodeFn(sentences, lang)`.
+
+  `progress` is passed on to encoders whose encode() takes it (vmx's Encoder).
+  """
+  enc = getattr(encoder, "encode", None)
+  if enc is None:
+    if not callable(encoder):
+      raise TypeError(f"{type(encoder).__name__}: need an object with encode(list_of_str) "
+                      f"or a callable f(sentences, lang)")
+    fn, takes_lang = encoder, _takes(encoder, 2)
+  else:
+    fn, takes_lang = enc, _accepts_lang(enc)
+
+  extra = {}
+  if progress is not None and enc is not None:
+    try:
+      if "progress" in inspect.signature(enc).parameters:
+        extra["progress"] = progress
+    except (TypeError, ValueError):
+      pass
+
+  def encode(sentences, lang):
+    out = fn(list(sentences), lang=lang, **extra) if takes_lang == "kw" else (
+        fn(list(sentences), lang, **extra) if takes_lang == "pos" else fn(list(sentences), **extra))
+    out = np.asarray(out, np.float32)
+    if out.ndim != 2 or out.shape[0] != len(sentences):
+      raise ValueError(f"encoder returned shape {out.shape} for {len(sentences)} sentences; "
+                       f"expected [n, d]")
+    return out
+  return encode
+
+
+def _accepts_lang(fn):
+  try:
+    params = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return None
+  if "lang" in params or any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    return "kw"
+  return None
+
+
+def _takes(fn, n):
+  if _accepts_lang(fn):
+    return "kw"
+  try:
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  except (TypeError, ValueError):
+    return None
+  return "pos" if len(params) >= n else None
+
+
+def model_name(encoder) -> str:
+  for attr in ("name", "model_name", "name_or_path"):
+    v = getattr(encoder, attr, None)
+    if isinstance(v, str) and v:
+      return v
+  return type(encoder).__name__
+
+
+class DataFiles:
+  """Resolves a task's input files and remembers them (for the data revision).
+
+  Registry-relative paths (`eval/...`) come from the data dir or the download
+  cache; absolute paths are used as they are. Missing files raise DataError
+  naming the file and the task.
+  """
+
+  def __init__(self, task: str, data_dir: Optional[str] = None):
+    self.task, self.data_dir = task, data_dir
+    self.used: dict[str, Path] = {}
+
+  def exists(self, rel: str) -> bool:
+    if Path(rel).is_absolute():
+      return Path(rel).exists()
+    root = download.configured_data_dir(self.data_dir)
+    if root is not None:
+      return (root / rel).exists()
+    return rel in download.registry()
+
+  def path(self, rel: str) -> Path:
+    try:
+      if Path(rel).is_absolute():
+        p = Path(rel)
+        if not p.exists():
+          raise download.DataError(f"{p}: no such file")
+      else:
+        p = download.resolve(rel, self.data_dir)
+    except download.DataError as e:
+      raise download.DataError(f"task {self.task}: {e}") from None
+    self.used[str(rel)] = p
+    return p
+
+  def revision(self) -> str:
+    """sha256 over the used files' names and contents."""
+    h = hashlib.sha256()
+    for rel in sorted(self.used):
+      h.update(f"{Path(rel).name}\t{download.sha256sum(self.used[rel])}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def read_lines(path, task: str = "") -> list[str]:
+  """Lines of a (possibly .gz) UTF-8 text file, without newlines; errors name file:line."""
+  try:
+    return [line for _, line in readers.iter_lines(path)]
+  except download.DataError as e:
+    raise download.DataError(f"task {task}: {e}" if task else str(e)) from None
+
+
+def progress_iter(it: Iterable, desc: str, enabled: bool, total: Optional[int] = None):
+  if not enabled:
+    return it
+  from tqdm.auto import tqdm
+  return tqdm(it, desc=desc, total=total, leave=False)
+
+
+def mean(values: Sequence[float]) -> float:
+  return float(np.mean(values)) if len(values) else float("nan")

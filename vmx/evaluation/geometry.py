@@ -1,0 +1,107 @@
+"""Geometry of the embedding space on an N-way parallel set (EMMA-X, appendix B).
+
+Input: embeddings E[l] [n, d] of the same n sentences in each language l.
+* invariance: mean over language pairs of the symmetric KL divergence
+  KL(P_a || P_b) + KL(P_b || P_a) between Gaussians fitted to each language's
+  embeddings (lower = languages share one distribution). Covariance `diag`
+  (default: well-defined when n < d) or `full` (Ledoit–Wolf shrinkage).
+* canonical form: Calinski–Harabasz index (scikit-learn) of all embeddings with
+  the sentence id as cluster label (higher = translations cluster tightly and
+  apart from other sentences).
+* isotropy: principal ratio (Mu & Viswanath 2018), min_c Z(c) / max_c Z(c) with
+  Z(c) = sum_i exp(c^T w_i) over the eigenvectors c of W^T W (both signs, so the
+  value does not depend on the solver's sign choice); 1 = isotropic.
+Embeddings are L2-normalized first (the cosine geometry that retrieval uses).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Optional, Sequence
+
+import numpy as np
+from scipy.special import logsumexp
+
+from vmx.data.download import DataError
+from vmx.evaluation import common, mining
+
+# newstest2013 is 6-way parallel (cs de en es fr ru): the default N-way set.
+DEFAULT_FILES = {l: f"train/wmt-newstest-multiway/2013/newstest2013.{l}.gz"
+                 for l in ("cs", "de", "en", "es", "fr", "ru")}
+
+
+def gaussian(x_NxD, cov: str = "diag"):
+  x = np.asarray(x_NxD, np.float64)
+  mu = x.mean(axis=0)
+  if cov == "diag":
+    return mu, x.var(axis=0) + 1e-8
+  if cov == "full":
+    from sklearn.covariance import LedoitWolf
+    return mu, LedoitWolf().fit(x).covariance_
+  raise ValueError(f"cov={cov!r}: expected 'diag' or 'full'")
+
+
+def kl_gaussian(p, q) -> float:
+  """KL(N(mu_p, S_p) || N(mu_q, S_q)); S diagonal (1-D variances) or full."""
+  (mp, sp), (mq, sq) = p, q
+  diff = mq - mp
+  if sp.ndim == 1:
+    return 0.5 * float(np.sum(sp / sq + diff ** 2 / sq - 1 + np.log(sq) - np.log(sp)))
+  d = len(mp)
+  sq_inv = np.linalg.inv(sq)
+  _, logdet_p = np.linalg.slogdet(sp)
+  _, logdet_q = np.linalg.slogdet(sq)
+  return 0.5 * float(np.trace(sq_inv @ sp) + diff @ sq_inv @ diff - d + logdet_q - logdet_p)
+
+
+def invariance(embs: dict, cov: str = "diag") -> float:
+  g = {l: gaussian(mining.normalize(e), cov) for l, e in embs.items()}
+  pairs = list(itertools.combinations(sorted(g), 2))
+  return float(np.mean([kl_gaussian(g[a], g[b]) + kl_gaussian(g[b], g[a]) for a, b in pairs]))
+
+
+def canonical_form(embs: dict) -> float:
+  from sklearn.metrics import calinski_harabasz_score
+  x = np.concatenate([mining.normalize(e) for e in embs.values()])
+  labels = np.concatenate([np.arange(len(e)) for e in embs.values()])
+  return float(calinski_harabasz_score(x, labels))
+
+
+def principal_ratio(w_NxD) -> float:
+  w = np.asarray(w_NxD, np.float64)
+  _, vecs = np.linalg.eigh(w.T @ w)
+  proj = w @ vecs                                        # [n, d]: c^T w_i for each c
+  logz = np.concatenate([logsumexp(proj, axis=0), logsumexp(-proj, axis=0)])
+  return float(np.exp(logz.min() - logz.max()))
+
+
+def isotropy(embs: dict) -> float:
+  return principal_ratio(np.concatenate([mining.normalize(e) for e in embs.values()]))
+
+
+def load_nway(files: common.DataFiles, paths: dict, n: Optional[int] = None):
+  """{lang3: sentences} of line-aligned files; unequal lengths are an error."""
+  texts = {}
+  for lang, rel in paths.items():
+    lines = common.read_lines(files.path(rel), files.task)
+    texts[common.iso3(lang)] = lines[:n] if n else lines
+  lens = {l: len(t) for l, t in texts.items()}
+  if len(set(lens.values())) != 1:
+    raise DataError(f"task {files.task}: N-way files differ in length: {lens} ({paths})")
+  if len(texts) < 2:
+    raise DataError(f"task {files.task}: need at least 2 languages, got {list(paths)}")
+  return texts
+
+
+def evaluate(encode, paths: Optional[dict] = None, n: int = 1000, cov: str = "diag",
+             data_dir: Optional[str] = None, progress: bool = False,
+             files: Optional[common.DataFiles] = None) -> dict:
+  files = files or common.DataFiles("geometry", data_dir)
+  texts = load_nway(files, paths or DEFAULT_FILES, n)
+  embs = {l: encode(t, l) for l, t in common.progress_iter(texts.items(), "geometry", progress)}
+  scores = {"invariance_sym_kl": invariance(embs, cov), "canonical_form_ch": canonical_form(embs),
+            "isotropy_pr": isotropy(embs), "n_sentences": len(next(iter(texts.values()))),
+            "covariance": cov}
+  subset = {"hf_subset": "default", "languages": sorted(embs), "main_score":
+            scores["invariance_sym_kl"], **scores}
+  return {"scores": {"test": [subset]}, "main_score": subset["main_score"],
+          "embeddings": embs}

@@ -1,0 +1,242 @@
+"""One harness for every evaluation task: suites, results files, summary, plots.
+
+  from vmx.evaluation import harness
+  results = harness.run(encoder, suite="standard", output_dir="/tmp/vmx/eval")
+
+`encoder` is a vmx `Encoder` or anything with `encode(list_of_str) -> [n, d]`
+(see `common.as_encode_fn`). For each task the harness writes
+`OUTPUT_DIR/<task>.json` in an MTEB-like schema:
+
+  {"task_name", "main_score", "dataset_revision" (sha256 of the input files),
+   "evaluation_time" (s), "model": {"name", "revision"}, "vmx_version",
+   "mteb_version": null, "kg_co2_emissions": null,
+   "scores": {split: [{"hf_subset", "languages", "main_score", ...metrics}]},
+   ...task-level aggregates}
+
+plus `summary.md` (one row per task) and plots (`tatoeba_languages.png`,
+`geometry_projection.png`). A task whose data are missing or whose inputs are
+bad is reported (error naming the task and file) and the others still run;
+`run` raises `EvaluationFailed` at the end if any task failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from vmx.data.download import DataError
+from vmx.evaluation import bucc, common, geometry, retrieval, sts, tatoeba, transfer
+
+VMX_VERSION = "0.1.0"
+
+
+@dataclasses.dataclass
+class EvalConfig:
+  """Where the data are and what to run on; every field is a flag of launch/eval.py."""
+  data_dir: Optional[str] = None               # default: $VMX_DATA_DIR, else download cache
+  tatoeba_languages: Optional[Sequence[str]] = None   # default: the model's, else all
+  bucc_pairs: Sequence[str] = bucc.PAIRS
+  sts17_dir: Optional[str] = None              # SemEval-2017 STS.input.trackN.xx-yy.txt
+  sts17_gs_dir: Optional[str] = None           # gold files, if not next to the inputs
+  retrieval_dirs: Sequence[str] = ()           # queries.tsv / corpus.tsv / qrels.tsv dirs
+  geometry_files: Optional[dict] = None        # {lang: path} N-way parallel; default newstest2013
+  geometry_n: int = 1000
+  geometry_cov: str = "diag"
+  transfer_languages: Sequence[str] = transfer.XNLI_LANGS
+  transfer_source: str = "en"
+  plots: bool = True
+  progress: bool = True
+
+
+def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
+  langs = list(cfg.tatoeba_languages or ctx.get("languages") or [])
+  available = tatoeba.available_languages(cfg.data_dir)
+  if not langs:
+    langs = available
+  elif ctx.get("languages") and not cfg.tatoeba_languages:
+    langs = [l for l in langs if l in available]
+  files = ctx["files"]
+  for l in langs:   # resolve (and record) the files; missing ones fail here, named
+    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
+    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
+  res = tatoeba.evaluate(encode, langs, cfg.data_dir, progress=cfg.progress)
+  subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
+              "accuracy_xx2en": r["xx2en"], "accuracy_en2xx": r["en2xx"], "xsim_error": r["xsim"],
+              "n": r["n"], "group": "head" if l in tatoeba.XTREME36 else "long_tail"}
+             for l, r in res["languages"].items()]
+  return {"scores": {"test": subsets}, "main_score": res["mean"]["mean"],
+          "mean": res["mean"], "groups": res["groups"]}
+
+
+TASKS: dict[str, Callable] = {
+    "tatoeba": _tatoeba,
+    "bucc": lambda e, c, x: bucc.evaluate(e, c.bucc_pairs, c.data_dir, progress=c.progress,
+                                          files=x["files"]),
+    "sts12-16": lambda e, c, x: sts.evaluate_sts12_16(e, data_dir=c.data_dir,
+                                                      progress=c.progress, files=x["files"]),
+    "stsb": lambda e, c, x: sts.evaluate_stsb(e, data_dir=c.data_dir, files=x["files"]),
+    "sts17": lambda e, c, x: sts.evaluate_sts17(e, _required(c.sts17_dir, "sts17", "sts17_dir"),
+                                                c.sts17_gs_dir, c.progress, files=x["files"]),
+    "retrieval": lambda e, c, x: _retrieval(e, c, x),
+    "geometry": lambda e, c, x: geometry.evaluate(e, c.geometry_files, c.geometry_n,
+                                                  c.geometry_cov, c.data_dir, c.progress,
+                                                  files=x["files"]),
+    "xnli_transfer": lambda e, c, x: transfer.evaluate(
+        e, languages=c.transfer_languages, source=c.transfer_source, data_dir=c.data_dir,
+        progress=c.progress, files=x["files"]),
+}
+# main_score direction, for readers of the results (MTEB assumes higher is better)
+LOWER_IS_BETTER = {"geometry"}
+
+SUITES = {
+    "tatoeba": ("tatoeba",),
+    "mining": ("tatoeba", "bucc"),
+    "sts": ("sts12-16", "stsb"),
+    "quick": ("tatoeba", "stsb", "geometry"),
+    "standard": ("tatoeba", "bucc", "sts12-16", "stsb", "xnli_transfer", "geometry"),
+    "full": ("tatoeba", "bucc", "sts12-16", "stsb", "sts17", "retrieval", "xnli_transfer",
+             "geometry"),
+}
+
+
+def _required(value, task, flag):
+  if not value:
+    raise DataError(f"task {task}: needs --{flag} (see vmx/evaluation/{task.rstrip('0123456789')}"
+                    f".py for the file layout)")
+  return value
+
+
+def _retrieval(encode, cfg, ctx):
+  dirs = list(cfg.retrieval_dirs)
+  if not dirs:
+    _required(None, "retrieval", "retrieval_dir")
+  scores, mains = {"test": []}, []
+  for d in dirs:
+    r = retrieval.evaluate(encode, d, progress=cfg.progress, files=ctx["files"])
+    for s in r["scores"]["test"]:
+      s["hf_subset"] = f"{r['name']}/{s['hf_subset']}"
+      scores["test"].append(s)
+    mains.append(r["main_score"])
+  return {"scores": scores, "main_score": common.mean(mains)}
+
+
+class EvaluationFailed(RuntimeError):
+  pass
+
+
+def resolve_tasks(suite: Optional[str] = None, tasks: Optional[Sequence[str]] = None):
+  if tasks:
+    names = list(tasks)
+  elif suite:
+    if suite not in SUITES:
+      raise ValueError(f"--suite={suite!r}: unknown suite; known: {sorted(SUITES)}")
+    names = list(SUITES[suite])
+  else:
+    raise ValueError("give a suite or a list of tasks")
+  unknown = [t for t in names if t not in TASKS]
+  if unknown:
+    raise ValueError(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+  return names
+
+
+def _write_json(path: Path, obj):
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=1, default=_jsonable))
+  tmp.replace(path)
+
+
+def _jsonable(o):
+  if isinstance(o, (np.floating, np.integer)):
+    return o.item()
+  if isinstance(o, np.ndarray):
+    return o.tolist()
+  raise TypeError(f"not JSON-serializable: {type(o).__name__}")
+
+
+def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = None,
+        config: Optional[EvalConfig] = None, tasks: Optional[Sequence[str]] = None,
+        model_info: Optional[dict] = None) -> dict:
+  """Runs the tasks; returns {task: result dict}; writes files when output_dir is set."""
+  cfg = config or EvalConfig()
+  names = resolve_tasks(None if tasks else suite, tasks)
+  encode = common.as_encode_fn(encoder, progress=None if cfg.progress else False)
+  model = model_info or {"name": common.model_name(encoder), "revision": None}
+  ctx_langs = getattr(encoder, "languages", None)
+  out = Path(output_dir) if output_dir else None
+  if out:
+    out.mkdir(parents=True, exist_ok=True)
+  results, errors, artifacts = {}, {}, {}
+  for name in names:
+    files = common.DataFiles(name, cfg.data_dir)
+    t0 = time.time()
+    print(f"[vmx eval] {name} ...", flush=True)
+    try:
+      res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs})
+    except (DataError, ValueError, OSError) as e:
+      errors[name] = f"{type(e).__name__}: {e}"
+      print(f"[vmx eval] {name} FAILED: {errors[name]}", flush=True)
+      if not isinstance(e, (DataError, FileNotFoundError)):
+        traceback.print_exc()
+      continue
+    if "embeddings" in res:
+      artifacts[name] = res.pop("embeddings")
+    record = {"task_name": name, "main_score": res.pop("main_score"),
+              "higher_is_better": name not in LOWER_IS_BETTER,
+              "dataset_revision": files.revision(),
+              "evaluation_time": round(time.time() - t0, 3), "model": model,
+              "vmx_version": VMX_VERSION, "mteb_version": None, "kg_co2_emissions": None,
+              "scores": res.pop("scores"), **res}
+    results[name] = record
+    print(f"[vmx eval] {name}: main score {record['main_score']:.2f} "
+          f"({record['evaluation_time']:.1f} s)", flush=True)
+    if out:
+      _write_json(out / f"{name}.json", record)
+  if out:
+    (out / "summary.md").write_text(summary_markdown(results, errors, model))
+    if cfg.plots:
+      from vmx.evaluation import plots
+      if "tatoeba" in results:
+        plots.tatoeba_bars(results["tatoeba"], out / "tatoeba_languages.png")
+      if "geometry" in artifacts:
+        plots.projection(artifacts["geometry"], out / "geometry_projection.png")
+  if errors:
+    raise EvaluationFailed("; ".join(f"{k}: {v}" for k, v in errors.items()) +
+                           (f" (other results are in {out})" if out else ""))
+  return results
+
+
+def _details(r: dict) -> str:
+  name = r["task_name"]
+  if name == "tatoeba":
+    g = r["groups"]
+    parts = [f"xx→en {r['mean']['xx2en']:.2f}, en→xx {r['mean']['en2xx']:.2f}, "
+             f"xSIM err {r['mean']['xsim']:.2f}"]
+    parts += [f"{k} ({v['n_languages']}) {v['mean']:.2f}" for k, v in g.items() if v["n_languages"]]
+    return "; ".join(parts)
+  if name == "sts12-16":
+    return f"VMSST Pearson {r['vmsst_pearson']:.2f}, SBERT Spearman {r['sbert_spearman']:.2f}"
+  subsets = next(iter(r["scores"].values()))
+  if name == "geometry":
+    s = subsets[0]
+    return (f"sym. KL {s['invariance_sym_kl']:.2f} (lower better), CH "
+            f"{s['canonical_form_ch']:.2f}, PR {s['isotropy_pr']:.3f}")
+  shown = subsets if len(subsets) <= 6 else subsets[:6]
+  more = "" if len(subsets) <= 6 else f", … ({len(subsets)} subsets)"
+  return ", ".join(f"{s['hf_subset']} {s['main_score']:.2f}" for s in shown) + more
+
+
+def summary_markdown(results: dict, errors: dict, model: dict) -> str:
+  lines = [f"# vmx evaluation: {model.get('name')}"
+           + (f" ({model['revision']})" if model.get("revision") else ""), "",
+           "| task | main score | details | time (s) |", "|---|---|---|---|"]
+  for name, r in results.items():
+    lines.append(f"| {name} | {r['main_score']:.2f} | {_details(r)} | {r['evaluation_time']:.1f} |")
+  for name, e in errors.items():
+    lines.append(f"| {name} | failed | {e.replace('|', '/')} | |")
+  return "\n".join(lines) + "\n"
