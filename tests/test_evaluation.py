@@ -36,7 +36,7 @@ def test_blocked_topk_equals_brute_force(n, m, k, ndev):
   rng = np.random.default_rng(n + m)
   x, y = _unit(rng, n, 24), _unit(rng, m, 24)
   s, ri, ci = _ref_topk(x, y, k)
-  nn = knn.bidirectional_topk(x, y, k=k, block_rows=64, block_cols=128, group=16,
+  nn = knn.bidirectional_topk(x, y, k=k, block_rows=64, block_cols=128, group=16, chunk_tiles=2,
                               devices=jax.devices()[:ndev])
   np.testing.assert_array_equal(nn.row_idx, ri)
   np.testing.assert_array_equal(nn.col_idx, ci)
@@ -490,3 +490,16 @@ def test_harness_missing_data_fails_that_task_only(tmp_path):
                                progress=False)
   with pytest.raises(harness.EvaluationFailed, match=r"task tatoeba: .*tatoeba\.spa-eng\.spa"):
     harness.run(MeaningEncoder(), tasks=["tatoeba"], config=missing)
+
+
+def test_eval_cli_bad_input_is_one_line(tmp_path):
+  import subprocess
+  import sys
+  from conftest import REPO
+  run = lambda *a: subprocess.run([sys.executable, str(REPO / "launch/eval.py"), *a],
+                                  capture_output=True, text=True, cwd=REPO, timeout=300)
+  p = run(f"--checkpoint_dir={tmp_path / 'nope'}")
+  assert p.returncode == 2 and "vmx_model.json: not found" in p.stderr, p.stderr[-2000:]
+  assert "Traceback" not in p.stderr
+  p = run(f"--checkpoint_dir={tmp_path}", "--suite=nope")
+  assert p.returncode == 2 and "unknown suite" in p.stderr

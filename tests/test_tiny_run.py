@@ -52,6 +52,33 @@ def test_tiny_run_lifts_tatoeba(tiny_run):
   _assert_lifts_tatoeba(*tiny_run, STEPS)
 
 
+@needs_data
+def test_eval_cli_quick_suite_on_trained_checkpoint(tiny_run, tmp_path):
+  """launch/eval.py on the trained checkpoint: results files, summary, plots; its Tatoeba
+  numbers are the trainer's own final evaluation; STS-B and geometry are computed."""
+  model_dir, rows = tiny_run
+  out = tmp_path / "eval"
+  proc = subprocess.run(
+      [sys.executable, str(REPO / "launch/eval.py"), f"--checkpoint_dir={model_dir}",
+       "--suite=quick", f"--output_dir={out}", "--geometry_n=300", "--no_progress"],
+      capture_output=True, text=True, cwd=REPO, timeout=900,
+      env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  final = [r for r in rows if r["step"] == STEPS and "tatoeba/mean" in r][-1]
+  tat = json.loads((out / "tatoeba.json").read_text())
+  assert tat["model"] == {"name": model_dir.name, "revision": f"checkpoint_{STEPS}"}
+  assert tat["main_score"] == pytest.approx(final["tatoeba/mean"], abs=0.3)
+  for s in tat["scores"]["test"]:
+    assert s["main_score"] == pytest.approx(final[f"tatoeba/{s['languages'][0]}"], abs=0.5)
+    assert 0 <= s["xsim_error"] <= 100
+  stsb = json.loads((out / "stsb.json").read_text())
+  assert 0 < stsb["main_score"] < 100
+  geo = json.loads((out / "geometry.json").read_text())["scores"]["test"][0]
+  assert geo["n_sentences"] == 300 and 0 < geo["isotropy_pr"] <= 1
+  assert "| tatoeba |" in (out / "summary.md").read_text()
+  assert (out / "tatoeba_languages.png").exists() and (out / "geometry_projection.png").exists()
+
+
 VMSST_STEPS = 600  # vmsst_tiny.gin's own length (~10 min on 2 cores)
 
 

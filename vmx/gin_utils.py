@@ -127,7 +127,7 @@ def run_main(main, argv=None):
   from vmx.data.download import DataError
   try:
     return main(sys.argv[1:] if argv is None else argv)
-  except (ConfigError, DataError) as e:
+  except (ConfigError, DataError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   except (ValueError, TypeError) as e:

@@ -15,10 +15,12 @@ of y and, per column, the top-k groups of x, and rescore only those k * group
 candidates with exact dot products.
 
 Sharding: x is split by rows over a 1-D mesh of all devices (`shard_map`); y is
-replicated and scanned in column tiles of `block_cols`. Each device's row block
-is `block_rows` rows; per-device memory is one [block_rows, block_cols] tile
-plus [block_rows, M / group] row-group maxima, [M, k] running column states and
-the inputs. Column states are merged across devices at the end.
+replicated and scanned in column tiles of `block_cols`, grouped in chunks of
+`chunk_tiles` tiles. Each device's row block is `block_rows` rows. Per-device
+memory beyond the inputs: one [block_rows, block_cols] tile, the group maxima of
+one chunk (2 x block_rows x chunk_tiles x block_cols / group floats) and the
+[M, k] running column states (the output's size). Column states are merged
+across devices at the end.
 """
 from __future__ import annotations
 
@@ -59,31 +61,45 @@ def _merge(v1, i1, v2, i2, k):
 def _block_pass(k, group):
   """One device's row block against all of y: group-level top-k both ways.
 
+  y comes as chunks of tiles; per chunk the tiles' group maxima ([br, chunk/g] for
+  rows, [chunk, br/g] for columns) are merged into the running top-k states, so
+  the buffers are bounded by the chunk size, not by M.
+
   Padding rows/columns are copies of the last real row/column, so a group that
   mixes real and padding entries has a legitimate maximum (its padding repeats a
   value of its own last real entry); groups made only of padding are masked.
   No per-tile masking is needed.
   """
-  def f(x_blk, r0, n_valid, y_tiles, c_valid, col_v, col_g):
-    # x_blk [br, D]; y_tiles [nc, bc, D]; col_v/col_g [Mp, k]: running per-column
-    # top-k row-group maxima and their (global) row-group ids.
+  def f(x_blk, r0, n_valid, y_chunks, c_valid, col_v, col_g):
+    # x_blk [br, D]; y_chunks [nch, T, bc, D]; col_v/col_g [nch, T*bc, k]: running
+    # per-column top-k row-group maxima and their (global) row-group ids.
     br = x_blk.shape[0]
-    nc, bc = y_tiles.shape[:2]
+    nch, T, bc = y_chunks.shape[:3]
+    width = T * bc
+    row_gids = r0 // group + jnp.arange(br // group, dtype=jnp.int32)
+    row_ok = row_gids * group < n_valid
 
     def tile(_, y_c):
       s = jnp.dot(x_blk, y_c.T, preferred_element_type=jnp.float32)
       return None, (s.reshape(br, bc // group, group).max(axis=2),       # [br, bc/g]
                     s.reshape(br // group, group, bc).max(axis=1))       # [br/g, bc]
 
-    _, (row_gm, col_gm) = jax.lax.scan(tile, None, y_tiles)
-    row_gm = jnp.moveaxis(row_gm, 0, 1).reshape(br, nc * bc // group)
-    col_groups = jnp.arange(nc * bc // group)
-    row_gm = jnp.where(col_groups * group < c_valid, row_gm, NEG)
-    _, row_g = jax.lax.top_k(row_gm, k)                                 # [br, k] y-groups
-    col_gm = jnp.moveaxis(col_gm, 0, 1).reshape(br // group, nc * bc).T  # [Mp, br/g]
-    gids = r0 // group + jnp.arange(br // group, dtype=jnp.int32)
-    col_gm = jnp.where(gids * group < n_valid, col_gm, NEG)
-    col_v, col_g = _merge(col_v, col_g, col_gm, jnp.broadcast_to(gids, col_gm.shape), k)
+    def chunk(carry, inp):
+      rv, rg = carry
+      y_ch, c_idx, cv, cg = inp
+      _, (row_gm, col_gm) = jax.lax.scan(tile, None, y_ch)
+      col_gids = c_idx * (width // group) + jnp.arange(width // group, dtype=jnp.int32)
+      row_gm = jnp.moveaxis(row_gm, 0, 1).reshape(br, width // group)
+      row_gm = jnp.where(col_gids * group < c_valid, row_gm, NEG)
+      rv, rg = _merge(rv, rg, row_gm, jnp.broadcast_to(col_gids, row_gm.shape), k)
+      col_gm = jnp.moveaxis(col_gm, 0, 1).reshape(br // group, width).T  # [width, br/g]
+      col_gm = jnp.where(row_ok, col_gm, NEG)
+      cv, cg = _merge(cv, cg, col_gm, jnp.broadcast_to(row_gids, col_gm.shape), k)
+      return (rv, rg), (cv, cg)
+
+    init = (jnp.full((br, k), NEG, jnp.float32), jnp.zeros((br, k), jnp.int32))
+    (_, row_g), (col_v, col_g) = jax.lax.scan(
+        chunk, init, (y_chunks, jnp.arange(nch, dtype=jnp.int32), col_v, col_g))
     return row_g, col_v, col_g
   return f
 
@@ -147,11 +163,12 @@ def _rescore(mesh, q, base, gid, n_base, k, group, chunk=128):
 
 
 def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int = 1024,
-                       block_cols: int = 2048, group: int = 16, devices=None,
-                       progress: bool = False) -> TopK:
+                       block_cols: int = 2048, group: int = 16, chunk_tiles: int = 32,
+                       devices=None, progress: bool = False) -> TopK:
   """The k nearest neighbours by inner product, x→y and y→x, from one blocked pass.
 
-  `block_rows` is per device; block sizes are rounded to multiples of `group`.
+  `block_rows` is per device; block sizes are rounded to multiples of `group`;
+  group maxima are merged every `chunk_tiles` column tiles (memory bound).
   Vectors are used as given (normalize rows for cosine similarity). Ties between
   equal similarities are broken arbitrarily.
   """
@@ -169,15 +186,17 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int = 1024,
   ndev = mesh.devices.size
   br = _round_up(min(block_rows, -(-N // ndev)), group)
   bc = _round_up(min(block_cols, M), group)
-  nc = -(-M // bc)
-  Mp = nc * bc
+  nc = -(-M // bc)                                   # tiles
+  nch = -(-nc // chunk_tiles)                        # chunks of about equal size
+  T = -(-nc // nch)
+  Mp = nch * T * bc
   y_pad = np.empty((Mp, x.shape[1]), np.float32)
   y_pad[:M] = y
   y_pad[M:] = y[-1]
   rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("rows"))
-  y_tiles = jax.device_put(y_pad.reshape(nc, bc, -1), rep)
-  col_v = jax.device_put(np.full((ndev, Mp, k), -np.inf, np.float32), rows)
-  col_g = jax.device_put(np.zeros((ndev, Mp, k), np.int32), rows)
+  y_chunks = jax.device_put(y_pad.reshape(nch, T, bc, -1), rep)
+  col_v = jax.device_put(np.full((ndev, nch, T * bc, k), -np.inf, np.float32), rows)
+  col_g = jax.device_put(np.zeros((ndev, nch, T * bc, k), np.int32), rows)
   step = _pass_fn(mesh, k, group)
   step_rows = br * ndev
   scalar = lambda v: jax.device_put(np.int32(v), rep)
@@ -191,14 +210,14 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int = 1024,
     chunk = x[r0:r0 + step_rows]
     blk[:len(chunk)] = chunk
     blk[len(chunk):] = x[-1]
-    g, col_v, col_g = step(jax.device_put(blk, rows), scalar(r0), scalar(N), y_tiles,
+    g, col_v, col_g = step(jax.device_put(blk, rows), scalar(r0), scalar(N), y_chunks,
                            scalar(M), col_v, col_g)
     row_g.append(g)
     jax.block_until_ready(col_v)  # one block at a time: concurrent blocks fight for cores
   row_g = np.concatenate([np.asarray(g) for g in row_g])[:N]
   # column states: merge the devices' partial top-k groups
-  cv = np.asarray(col_v).transpose(1, 0, 2).reshape(Mp, ndev * k)[:M]
-  cg = np.asarray(col_g).transpose(1, 0, 2).reshape(Mp, ndev * k)[:M]
+  cv = np.asarray(col_v).reshape(ndev, Mp, k).transpose(1, 0, 2).reshape(Mp, ndev * k)[:M]
+  cg = np.asarray(col_g).reshape(ndev, Mp, k).transpose(1, 0, 2).reshape(Mp, ndev * k)[:M]
   order = np.argsort(-cv, axis=1, kind="stable")[:, :k]
   col_g = np.take_along_axis(cg, order, axis=1)
   rv, ri = _rescore(mesh, x, y, row_g, M, k, group)
