@@ -1,15 +1,19 @@
 #!/usr/bin/env python
-"""CONTRASTIVE vs BITRANSLATION vs VMSST vs VMSST-CONTRASTIVE vs VMSST no-KL on one CPU budget.
+"""The methods on one CPU budget: VMSST and its baselines, EMS and its ablations, MPCL vs +Single.
 
-  VMX_DATA_DIR=../shared/data python benchmarks/compare_tiny.py --out=/tmp/vmx/compare
+  VMX_DATA_DIR=../shared/data python benchmarks/compare_tiny.py --out=/tmp/vmx/compare \
+      [--only=EMS,"EMS no XTR"] [--sts]
 
-Trains each method with launch/train.py on the same data, vocabulary, encoder size,
-batch, length, optimizer and number of steps (the *_tiny.gin settings; CONTRASTIVE is
-contrastive_tiny.gin brought to the same batch/length/steps), one after the other,
-then prints a markdown table of Tatoeba accuracy (mean of xx->en and en->xx, x100) on
-the trained languages, with the wall time of each run. A run whose model_dir already
-holds the final checkpoint is not retrained (train.py resumes), so the script can be
-re-run to print the table. Extra --gin.X=V flags apply to every run.
+Trains each method with launch/train.py on the same encoder size, length, optimizer and
+number of steps (the *_tiny.gin settings; CONTRASTIVE is contrastive_tiny.gin brought to
+the same batch/length/steps), one after the other, then prints a markdown table of
+Tatoeba accuracy (mean of xx->en and en->xx, x100) on the trained languages (per
+language when the runs share them), with the wall time of each run; `--sts` adds the
+STS benchmark (test Spearman x100) of each final checkpoint. Pair models see 64 pairs a
+step; MPCL 32 groups x 4 views and "+Single" 64 x 2 (128 sentences a step each, on
+N-way newstest groups, evaluated on their own 7 languages). A run whose model_dir
+already holds the final checkpoint is not retrained (train.py resumes), so the script
+can be re-run to print the table. Extra --gin.X=V flags apply to every run.
 """
 import argparse
 import json
@@ -21,16 +25,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, BATCH, LENGTH = 600, 64, 24
-SAME_BUDGET = [f"--gin.TRAIN_STEPS={STEPS}", f"--gin.BATCH_SIZE={BATCH}",
-               f"--gin.MAX_LENGTH={LENGTH}", f"--gin.EVAL_PERIOD={STEPS // 2}",
-               f"--gin.CHECKPOINT_PERIOD={STEPS // 2}"]
-RUNS = {  # name -> (gin file, extra bindings)
-    "CONTRASTIVE": ("contrastive_tiny.gin", []),
-    "BITRANSLATION": ("bitranslation_tiny.gin", []),
-    "VMSST": ("vmsst_tiny.gin", []),
-    "VMSST-CONTRASTIVE": ("vmsst_contrastive_tiny.gin", []),
-    "VMSST no KL": ("vmsst_tiny.gin", ["--gin.KL_WEIGHT=0.0"]),
+SAME_BUDGET = [f"--gin.TRAIN_STEPS={STEPS}", f"--gin.MAX_LENGTH={LENGTH}",
+               f"--gin.EVAL_PERIOD={STEPS // 2}", f"--gin.CHECKPOINT_PERIOD={STEPS // 2}"]
+PAIR_BATCH = [f"--gin.BATCH_SIZE={BATCH}"]
+RUNS = {  # name -> (gin file, extra bindings); pair models get BATCH pairs a step
+    "CONTRASTIVE": ("contrastive_tiny.gin", PAIR_BATCH),
+    "BITRANSLATION": ("bitranslation_tiny.gin", PAIR_BATCH),
+    "VMSST": ("vmsst_tiny.gin", PAIR_BATCH),
+    "VMSST-CONTRASTIVE": ("vmsst_contrastive_tiny.gin", PAIR_BATCH),
+    "VMSST no KL": ("vmsst_tiny.gin", PAIR_BATCH + ["--gin.KL_WEIGHT=0.0"]),
+    "EMS": ("ems_tiny.gin", PAIR_BATCH),
+    "EMS no XTR": ("ems_tiny.gin", PAIR_BATCH + ["--gin.XTR_WEIGHT=0.0"]),
+    "EMS no contrastive": ("ems_tiny.gin", PAIR_BATCH + ["--gin.CONTRASTIVE_WEIGHT=0.0"]),
+    "MPCL": ("mpcl_tiny.gin", []),
+    "MPCL +Single": ("mpcl_single_tiny.gin", []),
 }
+
+
+def sts_benchmark(model_dir: Path) -> float:
+  from vmx.evaluation import harness
+  from vmx.inference import Encoder
+  res = harness.run(Encoder.from_checkpoint(model_dir), tasks=["stsb"],
+                    config=harness.EvalConfig(progress=False, plots=False))
+  return res["stsb"]["main_score"]
 
 
 def final_scores(model_dir: Path) -> dict:
@@ -44,6 +61,7 @@ def main():
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="/tmp/vmx/compare", help="parent of the runs' model_dirs")
   p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(RUNS))
+  p.add_argument("--sts", action="store_true", help="also score the STS benchmark")
   args, extra = p.parse_known_args()
   names = [n.strip() for n in args.only.split(",") if n.strip()] or list(RUNS)
   for n in names:
@@ -52,24 +70,31 @@ def main():
   results = {}
   for name in names:
     gin_file, bindings = RUNS[name]
-    model_dir = Path(args.out) / name.lower().replace(" ", "_").replace("-", "_")
+    model_dir = Path(args.out) / name.lower().replace(" ", "_").replace("-", "_").replace("+", "")
     cmd = [sys.executable, str(REPO / "launch/train.py"), f"--gin_file={gin_file}",
            f"--gin.MODEL_DIR={model_dir}", *SAME_BUDGET, *bindings, *extra]
     print(f"[compare] {name}: {' '.join(cmd[1:])}", flush=True)
     t = time.time()
     subprocess.run(cmd, check=True, cwd=REPO)
     results[name] = {**final_scores(model_dir), "wall_s": time.time() - t}
-  langs = [k.split("/")[1] for k in next(iter(results.values()))["final"]
-           if k.startswith("tatoeba/") and k != "tatoeba/mean"]
-  print(f"\n| method (step {STEPS}, batch {BATCH}, length {LENGTH}) | "
-        + " | ".join(langs) + " | mean | random init | wall |")
-  print("|---" * (len(langs) + 4) + "|")
+    if args.sts:
+      results[name]["stsb"] = sts_benchmark(model_dir)
+  lang_sets = {tuple(k.split("/")[1] for k in r["final"]
+                     if k.startswith("tatoeba/") and k != "tatoeba/mean")
+               for r in results.values()}
+  langs = list(next(iter(lang_sets))) if len(lang_sets) == 1 else []
+  sts_col = " STS-B |" if args.sts else ""
+  print(f"\n| method (step {STEPS}, length {LENGTH}) | " + "".join(f"{l} | " for l in langs)
+        + f"Tatoeba mean | random init |{sts_col} wall |")
+  print("|---" * (len(langs) + 4 + bool(args.sts)) + "|")
   for name, r in results.items():
     f = r["final"]
-    print(f"| {name} | " + " | ".join(f"{f[f'tatoeba/{l}']:.1f}" for l in langs)
-          + f" | **{f['tatoeba/mean']:.2f}** | {r['init']['tatoeba/mean']:.2f} "
-          f"| {r['wall_s'] / 60:.1f} min |")
-  print(json.dumps({n: {"tatoeba_mean": r["final"]["tatoeba/mean"], "wall_s": r["wall_s"]}
+    sts = f" {r['stsb']:.2f} |" if args.sts else ""
+    print(f"| {name} | " + "".join(f"{f[f'tatoeba/{l}']:.1f} | " for l in langs)
+          + f"**{f['tatoeba/mean']:.2f}** | {r['init']['tatoeba/mean']:.2f} |{sts} "
+          f"{r['wall_s'] / 60:.1f} min |")
+  print(json.dumps({n: {"tatoeba_mean": r["final"]["tatoeba/mean"], "wall_s": r["wall_s"],
+                        **({"stsb": r["stsb"]} if args.sts else {})}
                     for n, r in results.items()}))
 
 

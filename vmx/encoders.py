@@ -202,6 +202,8 @@ class ProjectionHead(nn.Module):
     for i, f in enumerate(self.features):
       if i:
         x_BxD = getattr(jax.nn, self.activation)(x_BxD)
-      x_BxD = layers.Dense(f, ("embed", "mlp") if i == 0 else ("mlp", "mlp"),
-                           use_bias=self.use_bias, dtype=self.dtype, name=f"dense_{i}")(x_BxD)
+      # alternate the logical axes: ("mlp", "mlp") would name one mesh axis twice
+      axes = ("embed", "mlp") if i % 2 == 0 else ("mlp", "embed")
+      x_BxD = layers.Dense(f, axes, use_bias=self.use_bias, dtype=self.dtype,
+                           name=f"dense_{i}")(x_BxD)
     return x_BxD.astype(jnp.float32)

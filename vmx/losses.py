@@ -84,3 +84,73 @@ def linear_anneal(step: Array, num_steps: int) -> Array:
   if num_steps <= 0:
     return jnp.ones((), jnp.float32)
   return jnp.minimum(1.0, jnp.asarray(step, jnp.float32) / float(num_steps))
+
+
+# ----------------------------------------------------------------------------
+# EMS: cross-lingual token reconstruction (XTR).
+
+def bag_of_tokens_kl(logits_BxV: Array, tokens_BxL: Array) -> Array:
+  """KL(p || q) per row [B] (EMS's XTR loss), without materializing p.
+
+  p = bag-of-tokens distribution of `tokens_BxL` (count of each token / number of
+  non-padding tokens; id 0 is padding and ignored), q = softmax(logits_BxV).
+  KL = sum_t p_t (log p_t - log q_t) = (1/n) sum_{positions l} [log(c_l / n) - log q(tok_l)],
+  where c_l is how often tok_l occurs in the row. Rows without tokens give 0.
+  """
+  valid = (tokens_BxL > 0).astype(jnp.float32)
+  n = jnp.maximum(valid.sum(axis=1), 1.0)                                       # [B]
+  same = (tokens_BxL[:, :, None] == tokens_BxL[:, None, :]).astype(jnp.float32)
+  counts = jnp.einsum("blm,bm->bl", same, valid)                                # c_l
+  log_q = jax.nn.log_softmax(logits_BxV.astype(jnp.float32), axis=-1)
+  log_q_tok = jnp.take_along_axis(log_q, tokens_BxL, axis=-1)                   # [B, L]
+  log_p_tok = jnp.log(jnp.maximum(counts, 1.0) / n[:, None])
+  return jnp.sum(valid * (log_p_tok - log_q_tok), axis=1) / n
+
+
+# ----------------------------------------------------------------------------
+# MPCL: contrastive learning with several translated positives.
+
+def minmax_rescale(sim_GxN: Array, mask_GxN: Array, temperature: float) -> Array:
+  """Per row, map the similarities at `mask` linearly onto [-1/t, 1/t] (MPCL's option)."""
+  big = jnp.finfo(jnp.float32).max
+  lo = jnp.min(jnp.where(mask_GxN, sim_GxN, big), axis=1, keepdims=True)
+  hi = jnp.max(jnp.where(mask_GxN, sim_GxN, -big), axis=1, keepdims=True)
+  unit = (sim_GxN - lo) / jnp.maximum(hi - lo, 1e-6)
+  return (2.0 * unit - 1.0) / temperature
+
+
+def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
+                           rescale: bool = False, normalize: bool = True):
+  """MPCL's loss (Zhao et al., Eq. 2) over the GLOBAL batch.
+
+  Group g holds V views: view 0 is the anchor h_g, views 1..V-1 its K = V-1
+  translations (positives). With sim = cos / temperature over all G*V sentences,
+    loss_g = -log( sum_k exp(sim(h_g, h_g^k)) / sum_{j != h_g} exp(sim(h_g, h_j)) ),
+  the denominator running over every other sentence of the batch (its positives
+  included). With V = 2 this is the single-positive InfoNCE with the same
+  denominator (NT-Xent). `rescale`: similarities min-max rescaled per anchor into
+  [-1/t, 1/t] (over j != anchor) instead of dividing by t.
+
+  Returns (mean loss, metrics): loss, positive_accuracy (the anchor's nearest other
+  sentence is one of its positives).
+  """
+  G, V, D = views_GxVxD.shape
+  z = views_GxVxD.astype(jnp.float32)
+  if normalize:
+    z = l2_normalize(z.reshape(G * V, D)).reshape(G, V, D)
+  anchors_GxD = nnp.with_sharding_constraint(z[:, 0], ("batch", "embed"))
+  all_NxD = gather_global_batch(z.reshape(G * V, D))
+  cos = jnp.einsum("gd,nd->gn", anchors_GxD, all_NxD)                    # [G, G*V]
+  col_group = jnp.arange(G * V) // V
+  col_view = jnp.arange(G * V) % V
+  own = col_group[None, :] == jnp.arange(G)[:, None]
+  is_self = own & (col_view[None, :] == 0)
+  is_pos = own & (col_view[None, :] > 0)
+  sim = minmax_rescale(cos, ~is_self, temperature) if rescale else cos / temperature
+  neg_inf = jnp.float32(-1e30)
+  log_num = jax.nn.logsumexp(jnp.where(is_pos, sim, neg_inf), axis=1)
+  log_den = jax.nn.logsumexp(jnp.where(is_self, neg_inf, sim), axis=1)
+  loss = jnp.mean(log_den - log_num)
+  nearest = jnp.argmax(jnp.where(is_self, neg_inf, sim), axis=1)
+  acc = jnp.mean(jnp.take_along_axis(is_pos, nearest[:, None], axis=1))
+  return loss, {"loss": loss, "positive_accuracy": acc}

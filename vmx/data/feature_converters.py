@@ -49,3 +49,33 @@ class PairFeatureConverter(seqio.FeatureConverter):
   def get_model_feature_lengths(self, task_feature_lengths):
     return {"left_tokens": task_feature_lengths["inputs"],
             "right_tokens": task_feature_lengths["targets"], "left_lang": 1, "right_lang": 1}
+
+
+class MultiViewFeatureConverter(seqio.FeatureConverter):
+  """N-way examples for MPCL: views [V, L] (V translations, padded) -> views [V * L].
+
+  The task pads/truncates each view to the task length L (`views` sequence
+  dimension 1); the model reshapes [B, V * L] back to [B, V, L].
+  """
+  TASK_FEATURES = {"views": FeatureSpec(dtype=tf.int32, rank=2, sequence_dim=1)}
+  MODEL_FEATURES = {"views": FeatureSpec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, num_views: int = 2, pack: bool = False, **kwargs):
+    if pack:
+      raise ValueError("MultiViewFeatureConverter does not pack")
+    self.num_views = num_views
+    super().__init__(pack=False, **kwargs)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    v, length = self.num_views, task_feature_lengths["views"]
+
+    def convert(ex):
+      views = ex["views"]
+      tf.debugging.assert_equal(tf.shape(views)[0], v,
+                                message=f"examples must have num_views={v} views")
+      return {"views": tf.reshape(views, [v * length])}
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {"views": self.num_views * task_feature_lengths["views"]}

@@ -118,3 +118,49 @@ def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple
 def validate_tsv(path, columns=(0, 1), empty_lines: str = "error") -> int:
   return _cached(f"tsv:{tuple(columns)}:{empty_lines}", [path],
                  lambda: sum(1 for _ in read_tsv(path, columns, empty_lines)))
+
+
+def read_nway_lines(paths: dict) -> tuple[list[str], list[list[str]]]:
+  """N-way parallel line files {lang: path} (line i = the same sentence in every file).
+
+  Returns (languages, rows): rows[i][j] is line i in languages[j], "" where that line
+  is empty (the language is missing from that group). Files of different lengths are
+  an error naming both.
+  """
+  langs = list(paths)
+  columns = [[line.strip() for _, line in iter_lines(paths[l])] for l in langs]
+  n = {l: len(c) for l, c in zip(langs, columns)}
+  if len(set(n.values())) > 1:
+    a, b = min(n, key=n.get), max(n, key=n.get)
+    raise DataError(f"N-way files must be aligned line by line: {paths[a]} has {n[a]} lines, "
+                    f"{paths[b]} has {n[b]}")
+  return langs, [list(r) for r in zip(*columns)]
+
+
+def read_nway_tsv(path, languages=None, lang_col: int = 1, group_col: int = 2,
+                  text_col: int = 3, header: bool = False) -> tuple[list[str], list[list[str]]]:
+  """Groups of a `..., lang, group_id, text` TSV (e.g. Bible verses keyed by verse id).
+
+  The first text of a (group, language) is kept (a language with several versions
+  contributes one). Languages default to all, in order of appearance. `header`: the
+  first line names the columns and is skipped.
+  """
+  groups, seen_langs = {}, {}
+  for i, line in iter_lines(path):
+    if header and i == 1:
+      continue
+    f = line.split("\t")
+    if len(f) <= max(lang_col, group_col, text_col):
+      raise DataError(f"{path}:{i}: expected at least {max(lang_col, group_col, text_col) + 1} "
+                      f"tab-separated fields, got {len(f)}")
+    lang, gid, text = f[lang_col], f[group_col], f[text_col].strip()
+    if languages is not None and lang not in languages:
+      continue
+    seen_langs.setdefault(lang, None)
+    if text:
+      groups.setdefault(gid, {}).setdefault(lang, text)
+  langs = list(languages) if languages is not None else list(seen_langs)
+  missing = [l for l in langs if l not in seen_langs]
+  if missing:
+    raise DataError(f"{path}: no lines for languages {missing}")
+  return langs, [[g.get(l, "") for l in langs] for g in groups.values()]

@@ -123,6 +123,63 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   return name
 
 
+def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int
+                ) -> seqio.FunctionDataSource:
+  """N-way groups as string vectors `texts` [N] ("" = language missing), repeated
+  without end; groups with fewer than `min_views` languages are dropped here."""
+  import numpy as np
+  kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
+  if not kept:
+    raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
+  texts = np.array([[t.encode("utf-8") for t in r] for r in kept], dtype=object)
+
+  def dataset_fn(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed  # one in-memory table: order is shuffled downstream
+    # Endless, with a running draw number: each pass over the groups samples new views
+    # (seqio's own repeat would replay the same per-example seeds every epoch).
+    ds = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string)).repeat()
+    return ds.enumerate().map(lambda i, t: {"texts": t, "draw": i})
+
+  return seqio.FunctionDataSource(dataset_fn, splits=("train",),
+                                  num_input_examples={"train": len(kept)})
+
+
+@seqio.map_over_dataset(num_seeds=1)
+def sample_views(ex, seed, num_views: int):
+  """V = num_views distinct languages of the group, uniformly at random: view 0 is the
+  anchor (so every language is equally likely to be the anchor), the rest positives."""
+  texts = ex["texts"]
+  seed = tf.random.experimental.stateless_fold_in(seed, ex["draw"])
+  scores = tf.random.stateless_uniform(tf.shape(texts), seed)
+  scores = tf.where(tf.strings.length(texts) > 0, scores, -1.0)
+  _, idx = tf.math.top_k(scores, k=num_views)
+  return {"views": tf.gather(texts, idx)}
+
+
+def pad_views(dataset: tf.data.Dataset, sequence_length):
+  """Tokenized views (ragged [V, None]) -> dense [V, L], truncated and zero-padded."""
+  length = sequence_length["views"]
+
+  def pad(ex):
+    v = ex["views"]
+    return {"views": v.to_tensor(0, shape=[v.nrows(), length])}
+  return dataset.map(pad, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: str,
+                       num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
+  """Registers a task of N-way groups yielding `views` [num_views, L] token ids."""
+  vocab = seqio.SentencePieceVocabulary(str(vocab_path))
+  features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
+  _unregister(seqio.TaskRegistry, name)
+  seqio.TaskRegistry.add(
+      name, source=nway_source(languages, rows, num_views),
+      preprocessors=[functools.partial(sample_views, num_views=num_views),
+                     seqio.preprocessors.tokenize, pad_views],
+      output_features=features, shuffle_buffer_size=shuffle_buffer_size)
+  return name
+
+
 def temperature_rates(sizes: Sequence[int], alpha: float) -> list[float]:
   """Sampling probabilities p_i ∝ n_i^alpha (alpha=1: proportional, 0: uniform)."""
   w = [float(n) ** alpha for n in sizes]

@@ -16,7 +16,6 @@ split is named in the results). P/R/F1 are ×100.
 """
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from typing import Optional, Sequence
 

@@ -16,7 +16,7 @@ Embeddings are L2-normalized first (the cosine geometry that retrieval uses).
 from __future__ import annotations
 
 import itertools
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 from scipy.special import logsumexp

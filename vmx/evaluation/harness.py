@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 import traceback
 from pathlib import Path

@@ -1,0 +1,191 @@
+"""EMS: XTR loss vs NumPy, the full objective vs NumPy, ablation switches, 1 vs 8 devices."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vmx import encoders, losses
+from vmx.models import ems
+
+V = 50
+
+
+def _np_log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _np_bag(tokens):
+  """Dense bag-of-tokens distributions [B, V] (padding id 0 ignored)."""
+  p = np.zeros((len(tokens), V))
+  for i, row in enumerate(tokens):
+    toks = row[row > 0]
+    for t in toks:
+      p[i, t] += 1.0 / len(toks)
+  return p
+
+
+def _np_kl(logits, tokens):
+  p = _np_bag(tokens)
+  logq = _np_log_softmax(logits.astype(np.float64))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return np.where(p > 0, p * (np.log(p) - logq), 0.0).sum(-1)
+
+
+def test_bag_of_tokens_kl_matches_numpy_and_ignores_padding():
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(1, V, size=(5, 9)).astype(np.int32)
+  tokens[0, 3:] = 0                       # padding
+  tokens[1, :4] = 7                       # repeated token
+  tokens[2] = 0                           # empty row
+  logits = rng.normal(size=(5, V)).astype(np.float32) * 3
+  got = np.asarray(losses.bag_of_tokens_kl(jnp.asarray(logits), jnp.asarray(tokens)))
+  np.testing.assert_allclose(got, _np_kl(logits, tokens), rtol=1e-5, atol=1e-6)
+  assert got[2] == 0.0
+  p = _np_bag(tokens)
+  np.testing.assert_allclose(p[[0, 1, 3, 4]].sum(-1), 1.0)
+  assert p[:, 0].sum() == 0                # padding never in the target
+  # q = p exactly gives KL 0: the target IS the normalized counts, padding excluded
+  exact = np.where(p > 0, np.log(np.maximum(p, 1e-30)), -1e9).astype(np.float32)
+  kl0 = np.asarray(losses.bag_of_tokens_kl(jnp.asarray(exact), jnp.asarray(tokens)))
+  np.testing.assert_allclose(kl0[[0, 1, 3, 4]], 0.0, atol=1e-5)
+
+
+def _model(**kw):
+  enc = encoders.TransformerEncoder(vocab_size=V, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8)
+  module_kw = {k: kw.pop(k) for k in list(kw) if k in
+               ("use_language_token", "xtr_shared_embedding", "contrastive_dims")}
+  module = ems.EMS(encoder=enc, num_languages=3, language_dim=4,
+                   contrastive_dims=module_kw.pop("contrastive_dims", (16, 8)), **module_kw)
+  return ems.EMSModel(module, **kw)
+
+
+def _batch(b=6, seed=0):
+  rng = np.random.default_rng(seed)
+  toks = rng.integers(1, V, size=(2, b, 8)).astype(np.int32)
+  toks[:, :, 6:] = 0
+  return {"left_tokens": toks[0], "right_tokens": toks[1],
+          "left_lang": (np.arange(b) % 3).astype(np.int32),
+          "right_lang": ((np.arange(b) + 1) % 3).astype(np.int32)}
+
+
+def _init(model, batch):
+  return model.get_initial_variables(jax.random.PRNGKey(0),
+                                     {k: v.shape for k, v in batch.items()})["params"]
+
+
+def _np_infonce_sum_of_directions(zu, zv, t):
+  zu = zu / np.linalg.norm(zu, axis=1, keepdims=True)
+  zv = zv / np.linalg.norm(zv, axis=1, keepdims=True)
+  s = zu @ zv.T / t
+  idx = np.arange(len(s))
+  return -(_np_log_softmax(s)[idx, idx].mean() + _np_log_softmax(s.T)[idx, idx].mean())
+
+
+@pytest.mark.parametrize("xw,cw", [(1.0, 1.0), (0.0, 1.0), (1.0, 0.0)])
+def test_objective_matches_numpy(xw, cw):
+  model = _model(xtr_weight=xw, contrastive_weight=cw, temperature=0.1)
+  batch = _batch()
+  params = _init(model, batch)
+  out = model.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+                           batch["left_lang"], batch["right_lang"])
+  loss, m = model.objective(out, batch)
+  o = jax.tree.map(np.asarray, out)
+  xtr = np.mean(_np_kl(o["logits_u"], batch["right_tokens"]) +
+                _np_kl(o["logits_v"], batch["left_tokens"]))
+  con = _np_infonce_sum_of_directions(o["z_u"], o["z_v"], 0.1)
+  assert float(m["xtr"]) == pytest.approx(xtr, rel=1e-5)
+  assert float(m["contrastive"]) == pytest.approx(con, rel=1e-5)
+  assert float(loss) == pytest.approx(xw * xtr + cw * con, rel=1e-5)
+
+
+def test_xtr_conditions_on_the_target_language_and_ablations_change_structure():
+  batch = _batch()
+  model = _model()
+  params = _init(model, batch)
+  out = model.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+                           batch["left_lang"], batch["right_lang"])
+  other = model.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+                             batch["left_lang"], (batch["right_lang"] + 1) % 3)
+  assert not np.allclose(out["logits_u"], other["logits_u"])       # target language matters
+  np.testing.assert_allclose(out["u"], other["u"])                   # the embedding does not
+  p = _init(_model(use_language_token=False), batch)
+  assert "target_language_embed" not in p
+  p = _init(_model(xtr_shared_embedding=True), batch)
+  assert "xtr_out" not in p and p["xtr_fc"]["kernel"].shape[1] == 16
+  p = _init(_model(contrastive_dims=()), batch)
+  assert "contrastive_head" not in p
+  with pytest.raises(ValueError, match="both 0"):
+    _model(xtr_weight=0.0, contrastive_weight=0.0)
+
+
+def test_no_xtr_leaves_the_xtr_head_untrained():
+  batch = _batch()
+  model = _model(xtr_weight=0.0)
+  params = _init(model, batch)
+  grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
+  assert float(jnp.abs(grads["xtr_out"]["kernel"]).sum()) == 0.0
+  assert float(jnp.abs(grads["sentence_encoder"]["final_norm"]["scale"]).sum()) > 0
+  grads = jax.grad(lambda p: _model().loss_fn(p, batch, None)[0])(params)
+  assert float(jnp.abs(grads["xtr_out"]["kernel"]).sum()) > 0
+
+
+def test_inference_embedding_is_the_pooled_sentence_vector():
+  batch = _batch()
+  model = _model()
+  params = _init(model, batch)
+  emb, aux = model.predict_batch_with_aux(params, batch)
+  out = model.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+                           batch["left_lang"], batch["right_lang"])
+  np.testing.assert_allclose(aux["unnormalized"], out["u"], rtol=1e-6)
+  np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+  assert not model.uses_languages
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_loss_and_grads_equal_on_1_and_8_devices():
+  from conftest import assert_same_loss_and_grads_on_1_and_8_devices
+  model = _model()
+  assert_same_loss_and_grads_on_1_and_8_devices(
+      model, _batch(b=8), lambda p, b: model.loss_fn(p, b, None)[0])
+
+
+EMS_FILES = ["ems_tiny.gin", "ems.gin", "ablations/ems_no_language_token.gin",
+             "ablations/ems_no_contrastive.gin", "ablations/ems_no_xtr.gin",
+             "ablations/ems_no_mlp.gin", "ablations/ems_xtr_shared_embedding.gin"]
+
+
+@pytest.mark.parametrize("name", EMS_FILES)
+def test_every_ems_file_builds_and_takes_a_step(name):
+  from conftest import build_and_step
+  model, _, metrics = build_and_step(
+      name, ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
+             "VOCAB_SIZE = 50", "MAX_LENGTH = 8", "BATCH_SIZE = 4"], lambda m, b: _batch(b=b))
+  assert np.isfinite(float(metrics["loss"].compute()))
+  assert float(metrics["grad_norm"].compute()) > 0
+  if name == "ablations/ems_no_xtr.gin":
+    assert model.xtr_weight == 0.0
+  if name == "ablations/ems_no_contrastive.gin":
+    assert model.contrastive_weight == 0.0
+
+
+def test_amsgrad_with_coupled_l2_matches_a_numpy_reference():
+  """EMS's optimizer: PyTorch Adam(amsgrad=True, weight_decay=wd), L2 added to the gradient."""
+  from vmx.training import optimizers
+  lr, wd, b1, b2, eps = 0.1, 0.01, 0.9, 0.999, 1e-8
+  tx = optimizers.create_optimizer("amsgrad", lr, weight_decay=wd)
+  p = jnp.array([1.0, -2.0, 0.5])
+  state = tx.init(p)
+  m = v = vmax = np.zeros(3)
+  ref = np.array(p, np.float64)
+  for t, g in enumerate([np.array([0.3, -0.1, 0.2]), np.array([-0.5, 0.4, 0.1]),
+                         np.array([0.05, 0.05, -0.3])], 1):
+    upd, state = tx.update(jnp.asarray(g, jnp.float32), state, p)
+    p = p + upd
+    gg = g + wd * ref
+    m = b1 * m + (1 - b1) * gg
+    v = b2 * v + (1 - b2) * gg * gg
+    vmax = np.maximum(vmax, v)
+    ref = ref - lr * (m / (1 - b1 ** t)) / (np.sqrt(vmax / (1 - b2 ** t)) + eps)
+  np.testing.assert_allclose(np.asarray(p), ref, rtol=1e-4)   # eps enters after the correction

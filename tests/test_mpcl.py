@@ -1,0 +1,214 @@
+"""MPCL: the multi-positive loss vs NumPy, = single-positive InfoNCE for one positive;
+N-way groups from files; warm-up phase switch; 1 vs 8 devices; every config builds."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import DATA_DIR, needs_data, write_lines
+from vmx import encoders, losses
+from vmx.models import dual_encoder, mpcl
+
+
+def _np_log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _np_mpcl(views, t, rescale=False):
+  G, V, D = views.shape
+  z = views / np.linalg.norm(views, axis=-1, keepdims=True)
+  flat = z.reshape(G * V, D)
+  out = []
+  for g in range(G):
+    i = g * V
+    s = flat[i] @ flat.T
+    others = [j for j in range(G * V) if j != i]
+    if rescale:
+      lo, hi = s[others].min(), s[others].max()
+      s = (2 * (s - lo) / (hi - lo) - 1) / t
+    else:
+      s = s / t
+    pos = [g * V + k for k in range(1, V)]
+    num = np.log(np.sum(np.exp(s[pos])))
+    den = np.log(np.sum(np.exp(s[others])))
+    out.append(den - num)
+  return float(np.mean(out))
+
+
+@pytest.mark.parametrize("rescale", [False, True])
+def test_multi_positive_loss_matches_numpy(rescale):
+  rng = np.random.default_rng(0)
+  views = rng.normal(size=(5, 4, 8)).astype(np.float32)
+  loss, m = losses.multi_positive_infonce(jnp.asarray(views), 0.05, rescale)
+  assert float(loss) == pytest.approx(_np_mpcl(views.astype(np.float64), 0.05, rescale), rel=1e-4)
+  assert 0 <= float(m["positive_accuracy"]) <= 1
+
+
+def test_one_positive_is_single_positive_infonce_with_the_same_denominator():
+  rng = np.random.default_rng(1)
+  pairs = rng.normal(size=(6, 2, 8)).astype(np.float64)
+  z = pairs / np.linalg.norm(pairs, axis=-1, keepdims=True)
+  flat = z.reshape(12, 8)
+  t = 0.1
+  ref = []
+  for g in range(6):
+    s = flat[2 * g] @ flat.T / t
+    s[2 * g] = -np.inf                                     # j != i
+    ref.append(-_np_log_softmax(s[None])[0, 2 * g + 1])    # NT-Xent for the anchor
+  loss, _ = losses.multi_positive_infonce(jnp.asarray(pairs, jnp.float32), t)
+  assert float(loss) == pytest.approx(np.mean(ref), rel=1e-5)
+
+
+def _model(num_views=3, **kw):
+  enc = encoders.TransformerEncoder(vocab_size=40, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8)
+  return mpcl.MPCLModel(dual_encoder.DualEncoder(encoder=enc), num_views=num_views, **kw)
+
+
+def _views_batch(b=4, v=3, length=8, seed=0):
+  rng = np.random.default_rng(seed)
+  toks = rng.integers(1, 40, size=(b, v, length)).astype(np.int32)
+  toks[:, :, 6:] = 0
+  return {"views": toks.reshape(b, v * length)}
+
+
+def test_single_positive_warmup_then_mpcl():
+  from vmx.training import optimizers, partitioning
+  from vmx.training.trainer import Trainer
+  model = _model(single_positive_steps=2)
+  batch = _views_batch()
+  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3),
+               partitioning.Partitioner(num_devices=1), {"views": batch["views"].shape})
+  state = tr.create_state(0)
+  phases = []
+  for _ in range(3):
+    state, m = tr.step(state, batch)
+    phases.append(float(m["multi_positive_phase"].compute()))
+    if phases[-1] == 0:
+      assert float(m["loss"].compute()) == pytest.approx(float(m["single_positive_loss"].compute()))
+  assert phases == [0.0, 0.0, 1.0]
+  assert float(m["loss"].compute()) == pytest.approx(float(m["mpcl_loss"].compute()))
+  assert int(state.flax_mutables["phase"]["updates"]) == 3
+
+
+def test_model_rejects_bad_settings_and_embeds_left_tokens():
+  with pytest.raises(ValueError, match="num_views=1"):
+    _model(num_views=1)
+  enc = encoders.TransformerEncoder(vocab_size=40, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8, num_languages=3)
+  with pytest.raises(ValueError, match="language ids"):
+    mpcl.MPCLModel(dual_encoder.DualEncoder(encoder=enc))
+  model = _model()
+  batch = _views_batch()
+  params = model.get_initial_variables(jax.random.PRNGKey(0), {"views": batch["views"].shape})
+  views = batch["views"].reshape(4, 3, 8)
+  emb, _ = model.predict_batch_with_aux(params["params"], {"left_tokens": views[:, 1]})
+  all_views = model.embed_views(params["params"], batch)
+  np.testing.assert_allclose(emb, losses.l2_normalize(all_views[:, 1]), rtol=1e-5, atol=1e-6)
+  assert model.FEATURE_CONVERTER_CLS(pack=False).get_model_feature_lengths({"views": 8}) == \
+      {"views": 24}
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_loss_and_grads_equal_on_1_and_8_devices():
+  from conftest import assert_same_loss_and_grads_on_1_and_8_devices
+  model = _model()
+  phase = {"phase": {"updates": jnp.ones((), jnp.int32)}}
+  assert_same_loss_and_grads_on_1_and_8_devices(
+      model, _views_batch(b=8), lambda p, b: model.loss_fn(p, b, None, phase)[0])
+
+
+def test_nway_task_yields_aligned_views(tmp_path):
+  """Every example's views are translations of ONE group, in distinct languages."""
+  from vmx.data import feature_converters, pipeline, readers, tasks as vtasks, vocab
+  langs = ["aa", "bb", "cc", "dd"]
+  files = {}
+  for l in langs:
+    lines = [f"group{i} in {l}" if not (l == "dd" and i % 2) else "" for i in range(40)]
+    files[l] = write_lines(tmp_path / f"x.{l}", lines)
+  got_langs, rows = readers.read_nway_lines(files)
+  assert got_langs == langs and rows[1] == ["group1 in aa", "group1 in bb", "group1 in cc", ""]
+  vp = vocab.vocabulary_path(str(tmp_path / "v.model"), list(files.values()), 60, [])
+  name = vtasks.register_nway_task("test_nway.views3", langs, rows, vp, num_views=3,
+                                   shuffle_buffer_size=64)
+  fc = feature_converters.MultiViewFeatureConverter(num_views=3)
+  cfg = pipeline.DatasetConfig(name, {"views": 16}, batch_size=8, seed=1)
+  tok = vocab.Tokenizer(vp)
+  anchors = set()
+  for batch in pipeline.get_dataset(cfg, fc, seed=1).take(10).as_numpy_iterator():
+    assert batch["views"].shape == (8, 48)
+    for ex in batch["views"].reshape(8, 3, 16):
+      texts = [tok.sp.decode([int(t) for t in v if t]) for v in ex]
+      groups = {t.split()[0] for t in texts}
+      assert len(groups) == 1, texts                        # one sentence, K+1 translations
+      assert len({t.split()[-1] for t in texts}) == 3, texts  # distinct languages
+      anchors.add(texts[0].split()[-1])
+  assert anchors == set(langs)                              # any language can be the anchor
+  # each pass over the 40 groups draws new views: group 3's anchors differ across passes
+  cfg1 = pipeline.DatasetConfig(name, {"views": 16}, batch_size=1, shuffle=False, seed=1)
+  seen = [tok.sp.decode([int(t) for t in b["views"][0, :16] if t]) for b in
+          pipeline.get_dataset(cfg1, fc, seed=1).take(400).as_numpy_iterator()]
+  group3 = {s.split()[-1] for s in seen if s.startswith("group3 ")}
+  assert len(group3) >= 2, group3
+  write_lines(tmp_path / "x.dd", ["short"])
+  from vmx.data.download import DataError
+  with pytest.raises(DataError, match=r"x.dd has 1 lines"):
+    readers.read_nway_lines({**files, "dd": str(tmp_path / "x.dd")})
+
+
+@needs_data
+def test_real_nway_corpora_are_aligned():
+  import gzip
+  import tasks
+  langs, rows = tasks.nway_groups("wmt-newstest-multiway", ["de", "en", "ru"], DATA_DIR)
+  with gzip.open(f"{DATA_DIR}/train/wmt-newstest-multiway/2013/newstest2013.ru.gz", "rt") as f:
+    ru = [l.strip() for l in f]
+  with gzip.open(f"{DATA_DIR}/train/wmt-newstest-multiway/2013/newstest2013.de.gz", "rt") as f:
+    de = [l.strip() for l in f]
+  i = len(rows) - len(de)                                   # 2013 is the last block
+  assert rows[i] == [de[0], rows[i][1], ru[0]] and rows[-1][2] == ru[-1]
+  assert sum(bool(r[0] and r[1]) for r in rows) > 0.99 * len(rows)   # de, en in every year
+
+
+MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.gin"]
+
+
+@pytest.mark.parametrize("name", MPCL_FILES)
+def test_every_mpcl_file_builds_and_takes_a_step(name):
+  from conftest import build_and_step
+  model, _, metrics = build_and_step(
+      name, ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
+             "VOCAB_SIZE = 40", "MAX_LENGTH = 8", "BATCH_SIZE = 4"],
+      lambda m, b: _views_batch(b=b, v=m.num_views))
+  assert model.num_views == (2 if "single" in name else 4)
+  assert np.isfinite(float(metrics["loss"].compute()))
+
+
+def test_learning_rate_scale_at_halves_after_the_warmup():
+  from vmx.training import optimizers
+  sched = optimizers.learning_rate_schedule("constant", 2e-5, warmup_steps=1, scale_at={2000: 0.5})
+  assert float(sched(1999)) == pytest.approx(2e-5)
+  assert float(sched(2000)) == pytest.approx(1e-5)
+  assert float(sched(10000)) == pytest.approx(1e-5)
+
+
+def test_nway_tsv_groups_by_id_and_bible_text_for_the_vocabulary(tmp_path):
+  from vmx.data import readers
+  from vmx.data.download import DataError
+  p = write_lines(tmp_path / "b.tsv", ["f1\teus\tv1\tkaixo", "f2\tfin\tv1\thei", "f3\tfin\tv1\tmoi",
+                                       "f1\teus\tv2\tagur", "f2\tfin\tv3\tterve"])
+  langs, rows = readers.read_nway_tsv(p)
+  assert langs == ["eus", "fin"] and rows == [["kaixo", "hei"], ["agur", ""], ["", "terve"]]
+  with pytest.raises(DataError, match=r"no lines for languages \['deu'\]"):
+    readers.read_nway_tsv(p, ["deu"])
+  h = write_lines(tmp_path / "h.tsv", ["file\tiso639\tverse_id\ttext", "f1\teus\tv1\tkaixo"])
+  assert readers.read_nway_tsv(h, header=True) == (["eus"], [["kaixo"]])
+
+
+@needs_data
+def test_bible_verses_groups():
+  import tasks
+  langs, rows = tasks.nway_groups("bible-verses", None, DATA_DIR)
+  assert len(langs) == 46 and "iso639" not in langs
+  assert sum(sum(bool(t) for t in r) >= 4 for r in rows) > 8000   # usable 4-view groups

@@ -1,0 +1,156 @@
+"""EMS (Mao, Chu, Kurohashi: "EMS: Efficient and Effective Massively Multilingual
+Sentence Embedding Learning"): a dual encoder trained with cross-lingual token
+reconstruction (XTR) plus a contrastive head. Details not in the paper's text follow
+the authors' code (github.com/Mao-KU/EMS, modeling/model_v2.py).
+
+For a translation pair (x, y) with languages (l_x, l_y), one shared Transformer
+encoder (no language token on its input) gives mean-pooled sentence vectors
+u = enc(x), v = enc(y).
+
+XTR: from u and the embedding of the TARGET language token <2 l_y> (d_la = 128,
+  LayerNorm + dropout),
+    h = LayerNorm(swish(W_fc [e(l_y) ; u])),  q = softmax(W_emb h)
+  (W_fc: (d + d_la) -> (d + d_la); W_emb: its own projection to the vocabulary, no
+  bias; with `xtr_shared_embedding` W_fc maps to d and W_emb is the input token
+  table). Target: the bag of tokens of the translation, p(t) = count(t in y) / |y|
+  (padding excluded; sums to 1. The authors' code gives each DISTINCT token 1/|y|).
+  XTR(x -> y) = KL(p_y || q(u, l_y)); both directions are used.
+Contrastive: z = W1 ReLU(W2 u) (d -> d -> d_cntrs = 128; `contrastive_dims`), cosine
+  similarity / T (T = 0.1), cross-entropy over in-batch negatives in both directions.
+Loss per batch = (1/B) sum_i [XTR(x_i -> y_i) + XTR(y_i -> x_i)
+                              + CE(x_i -> y_i) + CE(y_i -> x_i)]
+(the code's xtr + 2 * mean-of-both-directions CE), with the two terms switchable
+(`xtr_weight`, `contrastive_weight`) for Table 13's ablations. Negatives are the
+GLOBAL batch (the authors' DDP code used per-GPU batches).
+The sentence embedding for retrieval is u (the pooled encoder output).
+
+Batch features: PairFeatureConverter (left_tokens, right_tokens, left_lang, right_lang).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from clu import metrics as clu_metrics
+from flax import linen as nn
+
+from vmx import encoders, layers, losses
+from vmx.models.base import BaseModel, _LazyClass
+
+
+class EMS(nn.Module):
+  """Shared encoder + XTR head + contrastive head."""
+  encoder: encoders.TransformerEncoder
+  num_languages: int                       # target-language tokens of the XTR head
+  language_dim: int = 128                  # d_la
+  use_language_token: bool = True          # False: XTR sees only the sentence vector
+  xtr_shared_embedding: bool = False       # True: W_emb = the input token table
+  contrastive_dims: Sequence[int] = (1024, 128)   # () = no MLP: cosine on u itself
+  pooling: str = "mean"
+
+  def setup(self):
+    enc = self.encoder
+    self.token_embed = layers.Embed(enc.vocab_size, enc.emb_dim, dtype=enc.dtype,
+                                    name="token_embed")
+    self.sentence_encoder = enc.clone(parent=self, name="sentence_encoder",
+                                      shared_embedding=self.token_embed)
+    width = enc.emb_dim
+    if self.use_language_token:
+      self.target_language_embed = layers.Embed(
+          self.num_languages, self.language_dim, dtype=enc.dtype, axes=("languages", "embed"),
+          embedding_init=nn.initializers.normal(0.02), name="target_language_embed")
+      self.language_norm = layers.LayerNorm(dtype=enc.dtype, name="language_norm")
+      self.language_dropout = nn.Dropout(enc.dropout_rate)
+      width += self.language_dim
+    # W_fc keeps the width (d + d_la), or maps to d when W_emb is the input table.
+    self.xtr_fc = layers.Dense(enc.emb_dim if self.xtr_shared_embedding else width,
+                               ("embed", "mlp"), use_bias=True, dtype=enc.dtype, name="xtr_fc")
+    self.xtr_norm = layers.LayerNorm(dtype=enc.dtype, name="xtr_norm")
+    if not self.xtr_shared_embedding:
+      self.xtr_out = layers.Dense(enc.vocab_size, ("mlp", "vocab"), use_bias=False,
+                                  dtype=enc.dtype, name="xtr_out")
+    self.contrastive_head = encoders.ProjectionHead(tuple(self.contrastive_dims),
+                                                    activation="relu", name="contrastive_head")
+
+  def encode(self, tokens_BxL, deterministic: bool = True):
+    """u: mean-pooled encoder output [B, D] (the sentence embedding)."""
+    hidden, valid = self.sentence_encoder(tokens_BxL, None, deterministic=deterministic)
+    return encoders.pool(hidden, valid, self.pooling)
+
+  def xtr_logits(self, u_BxD, target_lang_B, deterministic: bool = True):
+    """Logits [B, V] of the bag-of-tokens distribution of the translation."""
+    x = u_BxD
+    if self.use_language_token:
+      lang = self.language_norm(self.target_language_embed(target_lang_B))
+      lang = self.language_dropout(lang, deterministic=deterministic)
+      x = jnp.concatenate([lang.astype(x.dtype), x], axis=-1)    # [e(l) ; u] as in EMS's code
+    h = self.xtr_norm(jax.nn.swish(self.xtr_fc(x)))
+    logits = self.token_embed.attend(h) if self.xtr_shared_embedding else self.xtr_out(h)
+    return logits.astype(jnp.float32)
+
+  def __call__(self, left_tokens, right_tokens, left_lang, right_lang,
+               deterministic: bool = True):
+    u = self.encode(left_tokens, deterministic)
+    v = self.encode(right_tokens, deterministic)
+    return {"u": u, "v": v,
+            "logits_u": self.xtr_logits(u, right_lang, deterministic),   # predicts y's tokens
+            "logits_v": self.xtr_logits(v, left_lang, deterministic),    # predicts x's tokens
+            "z_u": self.contrastive_head(u), "z_v": self.contrastive_head(v)}
+
+
+class EMSModel(BaseModel):
+  """t5x-style model: XTR + contrastive, summed per pair, averaged over the batch."""
+  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
+  CONFIG_FIELDS = ("module", "temperature", "xtr_weight", "contrastive_weight")
+
+  def __init__(self, module: EMS, temperature: float = 0.1, xtr_weight: float = 1.0,
+               contrastive_weight: float = 1.0):
+    super().__init__(module)
+    if xtr_weight <= 0 and contrastive_weight <= 0:
+      raise ValueError("EMSModel: xtr_weight and contrastive_weight are both 0: nothing to train")
+    self.temperature = temperature
+    self.xtr_weight = xtr_weight
+    self.contrastive_weight = contrastive_weight
+
+  def _apply(self, params, batch, dropout_rng):
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    return self.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+                             batch["left_lang"], batch["right_lang"],
+                             deterministic=dropout_rng is None, rngs=rngs)
+
+  def objective(self, out, batch):
+    """(loss, metrics) from the module outputs: the EMS objective."""
+    xtr_xy = losses.bag_of_tokens_kl(out["logits_u"], batch["right_tokens"])     # [B]
+    xtr_yx = losses.bag_of_tokens_kl(out["logits_v"], batch["left_tokens"])
+    xtr = jnp.mean(xtr_xy + xtr_yx)
+    # in_batch_softmax_loss averages the two directions: x2 = their sum per pair.
+    ce, m = losses.in_batch_softmax_loss(out["z_u"], out["z_v"], self.temperature, True)
+    contrastive = 2.0 * ce
+    loss = self.xtr_weight * xtr + self.contrastive_weight * contrastive
+    return loss, {"loss": loss, "xtr": xtr, "contrastive": contrastive,
+                  "in_batch_accuracy": m["in_batch_accuracy"]}
+
+  def loss_fn(self, params, batch, dropout_rng):
+    loss, m = self.objective(self._apply(params, batch, dropout_rng), batch)
+    return loss, {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
+
+  def score_batch(self, params, batch, return_intermediates: bool = False):
+    """Cosine similarity of each (left, right) pair's sentence vectors u, v: [B]."""
+    out = self._apply(params, batch, None)
+    scores = jnp.sum(losses.l2_normalize(out["u"]) * losses.l2_normalize(out["v"]), axis=-1)
+    return (scores, out) if return_intermediates else scores
+
+  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
+    """L2-normalized sentence vectors u [B, D] of `{side}_tokens`; aux: the raw vectors."""
+    u = self.module.apply({"params": params}, batch[f"{side}_tokens"], True,
+                          method=EMS.encode)
+    return losses.l2_normalize(u), {"unnormalized": u}
+
+  def get_initial_variables(self, rng, input_shapes, input_types=None):
+    input_types = input_types or {}
+    dummy = {k: jnp.ones(s, input_types.get(k, jnp.int32)) for k, s in input_shapes.items()}
+    zeros = jnp.zeros(input_shapes["left_tokens"][:1], jnp.int32)
+    return self.module.init({"params": rng}, dummy["left_tokens"], dummy["right_tokens"],
+                            dummy.get("left_lang", zeros), dummy.get("right_lang", zeros),
+                            deterministic=True)
