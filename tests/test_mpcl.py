@@ -212,3 +212,30 @@ def test_bible_verses_groups():
   langs, rows = tasks.nway_groups("bible-verses", None, DATA_DIR)
   assert len(langs) == 46 and "iso639" not in langs
   assert sum(sum(bool(t) for t in r) >= 4 for r in rows) > 8000   # usable 4-view groups
+
+
+@needs_data
+def test_real_nway_pipeline_yields_aligned_translations(tmp_path):
+  """From the real newstest files through SeqIO: each example's views are one group's
+  sentences (K + 1 translations of one sentence)."""
+  import tasks
+  from vmx.data import feature_converters, pipeline, vocab
+  langs = ["de", "en", "fr"]
+  _, rows = tasks.nway_groups("wmt-newstest-multiway", langs, DATA_DIR)
+  files = tasks.nway_text_files("wmt-newstest-multiway", langs, DATA_DIR)[:3]
+  vp = vocab.vocabulary_path(str(tmp_path / "v.model"), files, 1000, [])
+  name = tasks.nway_task("wmt-newstest-multiway", langs, vp, 3, DATA_DIR, shuffle_buffer_size=256)
+  tok = vocab.Tokenizer(vp)
+  norm = lambda t: " ".join(t.split())
+  group_of = {}
+  for r in rows:
+    for t in r:
+      group_of.setdefault(norm(tok.sp.decode(tok.sp.encode(t)[:64])), set()).add(tuple(r))
+  cfg = pipeline.DatasetConfig(name, {"views": 64}, batch_size=4, seed=0)
+  fc = feature_converters.MultiViewFeatureConverter(num_views=3)
+  for batch in pipeline.get_dataset(cfg, fc, seed=0).take(3).as_numpy_iterator():
+    for ex in batch["views"].reshape(4, 3, 64):
+      texts = [norm(tok.sp.decode([int(t) for t in v if t])) for v in ex]
+      common = set.intersection(*(group_of[t] for t in texts))
+      assert common, texts                                   # all three from one group
+      assert len(set(texts)) == 3
