@@ -29,7 +29,7 @@ def _line_files(corpus: str, languages: Sequence[str], data_dir: Optional[str]):
   blocks = []
   for year in WMT_YEARS:
     rels = {l: f"train/wmt-newstest-multiway/{year}/newstest{year}.{l}.gz" for l in languages}
-    have = {l: r for l, r in rels.items() if _exists(r, data_dir)}
+    have = {l: r for l, r in rels.items() if download.available(r, data_dir)}
     if len(have) >= 2:
       blocks.append({l: str(download.resolve(r, data_dir)) for l, r in have.items()})
   unused = [l for l in languages if not any(l in b for b in blocks)]
@@ -38,10 +38,6 @@ def _line_files(corpus: str, languages: Sequence[str], data_dir: Optional[str]):
                     f"{WMT_YEARS[0]}-{WMT_YEARS[-1]} together with another requested language")
   return blocks
 
-
-def _exists(rel: str, data_dir: Optional[str]) -> bool:
-  root = download.configured_data_dir(data_dir)
-  return (root / rel).exists() if root is not None else rel in download.registry()
 
 
 def nway_groups(corpus: str, languages: Sequence[str], data_dir: Optional[str] = None):

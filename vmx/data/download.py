@@ -55,6 +55,13 @@ def configured_data_dir(data_dir: Optional[str] = None) -> Optional[Path]:
   return p
 
 
+def available(rel: str, data_dir: Optional[str] = None) -> bool:
+  """Whether `resolve(rel)` can succeed: the file is in the data dir, or (without one)
+  in the registry (cached or downloadable)."""
+  root = configured_data_dir(data_dir)
+  return (root / rel).exists() if root is not None else rel in registry()
+
+
 def sha256sum(path: Path) -> str:
   h = hashlib.sha256()
   with open(path, "rb") as f:

@@ -111,10 +111,7 @@ class DataFiles:
   def exists(self, rel: str) -> bool:
     if Path(rel).is_absolute():
       return Path(rel).exists()
-    root = download.configured_data_dir(self.data_dir)
-    if root is not None:
-      return (root / rel).exists()
-    return rel in download.registry()
+    return download.available(rel, self.data_dir)
 
   def path(self, rel: str) -> Path:
     try:
