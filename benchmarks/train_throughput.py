@@ -8,7 +8,9 @@
 Same flags as launch/train.py (no data or vocabulary is read). Prints one JSON line:
 step_s, pairs_per_s, tokens_per_s, model_flops_per_step (analytic: 3 x forward matmul
 FLOPs of both encoder passes; XLA's count for other models), xla_flops_per_step (XLA's cost analysis), achieved_flops,
-peak_flops (a large f32 matmul timed in this process) and mfu = achieved / peak.
+peak_flops (a large f32 matmul timed in this process), mfu = achieved / peak, and
+host_malloc ("tuned" when vmx.host_memory kept freed memory in the process; set
+VMX_HOST_MALLOC=off to measure glibc's defaults).
 """
 import importlib.util  # noqa: F401
 import argparse
@@ -19,6 +21,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from vmx import host_memory  # noqa: E402
+host_memory.configure()  # before jax/TF start threads: see vmx/host_memory.py
 from vmx import gin_utils  # noqa: E402
 
 
@@ -91,7 +95,7 @@ def main(argv):
          "model_flops_per_step": model_flops, "xla_flops_per_step": xla_flops,
          "achieved_flops": achieved, "peak_flops": peak, "mfu": achieved / peak,
          "batch_size": B, "max_length": L, "devices": jax.device_count(),
-         "backend": jax.default_backend()}
+         "backend": jax.default_backend(), "host_malloc": host_memory.configure()}
   print(json.dumps(out))
   return out
 
