@@ -8,9 +8,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vmx import host_memory  # noqa: E402
-host_memory.configure()  # before jax/TF start threads: see vmx/host_memory.py
-
 import pytest  # noqa: E402
 
 _shared = REPO.parent / "shared" / "data"

@@ -49,10 +49,16 @@ def test_bad_policy_names_the_variable():
     host_memory._wants_tuning("sometimes")
 
 
-def test_auto_policy_leaves_accelerator_hosts_alone(monkeypatch):
+def test_auto_policy_only_tunes_single_device_cpu_hosts(monkeypatch):
   from vmx import host_memory
   monkeypatch.setenv("JAX_PLATFORMS", "tpu")
   assert not host_memory._wants_tuning("auto")
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   monkeypatch.setattr(host_memory, "_ACCELERATOR_NODES", ())
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
   assert host_memory._wants_tuning("auto")
+  # simulated multi-device meshes (the test suite): one arena would serialize the threads
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false "
+                                  "--xla_force_host_platform_device_count=8")
+  assert host_memory.simulated_host_devices() == 8
+  assert not host_memory._wants_tuning("auto")
