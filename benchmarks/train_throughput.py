@@ -21,8 +21,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vmx import host_memory  # noqa: E402
-host_memory.configure()  # before jax/TF start threads: see vmx/host_memory.py
 from vmx import gin_utils  # noqa: E402
 
 
@@ -50,6 +48,7 @@ def encoder_forward_flops(enc, batch: int, length: int) -> float:
 
 def main(argv):
   import jax
+  from vmx import host_memory  # configured by gin_utils.run_main, before jax started
   import numpy as np
 
   bindings, rest = gin_utils.split_gin_bindings(argv)

@@ -20,9 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vmx import host_memory  # noqa: E402
-host_memory.configure()  # before jax/TF start threads: see vmx/host_memory.py
-
 
 def _list(s):
   return [x for x in s.split(",") if x] if s else []

@@ -15,8 +15,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
-from vmx import host_memory  # noqa: E402
-host_memory.configure()  # before jax/TF start threads: see vmx/host_memory.py
 from vmx import gin_utils  # noqa: E402
 
 

@@ -39,7 +39,6 @@ def _line_files(corpus: str, languages: Sequence[str], data_dir: Optional[str]):
   return blocks
 
 
-
 def nway_groups(corpus: str, languages: Sequence[str], data_dir: Optional[str] = None):
   """(languages, rows) of an N-way corpus; rows[i][j] = "" where language j is missing."""
   if corpus not in NWAY_CORPORA:

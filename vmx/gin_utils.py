@@ -123,9 +123,18 @@ def one_line(e: BaseException) -> str:
 
 
 def run_main(main, argv=None):
-  """Runs main(argv) printing configuration and data errors as one line (exit 2)."""
+  """Runs main(argv) printing configuration and data errors as one line (exit 2).
+
+  Every launcher enters here before it imports jax, so this is where the host
+  allocator is set up (vmx/host_memory.py: it must precede the runtime's threads).
+  """
+  from vmx import host_memory
   from vmx.data.download import DataError
   try:
+    try:
+      host_memory.configure()
+    except ValueError as e:  # a bad VMX_HOST_MALLOC
+      raise ConfigError(str(e)) from None
     return main(sys.argv[1:] if argv is None else argv)
   except (ConfigError, DataError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -14,8 +14,8 @@ faults; the benchmark step is ~6% shorter and the real `contrastive_tiny.gin` ru
   M_TRIM_THRESHOLD = 2 GiB the heap top is not given back;
   M_ARENA_MAX = 1          no per-thread heaps (glibc unmaps those when they empty).
 It must run before threads that allocate start (i.e. before importing jax or
-TensorFlow); `launch/train.py`, `launch/eval.py` and the benchmarks call it first
-thing, a notebook calls it in its first cell. The price is that the process keeps
+TensorFlow): every launcher calls it from `gin_utils.run_main`, before main() imports
+jax; a notebook calls it in its first cell. The price is that the process keeps
 its peak host memory until it exits.
 
 Policy (environment variable VMX_HOST_MALLOC):
