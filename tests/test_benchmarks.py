@@ -1,0 +1,39 @@
+"""The matmul-only bound counts exactly the model FLOPs train_throughput reports."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.parametrize("layers,d,heads,d_ff,length,batch",
+                         [(4, 256, 4, 1024, 32, 64), (2, 96, 3, 160, 7, 5)])
+def test_gemm_bound_flops_equal_model_flops(layers, d, heads, d_ff, length, batch):
+  bound, tput = _load("gemm_bound"), _load("train_throughput")
+  total = sum(count * bound.flops(a, b, form)
+              for _, count, a, b, form in bound.products(layers, d, heads, d_ff, length, batch))
+  enc = types.SimpleNamespace(emb_dim=d, mlp_dim=d_ff, num_heads=heads, head_dim=None, depth=layers)
+  assert total == 3 * 2 * tput.encoder_forward_flops(enc, batch, length)
+
+
+def test_gemm_bound_runs_and_reports_every_kind():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gemm_bound.py"),
+                        "--backend=numpy", "--layers=1", "--d=32", "--heads=2", "--d_ff=64",
+                        "--length=4", "--batch=3", "--repeats=2"],
+                       capture_output=True, text=True, check=True)
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  assert r["gemm_bound_s"] > 0
+  assert sum(r[f"{k}_flops_per_step"] for k in ("fwd", "dX", "dW", "attention")) == \
+      r["gemm_flops_per_step"]
