@@ -21,6 +21,7 @@ FLOPs per step and achieved FLOP/s.
 """
 import argparse
 import json
+import statistics
 import time
 
 
@@ -101,8 +102,7 @@ def median_time(fn, repeats: int) -> float:
     t = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t)
-  times.sort()
-  return times[len(times) // 2]
+  return statistics.median(times)
 
 
 def main():
