@@ -24,12 +24,27 @@ def main(argv):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   gin_utils.add_gin_flags(parser)
   parser.add_argument("--multihost", action="store_true",
-                      help="call jax.distributed.initialize() (TPU pods, multi-node GPU)")
+                      help="call jax.distributed.initialize() (TPU pods, multi-node GPU; "
+                           "cluster auto-detected unless the three flags below are given)")
+  parser.add_argument("--coordinator_address", default=None,
+                      help="host:port of process 0 (explicit multi-process set-up)")
+  parser.add_argument("--num_processes", type=int, default=None)
+  parser.add_argument("--process_id", type=int, default=None)
   args = parser.parse_args(rest)
-  if args.multihost:
-    import jax
-    jax.distributed.initialize()
+  # Config errors first: nothing is initialized, built or written for a bad config.
   gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
+  if args.multihost or args.coordinator_address:
+    import jax
+    explicit = (args.coordinator_address, args.num_processes, args.process_id)
+    if any(x is not None for x in explicit) and any(x is None for x in explicit):
+      raise gin_utils.ConfigError("--coordinator_address, --num_processes and --process_id "
+                                  "go together")
+    if explicit[0]:
+      jax.distributed.initialize(*explicit)
+    else:
+      jax.distributed.initialize()
+    print(f"[vmx] process {jax.process_index()} of {jax.process_count()}: "
+          f"{jax.local_device_count()} local / {jax.device_count()} devices", flush=True)
   from vmx.training.trainer import train
   _, metrics = train()
   return metrics

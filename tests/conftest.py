@@ -43,6 +43,62 @@ def write_lines(path, lines, gz=False):
   return str(path)
 
 
+TOY_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+
+
+@pytest.fixture(scope="session")
+def toy_task(tmp_path_factory):
+  """(task name, vocabulary path, source file, target file) of a registered 300-pair toy
+  task: 'xx' = lower-case words, 'en' = the same words upper-case."""
+  import numpy as np
+  import tasks
+  from vmx.data import vocab
+  d = tmp_path_factory.mktemp("toy")
+  rng = np.random.default_rng(0)
+  src, tgt = [], []
+  for _ in range(300):
+    ws = list(rng.choice(TOY_WORDS, size=rng.integers(2, 7)))
+    src.append(" ".join(ws))
+    tgt.append(" ".join(w.upper() for w in ws))
+  s = write_lines(d / "toy.xx", src)
+  t = write_lines(d / "toy.en", tgt)
+  vp = vocab.train_sentencepiece([s, t], str(d / "toy.model"), 60, ["xx", "en"])
+  name = tasks.moses_task("toy_xx_en", s, t, "xx", "en", vp, ["xx", "en"])
+  return name, vp, s, t
+
+
+def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at_step=None,
+              optimizer=None, period=3, keep=2, num_devices=2):
+  """train() on the toy task with a 1-layer model (dropout on); returns the final state."""
+  import gin
+  from vmx import decoders, encoders
+  from vmx.data import pipeline
+  from vmx.models import VMSST, DualEncoder, DualEncoderModel, VMSSTModel
+  from vmx.training import checkpoints, optimizers, partitioning
+  from vmx.training.trainer import train
+  gin.clear_config()
+  enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8, dropout_rate=0.1)
+  if kind == "contrastive":
+    model = DualEncoderModel(DualEncoder(enc), temperature=0.1)
+  else:  # VMSST: sampled latents + KL annealing state in flax_mutables
+    dec = decoders.ConditionedDecoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
+                                      mlp_dim=32, max_length=8, dropout_rate=0.1)
+    model = VMSSTModel(VMSST(enc, dec, num_languages=2), kl_anneal_steps=10)
+  lr = optimizers.learning_rate_schedule("linear", 1e-2, 2, total_steps=total_steps)
+  state, _ = train(model=model,
+                   train_dataset_cfg=pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8},
+                                                            batch_size=8),
+                   optimizer=optimizer or optimizers.create_optimizer("adamw", lr,
+                                                                      weight_decay=0.01),
+                   learning_rate=lr, model_dir=str(model_dir), total_steps=total_steps,
+                   vocabulary=vp, languages=["xx", "en"],
+                   partitioner=partitioning.Partitioner(num_devices=num_devices),
+                   checkpoint_cfg=checkpoints.CheckpointConfig(period=period, keep=keep),
+                   log_period=2, random_seed=1, progress=False, stop_at_step=stop_at_step)
+  return state
+
+
 def build_and_step(gin_file, bindings, make_batch):
   """Builds an experiment file's model and optimizer (no data read) and takes one train
   step on `make_batch(batch_size)`; returns (model, state, metrics)."""
@@ -83,3 +139,17 @@ def assert_same_loss_and_grads_on_1_and_8_devices(model, batch, loss_of):
   np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-5)
   jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=5e-4, atol=1e-5),
                out[0][1], out[1][1])
+
+
+# Property-based campaigns (tests/test_fuzz.py): a budgeted sample in CI, the full
+# campaign with HYPOTHESIS_PROFILE=campaign (>= 1000 generated cases in all).
+try:
+  from hypothesis import HealthCheck, settings
+  _common = dict(deadline=None, derandomize=True, database=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                        HealthCheck.function_scoped_fixture])
+  settings.register_profile("ci", max_examples=60, **_common)
+  settings.register_profile("campaign", max_examples=400, **_common)
+  settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+except ImportError:  # hypothesis is a test extra; test_fuzz.py skips without it
+  pass

@@ -32,6 +32,7 @@ from flax.linen import partitioning as nnp
 from vmx import layers
 from vmx.data.vocab import EOS_ID
 from vmx.encoders import layer_kwargs, make_layer_stack
+from vmx.errors import ConfigError
 
 Array = jax.Array
 
@@ -129,7 +130,7 @@ class ConditionedDecoder(nn.Module):
 
   def setup(self):
     if self.num_layers < 1:
-      raise ValueError(f"decoder num_layers={self.num_layers}; need at least 1")
+      raise ConfigError(f"decoder num_layers={self.num_layers}; need at least 1")
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
     self.position_embed = layers.Embed(self.max_length, self.emb_dim, dtype=self.dtype,

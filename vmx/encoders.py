@@ -15,6 +15,7 @@ from flax import linen as nn
 from flax.linen import partitioning as nnp
 
 from vmx import layers
+from vmx.errors import ConfigError
 
 Array = jax.Array
 POOLING_METHODS = ("mean", "first")
@@ -82,9 +83,9 @@ class TransformerEncoder(nn.Module):
 
   def setup(self):
     if not 0 <= self.depth <= self.num_layers:
-      raise ValueError(f"output_layer={self.output_layer} outside [0, {self.num_layers}]")
+      raise ConfigError(f"output_layer={self.output_layer} outside [0, {self.num_layers}]")
     if self.position_embedding not in POSITION_EMBEDDINGS:
-      raise ValueError(f"position_embedding={self.position_embedding!r}; "
+      raise ConfigError(f"position_embedding={self.position_embedding!r}; "
                        f"expected one of {POSITION_EMBEDDINGS}")
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
@@ -143,7 +144,7 @@ class TransformerEncoder(nn.Module):
 def layer_kwargs(stack: nn.Module) -> dict:
   """Per-layer settings of an encoder or decoder stack (head_dim defaults to emb_dim / heads)."""
   if not stack.head_dim and stack.emb_dim % stack.num_heads:
-    raise ValueError(f"{type(stack).__name__}: emb_dim {stack.emb_dim} is not divisible by "
+    raise ConfigError(f"{type(stack).__name__}: emb_dim {stack.emb_dim} is not divisible by "
                      f"num_heads {stack.num_heads}; set head_dim")
   return dict(num_heads=stack.num_heads, head_dim=stack.head_dim or stack.emb_dim // stack.num_heads,
               mlp_dim=stack.mlp_dim, dropout_rate=stack.dropout_rate,
@@ -160,7 +161,7 @@ def make_layer_stack(parent: nn.Module, layer_cls, kwargs: dict, depth: int, sca
   whose params have a leading 'layers' axis; else a list `{name}_{i}`.
   """
   if remat_policy not in REMAT_POLICIES:
-    raise ValueError(f"remat_policy={remat_policy!r}; expected one of {REMAT_POLICIES}")
+    raise ConfigError(f"remat_policy={remat_policy!r}; expected one of {REMAT_POLICIES}")
   if depth == 0:
     return None
   cls = layer_cls
@@ -187,7 +188,7 @@ def pool(hidden_BxLxD: Array, valid_BxL: Array, method: str = "mean") -> Array:
     return (hidden_BxLxD.astype(jnp.float32) * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
   if method == "first":
     return hidden_BxLxD[:, 0].astype(jnp.float32)
-  raise ValueError(f"pooling={method!r}; expected one of {POOLING_METHODS}")
+  raise ConfigError(f"pooling={method!r}; expected one of {POOLING_METHODS}")
 
 
 class ProjectionHead(nn.Module):

@@ -5,27 +5,35 @@
   --gin.KEY=VALUE            (repeatable) a binding; VALUE is a gin literal, or a
                              plain string when it is not one (--gin.MODEL_DIR=/tmp/run)
   --gin_search_paths=A,B     extra directories for gin files and their includes
-Errors (missing file, unknown configurable or binding, missing required value)
-are reported as one line naming the file, line or binding.
+  --verbose                  print the traceback of a vmx error too
+Errors are reported as one line naming the file, line or binding, before anything
+is built or compiled: a missing file, an unknown configurable or parameter, a macro
+that is set but used by nothing (a misspelt `--gin.TRAIN_STEP=5`) or used but never
+set, a literal of the wrong type for the parameter it reaches (`--gin.BATCH_SIZE=abc`);
+each with the closest valid name. Range checks (`check_range`) name the binding and
+the macro it came through.
 """
 from __future__ import annotations
 
 import importlib.util  # noqa: F401  gin 0.5 needs it imported before missing-path handling
 import argparse
+import collections.abc
+import difflib
 import logging
+import os
 import re
 import sys
+import typing
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import gin
+from gin import config as gin_config
+
+from vmx.errors import ConfigError, VmxError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SEARCH_PATHS = (REPO_ROOT / "gin_configs",)
-
-
-class ConfigError(Exception):
-  """A user-facing configuration error (printed as one line, exit status 2)."""
 
 
 def add_gin_flags(parser: argparse.ArgumentParser):
@@ -98,11 +106,189 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_fl
   try:
     gin.parse_config_files_and_bindings(files, bindings, finalize_config=False)
   except (ValueError, KeyError, SyntaxError, IOError, TypeError) as e:
-    raise ConfigError(one_line(e)) from None
+    raise ConfigError(with_suggestion(one_line(e))) from None
   unset = unset_required_macros()
   if unset:
     raise ConfigError(f"required macro(s) {', '.join(unset)} not set: pass e.g. "
                       f"--gin.{unset[0]}=VALUE")
+  check_config(bindings)
+
+
+# ----------------------------------------------------------------------------
+# Static checks of the parsed config (nothing is called, built or compiled).
+
+def _closest(name: str, candidates) -> str:
+  match = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+  if not match:
+    match = [c for c in sorted(set(candidates)) if c.lower() == name.lower()]
+  return f"; did you mean {match[0]}?" if match else ""
+
+
+def _configurable_names() -> list[str]:
+  out = []
+  for selector, _ in gin_config._REGISTRY.items():
+    out += [selector, selector.split(".")[-1]]
+  return out
+
+
+def with_suggestion(msg: str) -> str:
+  """Adds the closest valid name to gin's 'no configurable' / 'no parameter' errors."""
+  m = re.search(r"No configurable matching (?:reference )?'@?([\w.]+)", msg)
+  if m:
+    return msg + _closest(m.group(1), _configurable_names())
+  m = re.search(r"Configurable '([\w.]+)' doesn't have a parameter named '(\w+)'", msg)
+  if m:
+    try:
+      fn = gin_config._REGISTRY.get_match(m.group(1)).wrapped
+      import inspect
+      params = inspect.signature(fn.__init__ if isinstance(fn, type) else fn).parameters
+      return msg + _closest(m.group(2), params)
+    except (KeyError, TypeError, ValueError, AttributeError):
+      return msg
+  return msg
+
+
+def _walk(value):
+  """Every ConfigurableReference inside a binding value (lists, dicts, tuples)."""
+  if isinstance(value, gin_config.ConfigurableReference):
+    yield value
+  elif isinstance(value, (list, tuple)):
+    for v in value:
+      yield from _walk(v)
+  elif isinstance(value, dict):
+    for k, v in value.items():
+      yield from _walk(k)
+      yield from _walk(v)
+
+
+def _macro_name(ref) -> Optional[str]:
+  if isinstance(ref, gin_config.ConfigurableReference) and ref.selector == "gin.macro":
+    return ref.scoped_selector.rsplit("/", 1)[0]
+  return None
+
+
+def _macro_values() -> dict:
+  return {scope: params.get("value") for (scope, selector), params in gin_config._CONFIG.items()
+          if selector == "gin.macro"}
+
+
+def _resolve(value, macros, chain=()):
+  """(literal value, macros it came through); value stays a reference for @calls."""
+  name = _macro_name(value)
+  if name is None or name not in macros or name in chain or len(chain) > 20:
+    return value, chain
+  return _resolve(macros[name], macros, chain + (name,))
+
+
+def _bound_from(bindings: Sequence[str]) -> set:
+  return {b.split("=", 1)[0].strip() for b in bindings if "=" in b}
+
+
+def check_config(bindings: Sequence[str] = ()):
+  """Static checks after parsing; raises ConfigError naming the binding.
+
+  - a macro that is set but referenced by nothing (`--gin.TRAIN_STEP=5` for TRAIN_STEPS);
+  - a macro that is referenced (`%X`) but set nowhere;
+  - a literal that reaches a parameter annotated int/float/str/bool/sequence/mapping
+    (directly or through macros) with the wrong type.
+  """
+  macros = _macro_values()
+  referenced = set()
+  for (scope, selector), params in gin_config._CONFIG.items():
+    for value in params.values():
+      for ref in _walk(value):
+        if _macro_name(ref) is not None:
+          referenced.add(_macro_name(ref))
+  from_cli = _bound_from(bindings)
+  unused = sorted(set(macros) - referenced)
+  if unused:
+    name = unused[0]
+    where = f"--gin.{name}" if name in from_cli else f"macro {name} (set in a gin file)"
+    raise ConfigError(f"{where} is set but no binding uses it{_closest(name, referenced)}")
+  undefined = sorted(referenced - set(macros))
+  if undefined:
+    name = undefined[0]
+    raise ConfigError(f"macro %{name} is used but never set (pass --gin.{name}=VALUE or set "
+                      f"it in a gin file){_closest(name, macros)}")
+  for (scope, selector), params in gin_config._CONFIG.items():
+    if selector == "gin.macro":
+      continue
+    hints = _type_hints(selector)
+    for param, value in params.items():
+      if param not in hints:
+        continue
+      literal, chain = _resolve(value, macros)
+      if isinstance(literal, gin_config.ConfigurableReference):
+        continue
+      problem = _type_problem(literal, hints[param])
+      if problem and problem != "?":
+        target = f"{scope + '/' if scope else ''}{selector.split('.')[-1]}.{param}"
+        src = f"{chain[-1]} = {literal!r} (reaches {target})" if chain else \
+            f"{target} = {literal!r}"
+        raise ConfigError(f"{src}: expected {problem}")
+
+
+def _type_hints(selector: str) -> dict:
+  try:
+    fn = gin_config._REGISTRY.get_match(selector).wrapped
+    return typing.get_type_hints(fn.__init__ if isinstance(fn, type) and
+                                 not hasattr(fn, "__dataclass_fields__") else fn)
+  except Exception:  # noqa: BLE001  (unresolvable annotations: no check)
+    return {}
+
+
+def _type_problem(value, hint) -> Optional[str]:
+  """None if `value` fits `hint` (only plain types are checked), else what was expected."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if origin is typing.Union or type(hint).__name__ == "UnionType":
+    if value is None and type(None) in args:
+      return None
+    plain = [a for a in args if a is not type(None)]
+    problems = [_type_problem(value, a) for a in plain]
+    if any(p is None for p in problems):
+      return None
+    known = [p for p in problems if p != "?"]
+    return " or ".join(known + (["None"] if type(None) in args else [])) if \
+        len(known) == len(problems) else None
+  if isinstance(value, gin_config.ConfigurableReference) or value is gin.REQUIRED:
+    return None
+  if hint is bool:
+    return None if isinstance(value, bool) else "True or False"
+  if hint is int:
+    return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+  if hint is float:
+    return None if isinstance(value, (int, float)) and not isinstance(value, bool) else \
+        "a number"
+  if hint is str:
+    return None if isinstance(value, str) else "a string"
+  container = origin or hint
+  if container in (list, tuple, collections.abc.Sequence):
+    return None if isinstance(value, (list, tuple)) else "a list, e.g. ['a', 'b']"
+  if container in (dict, collections.abc.Mapping):
+    return None if isinstance(value, dict) else "a dict, e.g. {'a': 1}"
+  return "?"  # not checked statically
+
+
+def binding_source(configurable: str, param: str) -> str:
+  """How `configurable.param` got its value: 'MACRO (scope/configurable.param)' when it
+  is bound through a macro, 'configurable.param' otherwise."""
+  macros = _macro_values()
+  for (scope, selector), params in gin_config._CONFIG.items():
+    if selector.split(".")[-1] == configurable and param in params:
+      _, chain = _resolve(params[param], macros)
+      target = f"{scope + '/' if scope else ''}{configurable}.{param}"
+      return f"{chain[-1]} ({target})" if chain else target
+  return f"{configurable}.{param}"
+
+
+def check_range(ok: bool, configurable: str, param: str, value: Any, expected: str):
+  """Raises a ConfigError naming the binding (and macro) unless `ok`."""
+  if not ok:
+    raise ConfigError(f"{binding_source(configurable, param)} = {value!r}: expected {expected}")
+
+
+def positive_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def unset_required_macros() -> list[str]:
@@ -123,28 +309,33 @@ def one_line(e: BaseException) -> str:
 
 
 def run_main(main, argv=None):
-  """Runs main(argv) printing configuration and data errors as one line (exit 2).
+  """Runs main(argv); a vmx error is one `error:` line on stderr and its exit code.
 
-  Every launcher enters here before it imports jax, so this is where the host
-  allocator is set up (vmx/host_memory.py: it must precede the runtime's threads).
+  `--verbose` (anywhere in argv, or VMX_VERBOSE=1) adds the traceback. Errors that
+  are not vmx's own are bugs and keep their traceback. Every launcher enters here
+  before it imports jax, so this is where the host allocator is set up
+  (vmx/host_memory.py: it must precede the runtime's threads).
   """
   from vmx import host_memory
-  from vmx.data.download import DataError
+  argv = list(sys.argv[1:] if argv is None else argv)
+  verbose = "--verbose" in argv or os.environ.get("VMX_VERBOSE") == "1"
+  argv = [a for a in argv if a != "--verbose"]
   try:
     try:
       host_memory.configure()
     except ValueError as e:  # a bad VMX_HOST_MALLOC
       raise ConfigError(str(e)) from None
-    return main(sys.argv[1:] if argv is None else argv)
-  except (ConfigError, DataError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  except (ValueError, TypeError) as e:
+    return main(argv)
+  except (VmxError, FileNotFoundError, ValueError, TypeError) as e:
     msg = one_line(e)
-    if any(p in msg for p in _GIN_ERRORS):
-      print(f"error: {msg}", file=sys.stderr)
-      sys.exit(2)
-    raise
+    if not isinstance(e, (VmxError, FileNotFoundError)) and not any(p in msg for p in
+                                                                   _GIN_ERRORS):
+      raise
+    if verbose:
+      import traceback
+      traceback.print_exc()
+    print(f"error: {with_suggestion(msg)}", file=sys.stderr)
+    sys.exit(getattr(e, "exit_code", 2))
 
 
 # Messages of gin's own configuration errors (raised when a configurable is called).

@@ -4,11 +4,13 @@
   vecs = enc.encode(["Hello world", "Hallo Welt"], lang=["eng", "deu"])  # [2, D], rows L2-normalized
 
 A model_dir holds `vmx_model.json` (model config, languages, max length),
-`vocab.model` (SentencePiece) and orbax checkpoints `checkpoint_<step>/`.
+`vocab.model` (SentencePiece) and orbax checkpoints `checkpoint_<step>/`, each
+verified against its checksum manifest before use (vmx/training/checkpoints.py).
 """
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -16,10 +18,11 @@ import jax
 import numpy as np
 
 from vmx.data.vocab import Tokenizer
+from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
+from vmx.training.checkpoints import CHECKPOINT_PREFIX, restore_intact
 
 MODEL_INFO_FILE = "vmx_model.json"
-CHECKPOINT_PREFIX = "checkpoint"
 
 
 def write_model_info(model_dir, model, languages: Sequence[str], max_length: int,
@@ -37,31 +40,61 @@ def write_model_info(model_dir, model, languages: Sequence[str], max_length: int
 def read_model_info(model_dir) -> dict:
   path = Path(model_dir) / MODEL_INFO_FILE
   if not path.exists():
-    raise FileNotFoundError(f"{path}: not found; is {model_dir} a vmx model_dir?")
-  return json.loads(path.read_text())
+    raise CheckpointError(f"{path}: not found; is {model_dir} a vmx model_dir?")
+  try:
+    return json.loads(path.read_text())
+  except ValueError as e:
+    raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def nonfinite_leaves(tree) -> list[str]:
+  """Paths of the array leaves of `tree` holding NaN or Inf."""
+  bad = []
+  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+    a = np.asarray(leaf)
+    if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+      bad.append(jax.tree_util.keystr(path))
+  return bad
 
 
 def restore_params(model_dir, model, step: Optional[int] = None, input_shapes=None):
-  """Parameters of checkpoint `step` (default: latest) on the default device."""
+  """Parameters of checkpoint `step` (default: the newest intact one) on the default device.
+
+  A damaged latest checkpoint is reported and the previous intact one used; an explicit
+  damaged `step` is a CheckpointError. Non-finite parameters are a NonFiniteError.
+  """
   import orbax.checkpoint as ocp
   mngr = ocp.CheckpointManager(Path(model_dir).absolute(),
                                options=ocp.CheckpointManagerOptions(
                                    step_prefix=CHECKPOINT_PREFIX, read_only=True),
                                item_names=("params",))
-  step = mngr.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"{model_dir}: no {CHECKPOINT_PREFIX}_<step> directory")
   shapes = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0),
                                                               input_shapes))["params"]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
                         shapes)
-  restored = mngr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-  return restored["params"], step
+  step, restored = restore_intact(
+      model_dir, mngr.all_steps(), step=step,
+      restore_fn=lambda s: mngr.restore(s, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(target))))
+  params = restored["params"]
+  bad = nonfinite_leaves(params)
+  if bad:
+    raise NonFiniteError(f"{model_dir}/{CHECKPOINT_PREFIX}_{step} has non-finite parameters "
+                         f"({len(bad)} arrays, e.g. {', '.join(bad[:3])})")
+  return params, step
 
 
 class Encoder:
-  """encode(list of str) -> L2-normalized float32 rows, in fixed-shape jitted batches."""
+  """encode(list of str) -> L2-normalized float32 rows, in fixed-shape jitted batches.
+
+  Inputs are checked: every item must be a non-empty string (an empty or
+  whitespace-only string, or one that SentencePiece normalizes to nothing, has no
+  tokens and so no embedding: `InputError` naming its index), `batch_size` a positive
+  integer. Sentences longer than the model's
+  `max_length` SentencePiece tokens are truncated to their first `max_length` tokens, as
+  in training; a warning says how many were cut.
+  """
 
   def __init__(self, model, params, tokenizer: Tokenizer, languages: Sequence[str],
                max_length: int, batch_size: int = 128):
@@ -90,24 +123,48 @@ class Encoder:
     if not self.model.uses_languages:
       return np.zeros((n,), np.int32)
     if lang is None:
-      raise ValueError("this model reads language ids: pass lang= (one code, or one per "
+      raise InputError("this model reads language ids: pass lang= (one code, or one per "
                        f"sentence, of {', '.join(self.languages[:12])}…)")
     langs = [lang] * n if isinstance(lang, str) else list(lang)
     if len(langs) != n:
-      raise ValueError(f"lang has {len(langs)} entries for {n} sentences")
+      raise InputError(f"lang has {len(langs)} entries for {n} sentences")
     unknown = sorted(set(langs) - set(self.languages))
     if unknown:
-      raise ValueError(f"languages {unknown} are not among the model's {len(self.languages)} "
+      raise InputError(f"languages {unknown} are not among the model's {len(self.languages)} "
                        f"languages ({', '.join(self.languages[:12])}…)")
     index = {l: i for i, l in enumerate(self.languages)}
     return np.array([index[l] for l in langs], np.int32)
 
+  @staticmethod
+  def check_sentences(sentences) -> list[str]:
+    """The sentences as a list; InputError naming the first bad item's index."""
+    if isinstance(sentences, (str, bytes)):
+      raise InputError("encode() takes a list of sentences, not one string")
+    try:
+      sentences = list(sentences)
+    except TypeError:
+      raise InputError(f"encode() takes a list of strings, got {type(sentences).__name__}"
+                       ) from None
+    for i, s in enumerate(sentences):
+      if not isinstance(s, str):
+        raise InputError(f"sentences[{i}] is {type(s).__name__} ({s!r:.40}), not a string")
+      if not s.strip():
+        raise InputError(f"sentences[{i}] is empty or whitespace only: it has no tokens and "
+                         f"so no embedding; drop it or replace it before encoding")
+    return sentences
+
   def encode(self, sentences: Sequence[str], lang: Union[None, str, Sequence[str]] = None,
              batch_size: Optional[int] = None, progress: Optional[bool] = None) -> np.ndarray:
-    if isinstance(sentences, str):
-      raise TypeError("encode() takes a list of sentences, not one string")
-    sentences = list(sentences)
-    bs = batch_size or self.batch_size
+    """[len(sentences), D] float32, rows L2-normalized (0 rows -> shape [0, 0]).
+
+    `lang`: one ISO 639-3 code or one per sentence, needed only by models that read
+    language ids. Raises InputError for bad input and NonFiniteError if the model
+    produces NaN/Inf (a diverged checkpoint).
+    """
+    sentences = self.check_sentences(sentences)
+    bs = self.batch_size if batch_size is None else batch_size
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
+      raise InputError(f"batch_size={bs!r}: expected a positive integer")
     lang_ids = self._lang_ids(lang, len(sentences))
     starts = range(0, len(sentences), bs)
     if progress is None:
@@ -115,15 +172,29 @@ class Encoder:
     if progress:
       from tqdm.auto import tqdm
       starts = tqdm(starts, desc="encode", unit="batch")
-    out = []
+    out, truncated = [], 0
     for s in starts:
       chunk = sentences[s:s + bs]
       tokens = np.zeros((bs, self.max_length), np.int32)  # fixed shape: one compilation
-      tokens[:len(chunk)] = self.tokenizer.encode(chunk, self.max_length)
+      tokens[:len(chunk)], cut = self.tokenizer.encode_counting(chunk, self.max_length)
+      truncated += cut
+      no_tokens = np.flatnonzero(~tokens[:len(chunk)].any(axis=1))
+      if no_tokens.size:
+        i = s + int(no_tokens[0])
+        raise InputError(f"sentences[{i}] ({sentences[i]!r:.40}) has no tokens after "
+                         f"SentencePiece normalization, and so no embedding")
       ids = np.zeros((bs,), np.int32)
       ids[:len(chunk)] = lang_ids[s:s + bs]
-      emb = self._predict(self.params, {"left_tokens": tokens, "left_lang": ids})
-      out.append(np.asarray(emb[:len(chunk)], np.float32))
+      emb = np.asarray(self._predict(self.params, {"left_tokens": tokens, "left_lang": ids})
+                       [:len(chunk)], np.float32)
+      if not np.isfinite(emb).all():
+        row = s + int(np.argwhere(~np.isfinite(emb).all(axis=1))[0, 0])
+        raise NonFiniteError(f"the model produced a non-finite embedding (sentences[{row}]); "
+                             f"its parameters are probably non-finite (a diverged run)")
+      out.append(emb)
+    if truncated:
+      warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
+                    f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
     if not out:
       return np.zeros((0, 0), np.float32)
     return np.concatenate(out)

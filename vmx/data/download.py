@@ -22,11 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from vmx.errors import DataError  # noqa: F401  (re-exported: vmx.data.download.DataError)
+
 REGISTRY = Path(__file__).with_name("registry.tsv")
-
-
-class DataError(ValueError):
-  """Bad or missing input data; the message names the file (and line)."""
 
 
 @functools.lru_cache(maxsize=None)

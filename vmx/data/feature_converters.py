@@ -4,6 +4,8 @@ from __future__ import annotations
 import seqio
 import tensorflow as tf
 
+from vmx.errors import ConfigError
+
 FeatureSpec = seqio.FeatureConverter.FeatureSpec
 
 
@@ -29,7 +31,7 @@ class PairFeatureConverter(seqio.FeatureConverter):
 
   def __init__(self, pack: bool = False, **kwargs):
     if pack:
-      raise ValueError("PairFeatureConverter does not pack: each row is one sentence")
+      raise ConfigError("PairFeatureConverter does not pack: each row is one sentence")
     super().__init__(pack=False, **kwargs)
 
   SCALAR_FEATURES = ("inputs_lang", "targets_lang")
@@ -63,7 +65,7 @@ class MultiViewFeatureConverter(seqio.FeatureConverter):
 
   def __init__(self, num_views: int = 2, pack: bool = False, **kwargs):
     if pack:
-      raise ValueError("MultiViewFeatureConverter does not pack")
+      raise ConfigError("MultiViewFeatureConverter does not pack")
     self.num_views = num_views
     super().__init__(pack=False, **kwargs)
 

@@ -3,14 +3,15 @@
 Iteration is seeded and deterministic; a `DataIterator` counts the batches it
 has produced (its `position`), which the checkpoint stores; on restore the same
 seeded pipeline is rebuilt and advanced by `position` batches, so a resumed run
-sees exactly the batches an uninterrupted run would have seen.
+sees exactly the batches an uninterrupted run would have seen. Every process
+builds the same GLOBAL batch stream (the trainer places each device's rows), so
+the batches do not depend on the number of processes.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
-import jax
 import numpy as np
 import seqio
 import tensorflow as tf
@@ -27,6 +28,16 @@ class DatasetConfig:
   seed: Optional[int] = None
   use_cached: bool = False
   pack: bool = False
+
+  def __post_init__(self):
+    from vmx.gin_utils import check_range, positive_int
+    check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
+                "a positive integer (the global batch)")
+    lengths = dict(self.task_feature_lengths) if isinstance(self.task_feature_lengths,
+                                                            Mapping) else None
+    check_range(lengths is not None and all(positive_int(v) for v in lengths.values()),
+                "DatasetConfig", "task_feature_lengths", self.task_feature_lengths,
+                "a dict of positive lengths, e.g. {'inputs': 32, 'targets': 32}")
 
 
 def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
@@ -81,7 +92,6 @@ class DataIterator:
 
 
 def train_iterator(cfg: DatasetConfig, feature_converter_cls, seed: int) -> DataIterator:
-  """This process's iterator over the training batches (shard = jax process)."""
+  """Iterator over the GLOBAL training batches, the same on every process."""
   fc = feature_converter_cls(pack=cfg.pack)
-  return DataIterator(lambda: get_dataset(cfg, fc, jax.process_index(), jax.process_count(),
-                                          num_epochs=None, seed=seed))
+  return DataIterator(lambda: get_dataset(cfg, fc, num_epochs=None, seed=seed))

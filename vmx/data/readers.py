@@ -5,28 +5,58 @@ Parallel corpora come in two layouts:
     other (`train.deu.gz` / `train.eng.gz`); `.gz` is read transparently.
   * TSV: one file, `source<TAB>target` (columns configurable).
 `validate_parallel` / `validate_tsv` read the files once, count pairs and raise
-`DataError` naming the file and line of the first problem: different line
-counts, an empty line, invalid UTF-8, a missing column. Results are cached by
-(path, size, mtime) so a restart does not re-read a large corpus.
+`DataError` naming the file and line of the first problem: a missing file, a
+truncated or corrupt `.gz`, different line counts, an empty line, invalid UTF-8,
+a missing column, or no usable pair at all (an empty corpus is never silently
+dropped from a mixture: remove it from the languages instead). Results are cached
+by (path, size, mtime) so a restart does not re-read a large corpus.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from vmx.data.download import DataError, cache_dir
+from vmx.errors import ConfigError
 
 EMPTY_LINE_POLICIES = ("error", "skip")
 
 
 def open_text(path) -> BinaryIO:
   path = Path(path)
-  if not path.exists():
-    raise DataError(f"{path}: no such file")
+  if not path.is_file():
+    raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
   return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+_READ_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, OSError)
+
+
+def _read_error(path, lineno: int, e: BaseException) -> DataError:
+  """A truncated/corrupt .gz (or an I/O error) while reading line `lineno`."""
+  what = ("truncated or corrupt gzip data" if isinstance(e, (EOFError, gzip.BadGzipFile,
+                                                              zlib.error)) else "read error")
+  return DataError(f"{path}:{lineno}: {what} ({type(e).__name__}: {e}) after "
+                   f"{lineno - 1} complete line(s)")
+
+
+def raw_lines(path) -> Iterator[tuple[int, bytes]]:
+  """(1-based line number, raw line) with read errors reported as DataError."""
+  with open_text(path) as f:
+    i = 0
+    while True:
+      try:
+        raw = f.readline()
+      except _READ_ERRORS as e:
+        raise _read_error(path, i + 1, e) from None
+      if not raw:
+        return
+      i += 1
+      yield i, raw
 
 
 def _decode(raw: bytes, path, lineno: int) -> str:
@@ -39,12 +69,14 @@ def _decode(raw: bytes, path, lineno: int) -> str:
 
 def iter_lines(path) -> Iterator[tuple[int, str]]:
   """(1-based line number, decoded line without newline)."""
-  with open_text(path) as f:
-    for i, raw in enumerate(f, 1):
-      yield i, _decode(raw, path, i)
+  for i, raw in raw_lines(path):
+    yield i, _decode(raw, path, i)
 
 
 def _stamp(paths) -> str:
+  for p in paths:
+    if not Path(p).is_file():
+      raise DataError(f"{p}: no such file")
   return "|".join(f"{Path(p).resolve()}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}"
                   for p in paths)
 
@@ -73,31 +105,40 @@ def _cached(kind: str, paths, compute):
 def read_parallel(src_path, tgt_path, empty_lines: str = "error") -> Iterator[tuple[str, str]]:
   """Aligned (source, target) pairs of a Moses-layout corpus, validated as read."""
   if empty_lines not in EMPTY_LINE_POLICIES:
-    raise ValueError(f"empty_lines={empty_lines!r}; expected one of {EMPTY_LINE_POLICIES}")
-  with open_text(src_path) as fs, open_text(tgt_path) as ft:
-    i = 0
-    while True:
-      rs, rt = fs.readline(), ft.readline()
-      i += 1
-      if not rs or not rt:
-        if rs or rt:
-          short, long_ = (src_path, tgt_path) if not rs else (tgt_path, src_path)
-          raise DataError(f"{short} has {i - 1} lines but {long_} has more (line {i} has no "
-                          f"translation): Moses files must be aligned line by line")
-        return
-      s, t = _decode(rs, src_path, i), _decode(rt, tgt_path, i)
-      if not s.strip() or not t.strip():
-        if empty_lines == "skip":
-          continue
-        bad = src_path if not s.strip() else tgt_path
-        raise DataError(f"{bad}:{i}: empty line (set empty_lines='skip' to drop such pairs)")
-      yield s, t
+    raise ConfigError(f"empty_lines={empty_lines!r}; expected one of {EMPTY_LINE_POLICIES}")
+  src, tgt = raw_lines(src_path), raw_lines(tgt_path)
+  i = 0
+  while True:
+    (_, rs), (_, rt) = next(src, (0, b"")), next(tgt, (0, b""))
+    i += 1
+    if not rs or not rt:
+      if rs or rt:
+        short, long_ = (src_path, tgt_path) if not rs else (tgt_path, src_path)
+        raise DataError(f"{short} has {i - 1} lines but {long_} has more (line {i} has no "
+                        f"translation): Moses files must be aligned line by line")
+      return
+    s, t = _decode(rs, src_path, i), _decode(rt, tgt_path, i)
+    if not s.strip() or not t.strip():
+      if empty_lines == "skip":
+        continue
+      bad = src_path if not s.strip() else tgt_path
+      raise DataError(f"{bad}:{i}: empty line (set empty_lines='skip' to drop such pairs)")
+    yield s, t
+
+
+def _nonempty(count: int, what: str, empty_lines: str) -> int:
+  if count == 0:
+    why = "is empty" if empty_lines == "error" else "has no pair without an empty side"
+    raise DataError(f"{what} {why}: an empty corpus is not silently dropped from a mixture; "
+                    f"remove it from the task's languages/files")
+  return count
 
 
 def validate_parallel(src_path, tgt_path, empty_lines: str = "error") -> int:
-  """Number of usable pairs; raises DataError on the first bad line."""
+  """Number of usable pairs (> 0); raises DataError on the first bad line."""
   return _cached(f"moses:{empty_lines}", [src_path, tgt_path],
-                 lambda: sum(1 for _ in read_parallel(src_path, tgt_path, empty_lines)))
+                 lambda: _nonempty(sum(1 for _ in read_parallel(src_path, tgt_path, empty_lines)),
+                                   f"{src_path} / {tgt_path}", empty_lines))
 
 
 def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple[str, ...]]:
@@ -116,8 +157,10 @@ def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple
 
 
 def validate_tsv(path, columns=(0, 1), empty_lines: str = "error") -> int:
+  """Number of usable rows (> 0); raises DataError on the first bad line."""
   return _cached(f"tsv:{tuple(columns)}:{empty_lines}", [path],
-                 lambda: sum(1 for _ in read_tsv(path, columns, empty_lines)))
+                 lambda: _nonempty(sum(1 for _ in read_tsv(path, columns, empty_lines)),
+                                   str(path), empty_lines))
 
 
 def read_nway_lines(paths: dict) -> tuple[list[str], list[list[str]]]:
@@ -130,6 +173,9 @@ def read_nway_lines(paths: dict) -> tuple[list[str], list[list[str]]]:
   langs = list(paths)
   columns = [[line.strip() for _, line in iter_lines(paths[l])] for l in langs]
   n = {l: len(c) for l, c in zip(langs, columns)}
+  empty = [str(paths[l]) for l in langs if n[l] == 0]
+  if empty:
+    raise DataError(f"{empty[0]} is empty: remove it from the N-way files")
   if len(set(n.values())) > 1:
     a, b = min(n, key=n.get), max(n, key=n.get)
     raise DataError(f"N-way files must be aligned line by line: {paths[a]} has {n[a]} lines, "

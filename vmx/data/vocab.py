@@ -101,12 +101,19 @@ class Tokenizer:
     return i
 
   def encode(self, texts: Iterable[str], max_length: int) -> np.ndarray:
+    """[n, max_length] ids, zero-padded; longer texts keep their first max_length ids."""
+    return self.encode_counting(texts, max_length)[0]
+
+  def encode_counting(self, texts: Iterable[str], max_length: int) -> tuple[np.ndarray, int]:
+    """(ids as in `encode`, how many texts were truncated)."""
     ids = self.sp.encode(list(texts))
     out = np.zeros((len(ids), max_length), np.int32)
+    cut = 0
     for i, row in enumerate(ids):
+      cut += len(row) > max_length
       row = row[:max_length]
       out[i, :len(row)] = row
-    return out
+    return out, cut
 
 
 def copy_vocabulary(src: str, model_dir: str) -> str:

@@ -36,6 +36,7 @@ from clu import metrics as clu_metrics
 from flax import linen as nn
 
 from vmx import encoders, layers, losses
+from vmx.errors import ConfigError
 from vmx.models.base import BaseModel, _LazyClass
 
 
@@ -108,7 +109,7 @@ class EMSModel(BaseModel):
                contrastive_weight: float = 1.0):
     super().__init__(module)
     if xtr_weight <= 0 and contrastive_weight <= 0:
-      raise ValueError("EMSModel: xtr_weight and contrastive_weight are both 0: nothing to train")
+      raise ConfigError("EMSModel: xtr_weight and contrastive_weight are both 0: nothing to train")
     self.temperature = temperature
     self.xtr_weight = xtr_weight
     self.contrastive_weight = contrastive_weight

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from clu import metrics as clu_metrics
 
 from vmx import losses
+from vmx.errors import ConfigError
 from vmx.models.base import BaseModel
 from vmx.models.dual_encoder import DualEncoder
 
@@ -40,9 +41,9 @@ class MPCLModel(BaseModel):
                rescale: bool = False, single_positive_steps: int = 0):
     super().__init__(module)
     if num_views < 2:
-      raise ValueError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
+      raise ConfigError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
     if module.encoder.num_languages:
-      raise ValueError("MPCLModel: the encoder must not read language ids "
+      raise ConfigError("MPCLModel: the encoder must not read language ids "
                        "(TransformerEncoder.num_languages = 0)")
     self.num_views = num_views
     self.temperature = temperature

@@ -2,19 +2,35 @@
 
 `params` alone is what inference restores; `train_state` holds step, optimizer
 state, flax_mutables and the RNG key; `data` is the input position (JSON).
+
+Integrity: once a checkpoint is committed, process 0 writes
+`checkpoint_<step>/vmx_checksums.json` (sha256 and size of every file in it).
+Restoring verifies it: a damaged checkpoint (a flipped bit, a truncated or missing
+file, or one orbax cannot read) is reported, moved to `MODEL_DIR/damaged/` (kept,
+never deleted) and the previous intact checkpoint is used; with none intact, a
+`CheckpointError`. A checkpoint without the file (a kill between orbax's commit and
+the manifest) is restored unverified, with a warning. Saves are synchronous, so
+the manifest follows the commit at once.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import gin
-import orbax.checkpoint as ocp
 
-from vmx.inference import CHECKPOINT_PREFIX
+from vmx.errors import CheckpointError
 
+CHECKPOINT_PREFIX = "checkpoint"
 ITEMS = ("params", "train_state", "data")
+MANIFEST = "vmx_checksums.json"
+DAMAGED_DIR = "damaged"
 
 
 @gin.configurable
@@ -24,34 +40,173 @@ class CheckpointConfig:
   keep: Optional[int] = 3      # newest checkpoints kept (None: all)
   restore: bool = True         # resume from the latest checkpoint in model_dir
 
+  def __post_init__(self):
+    from vmx.gin_utils import check_range, positive_int
+    check_range(positive_int(self.period), "CheckpointConfig", "period", self.period,
+                "a positive number of steps")
+    check_range(self.keep is None or positive_int(self.keep), "CheckpointConfig", "keep",
+                self.keep, "None (keep all) or a positive integer")
+
+
+# ----------------------------------------------------------------------------
+# Checksum manifests.
+
+def step_dir(model_dir, step: int) -> Path:
+  return Path(model_dir) / f"{CHECKPOINT_PREFIX}_{step}"
+
+
+def _files(directory: Path):
+  for root, _, names in os.walk(directory):
+    for name in sorted(names):
+      p = Path(root) / name
+      if p.name != MANIFEST:
+        yield p.relative_to(directory).as_posix(), p
+
+
+def _sha256(path: Path) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def write_manifest(directory) -> Path:
+  """sha256 + size of every file under a committed checkpoint directory (atomic write)."""
+  directory = Path(directory)
+  files = {rel: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for rel, p in _files(directory)}
+  path = directory / MANIFEST
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(json.dumps({"files": files}, indent=0, sort_keys=True))
+  os.replace(tmp, path)
+  return path
+
+
+def verify(directory) -> Optional[str]:
+  """None if the checkpoint matches its manifest; 'unverified' without one; else what
+  is wrong (first few files)."""
+  directory = Path(directory)
+  path = directory / MANIFEST
+  if not directory.is_dir():
+    return f"{directory} is not a directory"
+  if not path.exists():
+    return "unverified"
+  try:
+    files = json.loads(path.read_text())["files"]
+  except (OSError, ValueError, KeyError) as e:
+    return f"{path}: unreadable checksum manifest ({e})"
+  problems = []
+  for rel, want in sorted(files.items()):
+    p = directory / rel
+    if not p.is_file():
+      problems.append(f"{rel} missing")
+    elif p.stat().st_size != want["bytes"]:
+      problems.append(f"{rel} has {p.stat().st_size} bytes, expected {want['bytes']}")
+    elif _sha256(p) != want["sha256"]:
+      problems.append(f"{rel} checksum mismatch")
+  if problems:
+    more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+    return "; ".join(problems[:3]) + more
+  return None
+
+
+def _warn(msg: str):
+  print(f"[vmx] {msg}", file=sys.stderr, flush=True)
+
+
+def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Optional[int] = None,
+                   quarantine: bool = False):
+  """restore_fn(step) for the newest intact checkpoint among `steps` (or exactly `step`).
+
+  A damaged one is reported (and, with `quarantine`, moved to MODEL_DIR/damaged/ so that
+  the run can write that step again); the next older is tried. Returns (step, result).
+  """
+  candidates = [step] if step is not None else sorted(steps, reverse=True)
+  if not candidates:
+    raise CheckpointError(f"{model_dir}: no {CHECKPOINT_PREFIX}_<step> directory")
+  problems = []
+  for s in candidates:
+    d = step_dir(model_dir, s)
+    problem = verify(d)
+    if problem is None or problem == "unverified":
+      if problem == "unverified":
+        _warn(f"{d}: no {MANIFEST} (stopped right after the commit?): restoring unverified")
+      try:
+        return s, restore_fn(s)
+      except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise many kinds)
+        problem = f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+    problems.append(f"{d.name}: {problem}")
+    where = ""
+    if quarantine:
+      dest = Path(model_dir) / DAMAGED_DIR / d.name
+      dest.parent.mkdir(exist_ok=True)
+      if dest.exists():
+        shutil.rmtree(dest)
+      shutil.move(str(d), str(dest))
+      where = f"; moved to {dest}"
+    _warn(f"damaged checkpoint {d}: {problem}{where}")
+  if step is not None:
+    raise CheckpointError(f"{step_dir(model_dir, step)} is damaged: {problems[0]}")
+  raise CheckpointError(f"{model_dir}: no intact checkpoint ({'; '.join(problems)}); "
+                        f"the damaged ones are kept (start a new MODEL_DIR, or restore a copy)")
+
+
+# ----------------------------------------------------------------------------
+# The training run's checkpointer.
 
 class Checkpointer:
 
   def __init__(self, model_dir, cfg: CheckpointConfig):
-    self.cfg = cfg
+    import jax
+    import orbax.checkpoint as ocp
+    self.cfg, self.model_dir = cfg, Path(model_dir).absolute()
+    self._primary = jax.process_index() == 0
     self.manager = ocp.CheckpointManager(
-        Path(model_dir).absolute(),
+        self.model_dir,
         options=ocp.CheckpointManagerOptions(max_to_keep=cfg.keep,
                                              save_interval_steps=cfg.period,
-                                             step_prefix=CHECKPOINT_PREFIX, create=True),
+                                             step_prefix=CHECKPOINT_PREFIX, create=True,
+                                             enable_async_checkpointing=False),
         item_names=ITEMS)
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
 
+  def due(self, step: int, force: bool = False) -> bool:
+    """Whether `save(step)` would write (a Python int: no device->host sync)."""
+    return force or self.manager.should_save(step)
+
   def save(self, step: int, state, data_state: dict, force: bool = False) -> bool:
-    """Saves if `step` is due (or `force`). `step` is a Python int, so that asking
-    costs no device->host sync in the training loop."""
-    if not (force or self.manager.should_save(step)):
+    """Saves if `step` is due (or `force`), then writes its checksum manifest."""
+    import orbax.checkpoint as ocp
+    if not self.due(step, force):
       return False
     rest = {"step": state.step, "opt_state": state.opt_state,
             "flax_mutables": state.flax_mutables, "rng": state.rng}
-    return self.manager.save(step, args=ocp.args.Composite(
+    saved = self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state.params), train_state=ocp.args.StandardSave(rest),
         data=ocp.args.JsonSave(data_state)), force=force)
+    if saved:
+      self.manager.wait_until_finished()
+      if self._primary:
+        write_manifest(step_dir(self.model_dir, step))
+    return saved
+
+  def restore_latest(self, abstract_state) -> Optional[tuple[int, Any, dict]]:
+    """(step, state, data_state) of the newest intact checkpoint, or None if there is none
+    at all. Damaged ones are moved to MODEL_DIR/damaged/ (process 0) and reported."""
+    steps = self.manager.all_steps()
+    if not steps:
+      return None
+    step, (state, data) = restore_intact(self.model_dir, steps,
+                                         lambda s: self.restore(s, abstract_state),
+                                         quarantine=self._primary)
+    self.manager.reload()
+    return step, state, data
 
   def restore(self, step: int, abstract_state) -> tuple[Any, dict]:
     """abstract_state: TrainState of jax.ShapeDtypeStruct with shardings."""
+    import orbax.checkpoint as ocp
     rest = {"step": abstract_state.step, "opt_state": abstract_state.opt_state,
             "flax_mutables": abstract_state.flax_mutables, "rng": abstract_state.rng}
     r = self.manager.restore(step, args=ocp.args.Composite(

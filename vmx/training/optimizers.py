@@ -7,6 +7,8 @@ import gin
 import jax.numpy as jnp
 import optax
 
+from vmx.errors import ConfigError
+
 SCHEDULES = ("rsqrt", "linear", "cosine", "constant")
 OPTIMIZERS = ("adafactor", "adam", "adamw", "amsgrad")
 
@@ -25,10 +27,10 @@ def learning_rate_schedule(name: str = "rsqrt", peak_value: float = 1e-3,
   MPCL's {2000: 0.5}: 2e-5 for the single-positive warm-up, then 1e-5.
   """
   if name not in SCHEDULES:
-    raise ValueError(f"learning_rate_schedule.name={name!r}; expected one of {SCHEDULES}")
+    raise ConfigError(f"learning_rate_schedule.name={name!r}; expected one of {SCHEDULES}")
   warmup = optax.linear_schedule(0.0, peak_value, max(warmup_steps, 1))
   if name in ("linear", "cosine") and not total_steps:
-    raise ValueError(f"learning_rate_schedule.name={name!r} needs total_steps")
+    raise ConfigError(f"learning_rate_schedule.name={name!r} needs total_steps")
   if name == "rsqrt":
     w = float(max(warmup_steps, 1))
     after = lambda step: peak_value * jnp.sqrt(w / jnp.maximum(step + w, w))
@@ -59,13 +61,13 @@ def create_optimizer(name: str = "adafactor",
   optimizer wrapper can partition).
   """
   if name not in OPTIMIZERS:
-    raise ValueError(f"create_optimizer.name={name!r}; expected one of {OPTIMIZERS}")
+    raise ConfigError(f"create_optimizer.name={name!r}; expected one of {OPTIMIZERS}")
   if name == "adafactor":
     opt = optax.adafactor(learning_rate, factored=adafactor_factored,
                           weight_decay_rate=weight_decay or None)
   elif name == "adam":
     if weight_decay:
-      raise ValueError("create_optimizer: use name='adamw' for weight decay with Adam")
+      raise ConfigError("create_optimizer: use name='adamw' for weight decay with Adam")
     opt = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
   elif name == "adamw":
     opt = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)

@@ -17,6 +17,8 @@ import numpy as np
 from flax.linen import partitioning as nnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
+from vmx.errors import ConfigError
+
 STANDARD_LOGICAL_AXIS_RULES = (
     ("batch", "data"),
     ("vocab", "model"),
@@ -40,11 +42,11 @@ class Partitioner:
     devices = jax.devices()
     if num_devices is not None:
       if num_devices > len(devices):
-        raise ValueError(f"Partitioner.num_devices={num_devices} but only {len(devices)} "
+        raise ConfigError(f"Partitioner.num_devices={num_devices} but only {len(devices)} "
                          f"devices are visible")
       devices = devices[:num_devices]
     if len(devices) % num_partitions:
-      raise ValueError(f"Partitioner.num_partitions={num_partitions} does not divide the "
+      raise ConfigError(f"Partitioner.num_partitions={num_partitions} does not divide the "
                        f"{len(devices)} devices")
     self.mesh = jax.make_mesh((len(devices) // num_partitions, num_partitions),
                               ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto),
@@ -78,6 +80,14 @@ class Partitioner:
     """Leading (batch) dimension over 'data', the rest replicated."""
     return jax.tree.map(lambda s: self.sharding(("batch",) + (None,) * (len(s.shape) - 1)),
                         batch_shapes)
+
+  def global_batch(self, batch, shardings):
+    """Global jax.Arrays from the GLOBAL numpy batch that every process holds: each
+    process places the rows of its own devices (any process/device layout)."""
+    return jax.tree.map(
+        lambda x, s: jax.make_array_from_callback(np.shape(x), s,
+                                                  lambda idx, x=x: np.asarray(x[idx])),
+        dict(batch), shardings)
 
   def host_local_to_global(self, local_batch, shardings):
     """Assembles this host's rows of the global batch into global jax.Arrays."""

@@ -7,10 +7,19 @@ State: `TrainState(step, params, opt_state, flax_mutables, rng)`, sharded over a
 backward and the optax update. The loss is computed on the global batch (the
 sharding of every input and parameter is explicit, XLA inserts the collectives).
 Checkpoints (orbax) hold params, optimizer state, step, RNG and the data
-position; a run restarted with the same model_dir resumes from the latest one.
+position; a run restarted with the same model_dir resumes from the newest intact
+one (damaged ones are reported and set aside, see checkpoints.py).
+
+Every process reads the same global batch stream and hands each of its devices
+its rows, so a run's batches (and so its result) do not depend on the number of
+processes. Non-finite values (any loss term, the gradients, the new parameters)
+stop the run with a `NonFiniteError` naming the step and the terms, before anything
+non-finite is logged or saved; the check reads the previous step's flags while the
+current step runs, and the current step's before a log line or a checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -20,11 +29,14 @@ import flax
 import gin
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from clu import metrics as clu_metrics
 
 from vmx.data import pipeline
 from vmx.data.vocab import Tokenizer, copy_vocabulary
+from vmx.errors import NonFiniteError
+from vmx.gin_utils import check_range, positive_int
 from vmx.inference import Encoder, write_model_info
 from vmx.models.base import BaseModel
 from vmx.training import checkpoints, partitioning
@@ -46,6 +58,8 @@ class TatoebaEvalConfig:
 
   def __init__(self, languages: Sequence[str] = gin.REQUIRED, data_dir: Optional[str] = None,
                english: str = "eng", batch_size: int = 256):
+    check_range(positive_int(batch_size), "TatoebaEvalConfig", "batch_size", batch_size,
+                "a positive integer")
     self.languages, self.data_dir = list(languages), data_dir
     self.english, self.batch_size = english, batch_size
 
@@ -104,7 +118,10 @@ class Trainer:
     self.init_state = jax.jit(init, out_shardings=self.state_shardings)
     self.train_step = jax.jit(self._train_step, in_shardings=(self.state_shardings,
                                                               self.batch_shardings),
-                              out_shardings=(self.state_shardings, repl), donate_argnums=(0,))
+                              out_shardings=(self.state_shardings, repl, repl),
+                              donate_argnums=(0,))
+    self.nonfinite_names: list[str] = []  # what each flag of `nonfinite` checks (set at trace)
+    self.nonfinite = None                 # [n] bool flags of the last step (device array)
 
   def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
     model = self.model
@@ -127,18 +144,48 @@ class Trainer:
     if self.learning_rate is not None:
       metrics["learning_rate"] = clu_metrics.LastValue.from_model_output(
           jnp.asarray(self.learning_rate(state.step)))
+    # One flag per loss term / metric, the gradients and the updated parameters.
+    names = sorted(metrics)
+    flags = [~jnp.all(jnp.isfinite(metrics[k].compute())) for k in names]
+    flags.append(~jnp.all(jnp.stack([jnp.all(jnp.isfinite(p))
+                                     for p in jax.tree.leaves(params)])))
+    self.nonfinite_names = ["gradients" if k == "grad_norm" else k for k in names] + \
+        ["parameters (after the update)"]
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                         flax_mutables=mutables), metrics
+                         flax_mutables=mutables), metrics, jnp.stack(flags)
 
   def create_state(self, seed: int) -> TrainState:
     with self.partitioner.context():
       return self.init_state(jax.random.PRNGKey(seed))
 
-  def step(self, state: TrainState, local_batch) -> tuple[TrainState, dict]:
-    batch = self.partitioner.host_local_to_global(
-        {k: local_batch[k] for k in self.shapes}, self.batch_shardings)
+  def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
+    """One update on the GLOBAL batch (numpy, identical on every process); the step's
+    non-finite flags are left in `self.nonfinite` (see `check_finite`)."""
+    batch = self.partitioner.global_batch({k: batch[k] for k in self.shapes},
+                                          self.batch_shardings)
     with self.partitioner.context():
-      return self.train_step(state, batch)
+      state, metrics, self.nonfinite = self.train_step(state, batch)
+    return state, metrics
+
+  def nonfinite_terms(self, flags) -> list[str]:
+    """Names of the non-finite terms in a step's flags ([] if all are finite)."""
+    flags = np.asarray(local_value(flags))
+    return [n for n, f in zip(self.nonfinite_names, flags) if f]
+
+
+def local_value(x):
+  """This process's copy of a replicated (possibly multi-process) array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x.addressable_data(0)
+  return x
+
+
+def host_params(params):
+  """Parameters usable by single-process code (evaluation): gathered across processes."""
+  if jax.process_count() == 1:
+    return params
+  from jax.experimental import multihost_utils
+  return multihost_utils.process_allgather(params, tiled=True)
 
 
 def merge_metrics(acc: Optional[dict], new: dict) -> dict:
@@ -149,6 +196,21 @@ def merge_metrics(acc: Optional[dict], new: dict) -> dict:
 
 def compute_metrics(acc: dict) -> dict:
   return {f"train/{k}": float(jax.device_get(v.compute())) for k, v in acc.items()}
+
+
+def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_size,
+                     data_parallel_size):
+  """Range checks naming the binding (and macro), before anything is built."""
+  check_range(positive_int(total_steps), "train", "total_steps", total_steps,
+              "a positive number of steps")
+  check_range(positive_int(log_period), "train", "log_period", log_period,
+              "a positive number of steps")
+  check_range(isinstance(eval_period, int) and eval_period >= 0, "train", "eval_period",
+              eval_period, "a number of steps >= 0 (0: no evaluation)")
+  check_range(stop_at_step is None or positive_int(stop_at_step), "train", "stop_at_step",
+              stop_at_step, "None or a positive step")
+  check_range(batch_size % data_parallel_size == 0, "DatasetConfig", "batch_size", batch_size,
+              f"a multiple of the {data_parallel_size} data-parallel devices")
 
 
 @gin.configurable
@@ -169,15 +231,14 @@ def train(*, model: BaseModel = gin.REQUIRED,
   changing the schedule, which is defined by `total_steps`.
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
-    raise ValueError(f"train.model_dir must be a path, got {model_dir!r}: set MODEL_DIR")
+    check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
   model_dir = str(model_dir)
-  Path(model_dir).mkdir(parents=True, exist_ok=True)
   partitioner = partitioner or partitioning.Partitioner()
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
+  check_train_args(total_steps, log_period, eval_period, stop_at_step,
+                   train_dataset_cfg.batch_size, partitioner.data_parallel_size)
+  Path(model_dir).mkdir(parents=True, exist_ok=True)
   shapes = input_shapes(train_dataset_cfg, model)
-  if train_dataset_cfg.batch_size % partitioner.data_parallel_size:
-    raise ValueError(f"batch size {train_dataset_cfg.batch_size} is not divisible by the "
-                     f"{partitioner.data_parallel_size} data-parallel devices")
   trainer = Trainer(model, optimizer, partitioner, shapes, learning_rate)
 
   # Self-contained model_dir for inference: vocabulary + model config.
@@ -189,18 +250,20 @@ def train(*, model: BaseModel = gin.REQUIRED,
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
   data = pipeline.train_iterator(train_dataset_cfg, model.FEATURE_CONVERTER_CLS, random_seed)
-  latest = ckpt.latest_step() if checkpoint_cfg.restore else None
-  if latest is not None:
-    state, data_state = ckpt.restore(latest, trainer.abstract_state)
+  restored = ckpt.restore_latest(trainer.abstract_state) if checkpoint_cfg.restore else None
+  if restored is not None:
+    latest, state, data_state = restored
     data.restore(data_state)
     print(f"[vmx] resumed from {model_dir}/checkpoint_{latest} (data position "
           f"{data.position})", flush=True)
   else:
     state = trainer.create_state(random_seed)
-  start = int(jax.device_get(state.step))
+  start = int(local_value(state.step))
   end = min(total_steps, stop_at_step or total_steps)
 
-  writer = metrics_lib.create_writer(model_dir)
+  # metrics.jsonl keeps one row per logged step: rows after the resumed step (written
+  # by the stopped run after its last checkpoint) are dropped, as the run redoes them.
+  writer = metrics_lib.create_writer(model_dir, resume_step=start)
   # One Encoder (one jitted encode function) for every evaluation of this run.
   encoder = (Encoder(model, None, Tokenizer(vocabulary), languages, max_length,
                      eval_cfg.batch_size) if eval_cfg is not None else None)
@@ -209,8 +272,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
     if eval_cfg is None:
       return {}
     from vmx.evaluation import tatoeba
-    encoder.params = state.params
-    with partitioner.context():
+    encoder.params = host_params(state.params)
+    # Several processes: each evaluates the gathered parameters on its own first device.
+    with (partitioner.context() if jax.process_count() == 1 else contextlib.nullcontext()):
       res = tatoeba.evaluate(lambda s, l: encoder.encode(s, lang=l), eval_cfg.languages,
                              eval_cfg.data_dir, eval_cfg.english)
     scalars = {f"tatoeba/{l}": r["mean"] for l, r in res["languages"].items()}
@@ -220,6 +284,18 @@ def train(*, model: BaseModel = gin.REQUIRED,
     _print(f"[vmx] step {step}: tatoeba mean {res['mean']['mean']:.2f} ({per_lang})")
     return scalars
 
+  def eval_due(step):
+    return eval_cfg is not None and eval_period and (step % eval_period == 0 or step == end)
+
+  def check_finite(step, flags):
+    bad = trainer.nonfinite_terms(flags)
+    if bad:
+      good = ckpt.latest_step()
+      raise NonFiniteError(
+          f"non-finite values at step {step}: {', '.join(bad)}; stopped without logging or "
+          f"saving them ({'last checkpoint: checkpoint_' + str(good) if good is not None else 'no checkpoint was written'}"
+          f", unchanged). Lower the learning rate or set CLIP_GRAD_NORM")
+
   bar = None
   if progress and jax.process_index() == 0:
     from tqdm.auto import tqdm
@@ -228,20 +304,30 @@ def train(*, model: BaseModel = gin.REQUIRED,
   acc, last = None, {}
   t_log, steps_since = time.time(), 0
   try:
-    if start == 0 and eval_cfg is not None and eval_period:
-      last.update(evaluate(0))
+    # Step 0, or (one process) an evaluation that the stopped run did not get to.
+    if eval_due(start) and (start == 0 or (jax.process_count() == 1 and not metrics_lib.has_row(
+        model_dir, start, "tatoeba/mean"))):
+      last.update(evaluate(start))
+    pending = None  # (step, flags) of the previous step, checked while this one runs
     for step in range(start, end):
       try:
         batch = next(data)
       except StopIteration:
         raise RuntimeError(f"training data ran out at step {step}") from None
       state, m = trainer.step(state, batch)
-      acc = merge_metrics(acc, m)
-      steps_since += 1
       done = step + 1
+      if pending is not None:
+        check_finite(*pending)
+      pending = (done, trainer.nonfinite)
+      acc = merge_metrics(acc, jax.tree.map(local_value, m))
+      steps_since += 1
       if bar is not None:
         bar.update(1)
-      if done % log_period == 0 or done == end:
+      log_due = done % log_period == 0 or done == end
+      if log_due or ckpt.due(done, force=done == end) or eval_due(done):
+        check_finite(*pending)
+        pending = None
+      if log_due:
         scalars = compute_metrics(acc)
         dt = time.time() - t_log
         scalars["train/steps_per_sec"] = steps_since / dt
@@ -254,12 +340,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
             f"{k.split('/')[-1]} {v:.4g}" for k, v in scalars.items()))
         acc, t_log, steps_since = None, time.time(), 0
       ckpt.save(done, state, data.state(), force=done == end)
-      if eval_cfg is not None and eval_period and (done % eval_period == 0 or done == end):
+      if eval_due(done):
         last.update(evaluate(done))
   finally:
     if bar is not None:
       bar.close()
-    ckpt.wait()
     ckpt.close()
     writer.flush()
   return state, last

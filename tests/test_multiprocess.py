@@ -1,0 +1,69 @@
+"""Two local processes (jax.distributed on localhost, CPU) train and evaluate the tiny
+config with the same global batch as one process and end with the same parameters."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO, needs_data
+
+STEPS = 8
+ARGS = ["--gin_file=contrastive_tiny.gin", f"--gin.TRAIN_STEPS={STEPS}", "--gin.BATCH_SIZE=16",
+        f"--gin.EVAL_PERIOD={STEPS}", f"--gin.CHECKPOINT_PERIOD={STEPS}", "--gin.LOG_PERIOD=4",
+        "--gin.TRAIN_LANGUAGES=['deu', 'fra']", "--gin.LANGUAGES=['deu', 'fra', 'eng']",
+        "--gin.EVAL_LANGUAGES=['deu', 'fra']", "--gin.VOCAB_SIZE=2000", "--gin.WARMUP_STEPS=2"]
+
+
+def _env(devices):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env.setdefault("VMX_HOST_MALLOC", "off")
+  return env
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _params(model_dir):
+  from vmx.inference import Encoder
+  return jax.tree.map(np.asarray, Encoder.from_checkpoint(model_dir).params)
+
+
+def _rows(model_dir):
+  return [json.loads(l) for l in (model_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@needs_data
+def test_two_processes_equal_one(tmp_path):
+  one = tmp_path / "one"
+  proc = subprocess.run([sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={one}"],
+                        capture_output=True, text=True, env=_env(2), cwd=REPO, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
+  two = tmp_path / "two"
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={two}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(1), cwd=REPO)
+      for i in range(2)]
+  outs = [p.communicate(timeout=900) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert "process 1 of 2: 1 local / 2 devices" in outs[1][0]
+
+  a, b = _params(one), _params(two)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)
+  ra, rb = _rows(one), _rows(two)
+  assert [r["step"] for r in ra] == [r["step"] for r in rb]  # one row per step, process 0 only
+  for x, y in zip(ra, rb):
+    for k in x:
+      if k.startswith("tatoeba/") or k == "train/loss":
+        assert x[k] == pytest.approx(y[k], abs=1e-3), (k, x[k], y[k])

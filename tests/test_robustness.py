@@ -1,0 +1,289 @@
+"""Hard to break: non-finite training, damaged checkpoints, metrics rows after resumes,
+bad corpora, bad configs and bad encode() input all end in one clear vmx error."""
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import REPO, toy_train, write_lines
+from vmx import gin_utils
+from vmx.data import readers
+from vmx.errors import CheckpointError, ConfigError, DataError, InputError, NonFiniteError
+from vmx.inference import Encoder
+from vmx.training import checkpoints
+from vmx.training.metrics import read_rows
+
+
+def _nan_after(n_good: int):
+  """An optimizer that is plain SGD for `n_good` updates, then returns NaN updates."""
+  def update(updates, count, params=None):
+    del params
+    bad = count >= n_good
+    return jax.tree.map(lambda u: jnp.where(bad, jnp.nan, -1e-2 * u), updates), count + 1
+  return optax.GradientTransformation(lambda p: jnp.zeros((), jnp.int32), update)
+
+
+def _params(model_dir, step):
+  import orbax.checkpoint as ocp
+  with ocp.StandardCheckpointer() as c:
+    return c.restore(checkpoints.step_dir(model_dir, step).absolute() / "params")
+
+
+# --- non-finite values -------------------------------------------------------------------
+
+def test_nonfinite_update_stops_keeps_good_checkpoints(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  with pytest.raises(NonFiniteError) as e:
+    toy_train(tmp_path, name, vp, total_steps=12, period=2, keep=2, optimizer=_nan_after(5))
+  msg = str(e.value)
+  # Update 6 writes NaN parameters: found at step 6 (the check before its log/save).
+  assert "step 6" in msg and "parameters" in msg and "checkpoint_4" in msg, msg
+  steps = sorted(int(p.name.split("_")[1]) for p in tmp_path.glob("checkpoint_*"))
+  assert steps == [2, 4]  # nothing non-finite written; the good ones not rotated out
+  for s in steps:
+    assert checkpoints.verify(checkpoints.step_dir(tmp_path, s)) is None
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(tmp_path, s)))
+  rows = read_rows(tmp_path / "metrics.jsonl")
+  assert rows and all(np.isfinite(v) for r in rows for k, v in r.items() if k != "time")
+
+
+def test_nonfinite_loss_names_the_terms(tmp_path, toy_task, monkeypatch):
+  """A loss that is NaN from the first step: step 1 is reported with the terms."""
+  import vmx.models
+
+  class NanLoss(vmx.models.DualEncoderModel):
+    def loss_fn(self, params, batch, dropout_rng):
+      loss, metrics = super().loss_fn(params, batch, dropout_rng)
+      return loss * jnp.nan, metrics
+
+  # toy_train builds its model through vmx.models: swap in the NaN variant.
+  monkeypatch.setattr(vmx.models, "DualEncoderModel", NanLoss)
+  name, vp, _, _ = toy_task
+  with pytest.raises(NonFiniteError, match=r"step 1: .*gradients") as e:
+    toy_train(tmp_path, name, vp, total_steps=4, period=2)
+  assert "no checkpoint was written" in str(e.value)
+  assert not list(tmp_path.glob("checkpoint_*"))
+
+
+def test_encoder_refuses_nonfinite_checkpoint(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path, name, vp, total_steps=2, period=2)
+  Encoder.from_checkpoint(tmp_path)  # finite: fine
+  enc = Encoder.from_checkpoint(tmp_path)
+  enc.params = jax.tree.map(lambda x: x * jnp.nan, enc.params)
+  with pytest.raises(NonFiniteError, match=r"sentences\[0\]"):
+    enc.encode(["alpha beta"], lang="xx")
+
+
+# --- damaged checkpoints -----------------------------------------------------------------
+
+def _largest_file(d):
+  files = [p for p in d.rglob("*") if p.is_file() and p.name != checkpoints.MANIFEST]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+def test_damaged_latest_checkpoint_falls_back_and_resumes_exactly(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  ref = toy_train(tmp_path / "ref", name, vp, total_steps=6, period=2, keep=3)
+  run = tmp_path / "run"
+  toy_train(run, name, vp, total_steps=6, stop_at_step=4, period=2, keep=3)
+  victim = _largest_file(run / "checkpoint_4")
+  data = bytearray(victim.read_bytes())
+  data[len(data) // 2] ^= 0x10  # one flipped bit
+  victim.write_bytes(bytes(data))
+  assert "checksum mismatch" in checkpoints.verify(run / "checkpoint_4")
+  # Inference: reported, the previous intact checkpoint is used; an explicit step is an error.
+  enc = Encoder.from_checkpoint(run)
+  assert enc.revision == "checkpoint_2"
+  with pytest.raises(CheckpointError, match="checkpoint_4 is damaged"):
+    Encoder.from_checkpoint(run, step=4)
+  # Training: the damaged one is moved aside (kept), the run resumes from step 2.
+  resumed = toy_train(run, name, vp, total_steps=6, period=2, keep=3)
+  assert (run / "damaged" / "checkpoint_4").is_dir()
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               ref.params, resumed.params)
+
+
+def test_truncated_checkpoint_and_none_intact(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path, name, vp, total_steps=4, period=2, keep=2)
+  for s in (2, 4):
+    victim = _largest_file(tmp_path / f"checkpoint_{s}")
+    victim.write_bytes(victim.read_bytes()[:10])
+  with pytest.raises(CheckpointError, match=r"no intact checkpoint .*checkpoint_4: .*bytes"):
+    Encoder.from_checkpoint(tmp_path)
+
+
+def test_checkpoint_without_manifest_is_restored_unverified(tmp_path, toy_task, capfd):
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path, name, vp, total_steps=2, period=2)
+  (tmp_path / "checkpoint_2" / checkpoints.MANIFEST).unlink()
+  assert Encoder.from_checkpoint(tmp_path).revision == "checkpoint_2"
+  assert "restoring unverified" in capfd.readouterr().err
+
+
+# --- metrics.jsonl after resumes ---------------------------------------------------------
+
+def test_metrics_rows_unique_after_resumes(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path, name, vp, total_steps=8, stop_at_step=4, period=2)
+  # A run killed after checkpoint 4 had already logged step 6: that row is redone.
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 6, "train/loss": 1.0}) + "\n" + '{"step": 8, "tr')  # torn line
+  toy_train(tmp_path, name, vp, total_steps=8, stop_at_step=6, period=2)
+  toy_train(tmp_path, name, vp, total_steps=8, period=2)
+  rows = read_rows(tmp_path / "metrics.jsonl")
+  steps = [r["step"] for r in rows if "train/loss" in r]
+  assert steps == [2, 4, 6, 8], steps
+  assert all(r["train/loss"] != 1.0 for r in rows)
+
+
+# --- corpora -----------------------------------------------------------------------------
+
+def test_empty_corpus_is_an_error_not_a_silent_drop(tmp_path):
+  src = write_lines(tmp_path / "e.de", [])
+  tgt = write_lines(tmp_path / "e.en", [])
+  with pytest.raises(DataError, match=r"e\.de / .*e\.en is empty"):
+    readers.validate_parallel(src, tgt)
+  src2 = write_lines(tmp_path / "f.de", ["", " "])
+  tgt2 = write_lines(tmp_path / "f.en", ["x", "y"])
+  with pytest.raises(DataError, match="has no pair"):
+    readers.validate_parallel(src2, tgt2, empty_lines="skip")
+
+
+def test_truncated_gzip_names_file_and_line(tmp_path):
+  src = write_lines(tmp_path / "g.de.gz", [f"satz {i}" for i in range(5000)], gz=True)
+  tgt = write_lines(tmp_path / "g.en.gz", [f"sentence {i}" for i in range(5000)], gz=True)
+  raw = open(src, "rb").read()
+  open(src, "wb").write(raw[:len(raw) // 2])
+  with pytest.raises(DataError, match=r"g\.de\.gz:\d+: truncated or corrupt gzip"):
+    readers.validate_parallel(src, tgt)
+
+
+def test_missing_corpus_file_is_a_data_error(tmp_path):
+  tgt = write_lines(tmp_path / "h.en", ["x"])
+  with pytest.raises(DataError, match=r"h\.de: no such file"):
+    readers.validate_parallel(tmp_path / "h.de", tgt)
+
+
+def test_mixture_with_an_empty_corpus_fails(tmp_path, toy_task):
+  import tasks
+  _, vp, _, _ = toy_task
+  src = write_lines(tmp_path / "empty.xx", [])
+  tgt = write_lines(tmp_path / "empty.en", [])
+  with pytest.raises(DataError, match="empty"):
+    tasks.moses_task("empty_xx_en", src, tgt, "xx", "en", vp, ["xx", "en"])
+
+
+# --- configuration -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("binding,expected", [
+    ("TRAIN_STEP = 5", "--gin.TRAIN_STEP is set but no binding uses it; did you mean TRAIN_STEPS?"),
+    ("BATCH_SIZE = 'abc'", "BATCH_SIZE = 'abc' (reaches train/DatasetConfig.batch_size): "
+                           "expected an integer"),
+    ("TRAIN_LANGUAGES = 'deu'", "TRAIN_LANGUAGES = 'deu' (reaches parallel_mixture.languages)"),
+    ("train.total_steps = %TRAIN_STPES", "macro %TRAIN_STPES is used but never set"),
+    ("TransformerEncoder.num_layerz = 3", "did you mean num_layers?"),
+    ("TransformerEncodr.num_layers = 3", "did you mean TransformerEncoder?"),
+])
+def test_config_mistakes_are_caught_at_parse_time(binding, expected):
+  gin.clear_config()
+  try:
+    with pytest.raises(ConfigError) as e:
+      gin_utils.parse_gin(["contrastive_tiny.gin"], ["MODEL_DIR = '/tmp/x'", binding])
+    assert expected in str(e.value)
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("binding,expected", [
+    ("CHECKPOINT_PERIOD = 0", "CHECKPOINT_PERIOD (CheckpointConfig.period) = 0: expected a "
+                              "positive number of steps"),
+    ("CHECKPOINTS_TO_KEEP = -1", "CHECKPOINTS_TO_KEEP (CheckpointConfig.keep) = -1"),
+])
+def test_out_of_range_values_name_the_macro(binding, expected):
+  gin.clear_config()
+  try:
+    gin_utils.parse_gin(["contrastive_tiny.gin"], ["MODEL_DIR = '/tmp/x'", binding])
+    with pytest.raises(ConfigError) as e:
+      checkpoints.CheckpointConfig()
+    assert expected in str(e.value)
+  finally:
+    gin.clear_config()
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    (dict(total_steps=0), "train.total_steps = 0: expected a positive number of steps"),
+    (dict(log_period=0), "train.log_period = 0"),
+    (dict(batch_size=6), "DatasetConfig.batch_size = 6: expected a multiple of the 4"),
+])
+def test_train_arguments_are_checked_before_building(kwargs, expected):
+  from vmx.training import trainer
+  args = dict(total_steps=10, log_period=5, eval_period=0, stop_at_step=None, batch_size=8,
+              data_parallel_size=4)
+  args.update(kwargs)
+  with pytest.raises(ConfigError) as e:
+    trainer.check_train_args(**args)
+  assert expected in str(e.value)
+
+
+def _cli(*args, env=None):
+  e = dict(os.environ, **(env or {}))
+  e.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), *args],
+                        capture_output=True, text=True, env=e, cwd=REPO, timeout=300)
+
+
+def test_cli_errors_are_one_line_and_verbose_adds_the_traceback(tmp_path):
+  args = ["--gin_file=contrastive_tiny.gin", f"--gin.MODEL_DIR={tmp_path}", "--gin.TRAIN_STEP=5"]
+  proc = _cli(*args)
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr
+  assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
+      "error: --gin.TRAIN_STEP is set but no binding uses it; did you mean TRAIN_STEPS?"]
+  verbose = _cli(*args, "--verbose")
+  assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+  assert not any(tmp_path.iterdir())  # nothing written before the config was checked
+
+
+# --- encode() input ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def toy_encoder(tmp_path_factory, toy_task):
+  name, vp, _, _ = toy_task
+  d = tmp_path_factory.mktemp("enc")
+  toy_train(d, name, vp, total_steps=2, period=2)
+  return Encoder.from_checkpoint(d)
+
+
+@pytest.mark.parametrize("sentences,batch_size,match", [
+    (["ok", ""], None, r"sentences\[1\] is empty"),
+    (["ok", "  \t"], None, r"sentences\[1\] is empty"),
+    (["ok", 3], None, r"sentences\[1\] is int"),
+    (["ok", None], None, r"sentences\[1\] is NoneType"),
+    ("one string", None, "not one string"),
+    (["ok"], 0, "batch_size=0"),
+    (["ok"], -1, "batch_size=-1"),
+    (["ok"], 2.5, "batch_size=2.5"),
+])
+def test_encode_rejects_bad_input_naming_the_index(toy_encoder, sentences, batch_size, match):
+  with pytest.raises(InputError, match=match):
+    toy_encoder.encode(sentences, lang="xx", batch_size=batch_size)
+
+
+def test_encode_counts_truncation(toy_encoder):
+  long = " ".join(["alpha beta gamma"] * 20)
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    v = toy_encoder.encode([long, "alpha", long], lang="xx", batch_size=2)
+  assert v.shape == (3, 16) and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
+  assert [str(x.message) for x in w] == [
+      "2 of 3 sentences are longer than the model's max_length=8 tokens and were truncated"]
+  assert toy_encoder.encode([], lang="xx").shape == (0, 0)
