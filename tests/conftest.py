@@ -24,6 +24,25 @@ def _cache_dir(tmp_path_factory):
   yield
 
 
+def pytest_addoption(parser):
+  parser.addoption("--run-slow", action="store_true",
+                   help="also run the slow tier (long real-data training campaigns)")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "slow: long campaign; runs only with --run-slow")
+
+
+def pytest_collection_modifyitems(config, items):
+  """Two tiers: the fast one always (CI), the slow one with --run-slow (README, "Tests")."""
+  if config.getoption("--run-slow"):
+    return
+  skip = pytest.mark.skip(reason="slow tier: run with --run-slow")
+  for item in items:
+    if "slow" in item.keywords:
+      item.add_marker(skip)
+
+
 needs_data = pytest.mark.skipif(
     not DATA_DIR or not Path(DATA_DIR, "train").is_dir(),
     reason="real data not found: set VMX_DATA_DIR to a copy of shared/data "

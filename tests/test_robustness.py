@@ -83,6 +83,29 @@ def test_encoder_refuses_nonfinite_checkpoint(tmp_path, toy_task):
     enc.encode(["alpha beta"], lang="xx")
 
 
+def test_nonfinite_checkpoint_is_refused_by_encoder_and_eval_cli(tmp_path, toy_task):
+  """A checkpoint with NaN parameters (e.g. written by another tool): from_checkpoint and
+  launch/eval.py refuse it (exit 3), naming the arrays."""
+  import orbax.checkpoint as ocp
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path, name, vp, total_steps=2, period=2)
+  params = _params(tmp_path, 2)
+  d = checkpoints.step_dir(tmp_path, 2).absolute()
+  import shutil
+  shutil.rmtree(d / "params")
+  with ocp.StandardCheckpointer() as c:
+    c.save(d / "params", jax.tree.map(lambda x: x * np.nan, params))
+  checkpoints.write_manifest(d)
+  with pytest.raises(NonFiniteError, match=r"checkpoint_2 has non-finite parameters"):
+    Encoder.from_checkpoint(tmp_path)
+  proc = subprocess.run([sys.executable, str(REPO / "launch" / "eval.py"),
+                         f"--checkpoint_dir={tmp_path}", "--tasks=stsb", "--no_progress"],
+                        capture_output=True, text=True, cwd=REPO, timeout=300,
+                        env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+  assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "non-finite parameters" in proc.stderr
+
+
 # --- damaged checkpoints -----------------------------------------------------------------
 
 def _largest_file(d):

@@ -82,6 +82,7 @@ def test_eval_cli_quick_suite_on_trained_checkpoint(tiny_run, tmp_path):
 VMSST_STEPS = 600  # vmsst_tiny.gin's own length (~10 min on 2 cores)
 
 
+@pytest.mark.slow
 @needs_data
 def test_tiny_vmsst_run_lifts_tatoeba(tmp_path):
   """The full generative model (ELBO, annealed KL, sampled latents) learns retrieval.
@@ -103,6 +104,7 @@ def test_tiny_vmsst_run_lifts_tatoeba(tmp_path):
   assert vecs.shape == (2, 128)
 
 
+@pytest.mark.slow
 @needs_data
 def test_tiny_ems_run_lifts_tatoeba(tmp_path):
   """EMS (XTR + contrastive head) on the tiny budget: Tatoeba 3.2 -> 11.5 when measured
@@ -115,6 +117,7 @@ def test_tiny_ems_run_lifts_tatoeba(tmp_path):
   assert train[-1]["train/contrastive"] < train[0]["train/contrastive"]
 
 
+@pytest.mark.slow
 @needs_data
 def test_tiny_mpcl_run_lifts_tatoeba(tmp_path):
   """MPCL on N-way newstest groups (news text; Tatoeba is out of domain, so the bar is

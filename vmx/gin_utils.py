@@ -304,6 +304,9 @@ def unset_required_macros() -> list[str]:
 def one_line(e: BaseException) -> str:
   """Gin errors are multi-line ('... In file "x.gin", line 3'); fold them."""
   text = str(e.args[0]) if getattr(e, "args", None) else str(e)
+  # gin appends "In call to configurable 'train' (<function ...>)" to errors raised inside
+  # a configurable: the message itself already names what is wrong.
+  text = re.sub(r"\s*In call to configurable '[^']*' \([^)]*\)", "", text)
   text = " ".join(part.strip() for part in text.splitlines() if part.strip())
   return text.replace("  ", " ")
 
