@@ -291,10 +291,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
     bad = trainer.nonfinite_terms(flags)
     if bad:
       good = ckpt.latest_step()
+      kept = f"last checkpoint: checkpoint_{good}" if good is not None else \
+          "no checkpoint was written"
       raise NonFiniteError(
           f"non-finite values at step {step}: {', '.join(bad)}; stopped without logging or "
-          f"saving them ({'last checkpoint: checkpoint_' + str(good) if good is not None else 'no checkpoint was written'}"
-          f", unchanged). Lower the learning rate or set CLIP_GRAD_NORM")
+          f"saving them ({kept}, unchanged). Lower the learning rate or set CLIP_GRAD_NORM")
 
   bar = None
   if progress and jax.process_index() == 0:

@@ -1,0 +1,476 @@
+#!/usr/bin/env python
+"""kill -9 campaign: SIGKILL a training run at random moments, restart it, and check that it
+ends bit for bit where an uninterrupted run ends.
+
+  python benchmarks/kill_campaign.py [--kills=10] [--seed=0] [--steps=50] [--work_dir=DIR]
+
+What it does, all on a tiny synthetic task written into the work dir (a ~600-pair Moses
+corpus from a 19-word list, a ~100-piece SentencePiece vocabulary, a gin experiment file
+including architectures/transformer.gin, models/contrastive.gin and runs/train.gin: a
+1-layer, 32-wide CONTRASTIVE encoder with dropout 0.1, adam with linear warm-up/decay,
+batch 16, length 16, a checkpoint every 5 steps, 2 kept, no Tatoeba evaluation):
+
+  1. runs `launch/train.py --gin_file=<work_dir>/experiment.gin --gin.MODEL_DIR=...` (the
+     real CLI, subprocess, real 1-device CPU: XLA_FLAGS removed) once uninterrupted: the
+     reference;
+  2. for each of N kills, starts the same command on a fresh model dir and SIGKILLs its
+     process group: about a third of the kills (at least one) land *during a checkpoint
+     write* (the model dir is polled every 2 ms for orbax's temporary directory
+     `checkpoint_<step>.orbax-checkpoint-tmp`, which lives ~200-300 ms; the kill comes at a
+     random delay up to half its shortest lifetime after it appears, during the write of a
+     randomly chosen checkpoint after step 1's: every 5th, the final one included), the
+     others at a uniform random moment of the training part of the run: from the start of
+     its first checkpoint write (after step 1) on, as long as the reference took from there
+     to the end of its final checkpoint write (training steps, saves, deletion of old
+     checkpoints); --random_window=process draws them between
+     process start and the reference's wall time instead (most then hit the ~15 s of
+     start-up, before any checkpoint exists). Whether the kill really fell inside a write
+     is read from the model dir after the process died (a temporary dir left behind);
+  3. re-runs the same command (no kill) until it exits 0, then compares the final
+     checkpoint `checkpoint_<steps>` with the reference's: every leaf of the parameters
+     and of the train state (step, optimizer state, RNG key, flax mutables) byte for byte,
+     and the data position.
+
+It prints one line per kill (kill time, during a checkpoint write or not, the checkpoints
+that existed at the kill, the step the restart resumed from, equal or not) and a final
+one-line JSON summary {"kills": N, "equal": k, "during_checkpoint_write": m, ...}. Exit
+status 1 if any final state differs, a kill did not land or a restart failed.
+
+Expected result: 10 of 10 equal (`"equal": 10`), 3 or more during a checkpoint write (5 of
+10 when measured: random kills also land in writes, which take ~half of the training part);
+7 minutes on 2 CPU cores shared with another test run (each run 15-25 s, mostly start-up).
+tests/test_kill_campaign.py runs 3 kills (30 steps) in CI.
+
+By default the runs share a JAX persistent compilation cache in the work dir, filled first
+by a 1-step warm-up run (so the reference's timing, the window of the random kills, is that
+of the killed runs); it only saves compile time (~15-30 s a run), the executables are the
+ones XLA compiled. --no_compile_cache turns it off (every run compiles).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+TMP_MARKER = ".orbax-checkpoint-tmp"   # orbax 0.12: <model_dir>/checkpoint_<step>.orbax-checkpoint-tmp
+TMP_RE = re.compile(r"^checkpoint_(\d+)\.orbax-checkpoint-tmp")
+CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
+RESUMED_RE = re.compile(r"\[vmx\] resumed from .*checkpoint_(\d+)")
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
+         "pi rho sigma tau").split()
+
+
+# ----------------------------------------------------------------------------- set-up
+
+def write_task(work_dir: Path, steps: int, checkpoint_period: int = 5, keep: int = 2,
+               pairs: int = 600, vocab_size: int = 100, seed: int = 0) -> Path:
+  """Corpus, vocabulary and experiment gin file in work_dir; returns the gin file's path."""
+  import numpy as np
+  data = work_dir / "data"
+  data.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(seed)
+  src, tgt = [], []
+  for _ in range(pairs):
+    ws = list(rng.choice(WORDS, size=rng.integers(2, 9)))
+    src.append(" ".join(ws))
+    tgt.append(" ".join(w.upper() for w in ws))
+  src_path, tgt_path = data / "toy.xx", data / "toy.en"
+  src_path.write_text("".join(l + "\n" for l in src), encoding="utf-8")
+  tgt_path.write_text("".join(l + "\n" for l in tgt), encoding="utf-8")
+  vocab_path = data / "toy.model"
+  if not vocab_path.exists():
+    if str(REPO) not in sys.path:
+      sys.path.insert(0, str(REPO))
+    from vmx.data.vocab import train_sentencepiece
+    train_sentencepiece([str(src_path), str(tgt_path)], str(vocab_path), vocab_size,
+                        ["xx", "en"])
+  import sentencepiece as spm
+  pieces = spm.SentencePieceProcessor(model_file=str(vocab_path)).get_piece_size()
+  gin_file = work_dir / "experiment.gin"
+  gin_file.write_text(f"""\
+# Written by benchmarks/kill_campaign.py: a tiny CONTRASTIVE run on a synthetic corpus.
+include 'architectures/transformer.gin'
+include 'models/contrastive.gin'
+include 'runs/train.gin'
+
+MIXTURE_OR_TASK_NAME = @tasks.moses_task()
+tasks.moses_task.name = 'kill_campaign_toy'
+tasks.moses_task.source_file = {str(src_path)!r}
+tasks.moses_task.target_file = {str(tgt_path)!r}
+tasks.moses_task.source_language = 'xx'
+tasks.moses_task.target_language = 'en'
+tasks.moses_task.vocabulary = %VOCABULARY
+tasks.moses_task.model_languages = %LANGUAGES
+VOCABULARY = {str(vocab_path)!r}
+LANGUAGES = ['xx', 'en']
+train.eval_cfg = None
+
+NUM_LAYERS = 1
+EMB_DIM = 32
+NUM_HEADS = 2
+MLP_DIM = 64
+VOCAB_SIZE = {pieces}
+MAX_LENGTH = 16
+BATCH_SIZE = 16
+DROPOUT_RATE = 0.1
+TRAIN_STEPS = {steps}
+OPTIMIZER = 'adam'
+LR_SCHEDULE = 'linear'
+LEARNING_RATE = 2e-3
+WARMUP_STEPS = 5
+CHECKPOINT_PERIOD = {checkpoint_period}
+CHECKPOINTS_TO_KEEP = {keep}
+LOG_PERIOD = 10
+""", encoding="utf-8")
+  return gin_file
+
+
+def train_env(compile_cache: Optional[Path], platforms: str = "cpu") -> dict:
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # the real CLI on the real (1-device) CPU
+  env["PYTHONUNBUFFERED"] = "1"
+  if platforms:
+    env["JAX_PLATFORMS"] = platforms
+  if compile_cache is not None:
+    env["JAX_COMPILATION_CACHE_DIR"] = str(compile_cache)
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  return env
+
+
+# ----------------------------------------------------------------------------- one run
+
+def _scan(model_dir: Path) -> tuple[list[int], list[int]]:
+  """(finalized checkpoint steps, steps of orbax temporary checkpoint dirs) in model_dir."""
+  done, tmp = [], []
+  try:
+    names = os.listdir(model_dir)
+  except FileNotFoundError:
+    return done, tmp
+  for n in names:
+    m = CKPT_RE.match(n)
+    if m:
+      done.append(int(m.group(1)))
+    elif TMP_MARKER in n:
+      m = TMP_RE.match(n)
+      tmp.append(int(m.group(1)) if m else -1)
+  return sorted(done), sorted(tmp)
+
+
+class Run:
+  """One launch/train.py process on model_dir, watched by polling model_dir."""
+
+  def __init__(self, cmd: Sequence[str], env: dict, model_dir: Path, log_path: Path):
+    self.model_dir = model_dir
+    model_dir.mkdir(parents=True, exist_ok=True)
+    self.log_path = log_path
+    self._log = open(log_path, "w")
+    self.t0 = time.monotonic()
+    # Own session: the SIGKILL goes to the whole process group, as `kill -9 -PGID` would.
+    self.proc = subprocess.Popen(list(cmd), env=env, cwd=REPO, stdout=self._log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    self.tmp_seen: dict[int, list[float]] = {}   # step -> [first seen, last seen] (s)
+
+  def elapsed(self) -> float:
+    return time.monotonic() - self.t0
+
+  def poll(self) -> tuple[list[int], list[int]]:
+    done, tmp = _scan(self.model_dir)
+    t = self.elapsed()
+    for s in tmp:
+      self.tmp_seen.setdefault(s, [t, t])[1] = t
+    return done, tmp
+
+  def kill(self):
+    try:
+      os.killpg(self.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    self.proc.wait()
+    self._log.close()
+
+  def wait(self, timeout: float, poll_interval: float) -> int:
+    deadline = time.monotonic() + timeout
+    while self.proc.poll() is None:
+      if time.monotonic() > deadline:
+        self.kill()
+        raise TimeoutError(f"{self.log_path}: no exit after {timeout:.0f} s")
+      self.poll()
+      time.sleep(poll_interval)
+    self._log.close()
+    return self.proc.returncode
+
+  def log_tail(self, n: int = 2000) -> str:
+    return self.log_path.read_text(errors="replace")[-n:]
+
+
+# ----------------------------------------------------------------------------- comparing
+
+def load_checkpoint(model_dir: Path, step: int) -> dict:
+  """{'params/<path>': ndarray, 'train_state/<path>': ndarray, 'data': dict} of checkpoint_<step>."""
+  import warnings
+
+  import jax
+  import numpy as np
+  import orbax.checkpoint as ocp
+  ckpt = Path(model_dir).absolute() / f"checkpoint_{step}"
+  out = {}
+  with ocp.PyTreeCheckpointer() as c, warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Sharding info not provided")
+    for item in ("params", "train_state"):
+      tree = c.restore(ckpt / item)  # as saved (1 CPU device), no target needed
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        out[f"{item}{jax.tree_util.keystr(path)}"] = np.asarray(leaf)
+  out["data"] = json.loads((ckpt / "data" / "metadata").read_text())
+  return out
+
+
+def compare(ref: dict, got: dict) -> list[dict]:
+  """Differences between two load_checkpoint() results ([] = bitwise equal)."""
+  import numpy as np
+  diffs = []
+  for k in sorted(set(ref) | set(got)):
+    if k not in ref or k not in got:
+      diffs.append({"leaf": k, "problem": "missing in " + ("run" if k in ref else "reference")})
+      continue
+    a, b = ref[k], got[k]
+    if k == "data":
+      if a != b:
+        diffs.append({"leaf": k, "reference": a, "run": b})
+      continue
+    if a.dtype != b.dtype or a.shape != b.shape:
+      diffs.append({"leaf": k, "problem": f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"})
+    elif a.tobytes() != b.tobytes():  # bitwise, NaNs and signed zeros included
+      d = {"leaf": k, "unequal_elements": int(np.sum(a != b))}
+      if np.issubdtype(a.dtype, np.number):
+        d["max_abs_diff"] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+      diffs.append(d)
+  return diffs
+
+
+# ----------------------------------------------------------------------------- campaign
+
+def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
+                 checkpoint_period: int = 5, keep: int = 2, write_fraction: float = 1 / 3,
+                 random_window: str = "training", compile_cache: bool = True,
+                 poll_interval: float = 0.002, max_restarts: int = 3,
+                 run_timeout: float = 600.0, platforms: str = "cpu",
+                 extra_flags: Sequence[str] = (), keep_dirs: bool = False,
+                 log: Callable[[str], None] = print) -> dict:
+  """Runs the campaign in work_dir; returns the summary (see the module docstring) with
+  one record per kill under "results".
+
+  random_window: "training" (the random kills fall uniformly between the moment the run
+  starts writing its first checkpoint, after step 1, and the moment its final checkpoint
+  is written, as long as that took in the reference), or "process" (uniformly between process start and the reference's wall
+  time: with ~15 s of start-up, most of those kills land before any training).
+  """
+  if random_window not in ("training", "process"):
+    raise ValueError(f"random_window must be 'training' or 'process', got {random_window!r}")
+  t_start = time.monotonic()
+  work_dir = Path(work_dir).absolute()
+  work_dir.mkdir(parents=True, exist_ok=True)
+  rng = random.Random(seed)
+  gin_file = write_task(work_dir, steps, checkpoint_period, keep)
+  env = train_env(work_dir / "jax_cache" if compile_cache else None, platforms)
+  logs = work_dir / "logs"
+  logs.mkdir(exist_ok=True)
+
+  def cmd(model_dir, *extra):
+    return [sys.executable, str(REPO / "launch/train.py"), f"--gin_file={gin_file}",
+            f"--gin.MODEL_DIR={model_dir}", *extra_flags, *extra]
+
+  def fresh(name):
+    d = work_dir / name
+    shutil.rmtree(d, ignore_errors=True)
+    return d
+
+  def finish(run, what, interval=poll_interval):
+    rc = run.wait(run_timeout, interval)
+    if rc != 0:
+      raise RuntimeError(f"{what} exited {rc}:\n{run.log_tail()}")
+    return run
+
+  if compile_cache:
+    # Fills the cache first, so that the reference's timing (the window of the random
+    # kills) is that of the killed runs, which all find a warm cache: compiled cold, the
+    # reference's training part would also hold the compilations of its first steps.
+    d = fresh("warmup")
+    finish(Run(cmd(d, "--gin.train.stop_at_step=1"), env, d, logs / "warmup.log"), "warm-up",
+           0.05)
+    shutil.rmtree(d, ignore_errors=True)
+
+  ref_dir = fresh("reference")
+  ref = finish(Run(cmd(ref_dir), env, ref_dir, logs / "reference.log"), "reference run")
+  ref_wall = ref.elapsed()
+  save_steps = sorted(s for s in ref.tmp_seen if s >= 0)
+  if not save_steps:  # every write finished between two polls: the planned save steps
+    save_steps = sorted({1, *range(checkpoint_period, steps + 1, checkpoint_period), steps})
+  # Training part of the reference: from the start of its first checkpoint write (after
+  # step 1) to the end of its last (after that only shutdown: a kill there tests nothing).
+  ref_train_start = min((a for a, _ in ref.tmp_seen.values()), default=0.0)
+  ref_train_end = max((b for _, b in ref.tmp_seen.values()), default=ref_wall)
+  lifetimes = [b - a for a, b in ref.tmp_seen.values() if b > a]
+  write_delay_max = 0.5 * min(lifetimes) if lifetimes else 0.0
+  ref_state = load_checkpoint(ref_dir, steps)
+  log(f"[kill_campaign] reference: {steps} steps in {ref_wall:.1f} s (checkpoint writes from "
+      f"{ref_train_start:.1f} s to {ref_train_end:.1f} s); writes of checkpoints {save_steps}, the orbax temporary "
+      f"dir seen for {min(lifetimes, default=0) * 1e3:.0f}-"
+      f"{max(lifetimes, default=0) * 1e3:.0f} ms")
+
+  n_write = min(kills, max(1, round(kills * write_fraction))) if kills else 0
+  kinds = ["checkpoint_write"] * n_write + ["random"] * (kills - n_write)
+  rng.shuffle(kinds)
+  results = []
+  for i, kind in enumerate(kinds):
+    name = f"kill_{i:02d}"
+    rec = {"kill": i, "kind": kind}
+    target, delay, offset = None, 0.0, 0.0
+    if kind == "checkpoint_write":  # kill `delay` s after the temporary dir appears
+      target = rng.choice([s for s in save_steps if s > 1] or save_steps)
+      delay = rng.uniform(0.0, write_delay_max)
+    elif random_window == "training":  # `offset` s after the first checkpoint write starts
+      offset = rng.uniform(0.0, ref_train_end - ref_train_start)
+    else:  # `offset` s after process start
+      offset = rng.uniform(0.0, ref_wall)
+    for attempt in range(1, 4):
+      model_dir = fresh(name)
+      run = Run(cmd(model_dir), env, model_dir, logs / f"{name}_killed.log")
+      anchor = 0.0 if (kind == "random" and random_window == "process") else None
+      while run.proc.poll() is None:
+        done, tmp = run.poll()
+        t = run.elapsed()
+        if anchor is None:
+          if kind == "checkpoint_write" and any(s >= target for s in tmp):
+            anchor = t
+          elif kind == "random" and (done or tmp):
+            anchor = t
+        if anchor is not None and t >= anchor + (delay if kind == "checkpoint_write" else offset):
+          break
+        if t > run_timeout:
+          break
+        time.sleep(poll_interval)
+      done_before, tmp_before = _scan(model_dir)
+      exited = run.proc.poll() is not None
+      run.kill()
+      t_kill = run.elapsed()
+      done_after, tmp_after = _scan(model_dir)
+      tmp_files = sum(len(files) for n in os.listdir(model_dir) if TMP_MARKER in n
+                      for _, _, files in os.walk(model_dir / n))
+      if not exited:
+        break
+      # The run ended before the kill moment (a slower reference): again, sooner.
+      log(f"[kill_campaign] {name}: the run exited (rc {run.proc.returncode}) at {t_kill:.1f} s, "
+          f"before its kill; again (attempt {attempt + 1})")
+      if kind == "random":
+        offset = rng.uniform(0.0, 0.9 * max(0.0, t_kill - (anchor or 0.0)))
+      else:
+        delay = 0.0
+    rec.update(attempts=attempt, killed=not exited, kill_time_s=round(t_kill, 3),
+               target_save_step=target, write_delay_ms=round(delay * 1e3, 1),
+               checkpoints_at_kill=done_before, tmp_dirs_at_kill=tmp_before,
+               tmp_dirs_left=tmp_after, tmp_dir_files=tmp_files, checkpoint_existed=bool(done_before),
+               during_checkpoint_write=bool(tmp_after))
+    # Restart (the same command, no kill) until it exits 0.
+    rcs, resumed, t_restart = [], None, 0.0
+    for restart in range(1, max_restarts + 1):
+      run = Run(cmd(model_dir), env, model_dir, logs / f"{name}_restart{restart}.log")
+      rc = run.wait(run_timeout, 0.05)
+      t_restart += run.elapsed()
+      rcs.append(rc)
+      m = RESUMED_RE.search(run.log_path.read_text(errors="replace"))
+      resumed = int(m.group(1)) if m else 0
+      if rc == 0:
+        break
+      log(f"[kill_campaign] {name}: restart {restart} exited {rc}:\n{run.log_tail(1500)}")
+    rec.update(restart_rcs=rcs, restart_ok=rcs[-1] == 0, resumed_from=resumed,
+               restart_time_s=round(t_restart, 1))
+    diffs = None
+    if rec["restart_ok"]:
+      try:
+        diffs = compare(ref_state, load_checkpoint(model_dir, steps))
+      except Exception as e:  # a missing/unreadable final checkpoint is a failure too
+        diffs = [{"leaf": "*", "problem": f"{type(e).__name__}: {e}"}]
+    rec["equal"] = diffs == []
+    if diffs:
+      rec["differences"] = diffs[:20]
+      rec["unequal_leaves"] = len(diffs)
+    results.append(rec)
+    where = (f"during the write of checkpoint_{tmp_after[0]}, {tmp_files} files written"
+             if tmp_after
+             else "no checkpoint write under way")
+    log(f"[kill_campaign] kill {i + 1}/{kills} ({kind}): SIGKILL at {t_kill:.2f} s ({where}; "
+        f"checkpoints then: {done_before or 'none'}), restart resumed from step {resumed} "
+        f"in {t_restart:.1f} s (rc {rcs}): "
+        + ("EQUAL" if rec["equal"] else f"NOT EQUAL {json.dumps(diffs[:5]) if diffs else ''}"))
+    if not keep_dirs and rec["equal"]:
+      shutil.rmtree(model_dir, ignore_errors=True)
+
+  summary = {
+      "kills": kills,
+      "equal": sum(r["equal"] for r in results),
+      "during_checkpoint_write": sum(r["during_checkpoint_write"] for r in results),
+      "checkpoint_existed_at_kill": sum(r["checkpoint_existed"] for r in results),
+      "not_killed": sum(not r["killed"] for r in results),
+      "restart_failures": sum(not r["restart_ok"] for r in results),
+      "steps": steps, "seed": seed, "checkpoint_period": checkpoint_period,
+      "random_window": random_window,
+      "reference_wall_s": round(ref_wall, 1),
+      "campaign_wall_s": round(time.monotonic() - t_start, 1),
+      "compile_cache": compile_cache, "work_dir": str(work_dir),
+  }
+  summary["ok"] = (summary["equal"] == kills and summary["not_killed"] == 0
+                   and summary["restart_failures"] == 0)
+  summary["results"] = results
+  return summary
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--kills", type=int, default=10, help="number of kill/restart cycles")
+  p.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+  p.add_argument("--steps", type=int, default=50, help="training steps of every run")
+  p.add_argument("--checkpoint_period", type=int, default=5)
+  p.add_argument("--keep", type=int, default=2, help="CHECKPOINTS_TO_KEEP")
+  p.add_argument("--write_fraction", type=float, default=1 / 3,
+                 help="share of kills aimed at a checkpoint write (at least one)")
+  p.add_argument("--work_dir", default=None, help="default: a new temporary directory")
+  p.add_argument("--random_window", choices=("training", "process"), default="training",
+                 help="where the random kills fall: from the first checkpoint write to the "
+                      "end (default), or from process start (mostly start-up)")
+  p.add_argument("--no_compile_cache", action="store_true",
+                 help="no shared JAX compilation cache (every run compiles)")
+  p.add_argument("--keep_dirs", action="store_true", help="keep the model dirs of equal runs")
+  p.add_argument("--poll_ms", type=float, default=2.0, help="model dir polling interval")
+  args, extra = p.parse_known_args(argv)
+  bad = [a for a in extra if not a.startswith("--gin.")]
+  if bad:
+    p.error(f"unrecognized arguments: {' '.join(bad)} (only --gin.KEY=VALUE is passed on)")
+  work_dir = args.work_dir or tempfile.mkdtemp(prefix="vmx_kill_campaign_")
+  summary = run_campaign(work_dir, kills=args.kills, seed=args.seed, steps=args.steps,
+                         checkpoint_period=args.checkpoint_period, keep=args.keep,
+                         write_fraction=args.write_fraction, random_window=args.random_window,
+                         compile_cache=not args.no_compile_cache,
+                         poll_interval=args.poll_ms / 1e3, extra_flags=extra,
+                         keep_dirs=args.keep_dirs)
+  results = summary.pop("results")
+  (Path(work_dir) / "results.json").write_text(json.dumps(
+      {**summary, "results": results}, indent=1))
+  print(json.dumps(summary), flush=True)
+  return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
