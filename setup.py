@@ -31,5 +31,5 @@ setup(
         "tqdm>=4.66",
     ],
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
-    extras_require={"test": ["pytest>=8", "hypothesis>=6"], "bench": ["faiss-cpu>=1.8"]},
+    extras_require={"test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"], "bench": ["faiss-cpu>=1.8"]},
 )

@@ -30,6 +30,8 @@ def main(argv):
   files = [f for f in args.input.split(",") if f]
   if args.corpus:
     from tasks.parallel import CORPORA, corpus_text_files
+    if args.corpus not in CORPORA:
+      p.error(f"--corpus={args.corpus!r}: expected one of {', '.join(sorted(CORPORA))}")
     files += corpus_text_files(args.corpus, [l for l in langs if l != CORPORA[args.corpus].pivot],
                                args.data_dir)
   if not files:

@@ -6,6 +6,9 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
+# JAX's persistent compilation cache, shared by the tests, their subprocesses (launch/*.py)
+# and the xdist workers: the many identical small train steps compile once.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".jax_cache"))
 sys.path.insert(0, str(REPO))
 
 import pytest  # noqa: E402

@@ -86,7 +86,7 @@ class TransformerEncoder(nn.Module):
       raise ConfigError(f"output_layer={self.output_layer} outside [0, {self.num_layers}]")
     if self.position_embedding not in POSITION_EMBEDDINGS:
       raise ConfigError(f"position_embedding={self.position_embedding!r}; "
-                       f"expected one of {POSITION_EMBEDDINGS}")
+                        f"expected one of {POSITION_EMBEDDINGS}")
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
     if self.position_embedding == "learned":
@@ -145,7 +145,7 @@ def layer_kwargs(stack: nn.Module) -> dict:
   """Per-layer settings of an encoder or decoder stack (head_dim defaults to emb_dim / heads)."""
   if not stack.head_dim and stack.emb_dim % stack.num_heads:
     raise ConfigError(f"{type(stack).__name__}: emb_dim {stack.emb_dim} is not divisible by "
-                     f"num_heads {stack.num_heads}; set head_dim")
+                      f"num_heads {stack.num_heads}; set head_dim")
   return dict(num_heads=stack.num_heads, head_dim=stack.head_dim or stack.emb_dim // stack.num_heads,
               mlp_dim=stack.mlp_dim, dropout_rate=stack.dropout_rate,
               attention_dropout_rate=stack.attention_dropout_rate,

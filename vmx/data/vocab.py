@@ -18,6 +18,7 @@ import numpy as np
 
 from vmx.data.download import DataError, cache_dir
 from vmx.data.readers import iter_lines
+from vmx.errors import ConfigError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
@@ -47,13 +48,20 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
   model_path.parent.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
     prefix = os.path.join(tmp, "spm")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
-        model_type=model_type, character_coverage=character_coverage,
-        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-        user_defined_symbols=[language_tag(l) for l in languages],
-        input_sentence_size=len(sentences), shuffle_input_sentence=False,
-        hard_vocab_limit=False, minloglevel=2, num_threads=os.cpu_count() or 1)
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+          model_type=model_type, character_coverage=character_coverage,
+          pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+          user_defined_symbols=[language_tag(l) for l in languages],
+          input_sentence_size=len(sentences), shuffle_input_sentence=False,
+          hard_vocab_limit=False, minloglevel=2, num_threads=os.cpu_count() or 1)
+    except (RuntimeError, OSError, ValueError) as e:
+      from vmx.gin_utils import binding_source
+      why = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+      raise ConfigError(f"building a {vocab_size}-piece SentencePiece vocabulary from "
+                        f"{len(sentences)} sentences failed "
+                        f"({binding_source('vocabulary_path', 'vocab_size')}): {why}") from None
     os.replace(prefix + ".model", model_path)  # atomic: never a half-written model
   return str(model_path)
 

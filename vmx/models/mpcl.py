@@ -44,7 +44,7 @@ class MPCLModel(BaseModel):
       raise ConfigError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
     if module.encoder.num_languages:
       raise ConfigError("MPCLModel: the encoder must not read language ids "
-                       "(TransformerEncoder.num_languages = 0)")
+                        "(TransformerEncoder.num_languages = 0)")
     self.num_views = num_views
     self.temperature = temperature
     self.rescale = rescale

@@ -116,9 +116,9 @@ class VMSST(nn.Module):
   def setup(self):
     enc = self.encoder
     if self.decoder.emb_dim != enc.emb_dim or self.decoder.vocab_size != enc.vocab_size:
-      raise ConfigError(f"decoder (emb_dim {self.decoder.emb_dim}, vocab {self.decoder.vocab_size}) "
-                       f"and encoder (emb_dim {enc.emb_dim}, vocab {enc.vocab_size}) share "
-                       f"the token table: sizes must match")
+      raise ConfigError(f"decoder (emb_dim {self.decoder.emb_dim}, vocab "
+                        f"{self.decoder.vocab_size}) and encoder (emb_dim {enc.emb_dim}, vocab "
+                        f"{enc.vocab_size}) share the token table: sizes must match")
     self._check_options()
     z = self.latent_dim or enc.emb_dim
     self.token_embed = layers.Embed(enc.vocab_size, enc.emb_dim, dtype=enc.dtype,
@@ -149,18 +149,18 @@ class VMSST(nn.Module):
       raise ConfigError("single_encoder=True uses one encoder: num_language_encoders must be 1")
     if self.single_encoder and self.language_embedding_in_encoder:
       raise ConfigError("single_encoder=True: the shared encoder also gives the semantic "
-                       "vector, which must not read the language; set "
-                       "language_embedding_in_encoder=False")
+                        "vector, which must not read the language; set "
+                        "language_embedding_in_encoder=False")
     if not self.language_latents and (self.num_language_encoders != 1 or self.single_encoder
                                       or not self.language_embedding_in_encoder):
       raise ConfigError("language_latents=False (BITRANSLATION) has no language encoder: "
-                       "leave the language-encoder options at their defaults")
+                        "leave the language-encoder options at their defaults")
     if self.language_encoder_assignment is not None:
       a = list(self.language_encoder_assignment)
       if len(a) != self.num_languages or not all(0 <= k < self.num_language_encoders
                                                  for k in a):
         raise ConfigError(f"language_encoder_assignment needs {self.num_languages} entries in "
-                         f"[0, {self.num_language_encoders}), got {a}")
+                          f"[0, {self.num_language_encoders}), got {a}")
 
   # -- inference networks ---------------------------------------------------
   def semantic(self, tokens_BxL: Array, deterministic: bool = True):
@@ -261,14 +261,14 @@ class VMSSTModel(BaseModel):
     super().__init__(module)
     if module.language_latents and elbo_weight <= 0:
       raise ConfigError("elbo_weight must be > 0 when the model has language latents (the "
-                       "language encoders learn only from the ELBO); for BITRANSLATION set "
-                       "VMSST.language_latents=False")
+                        "language encoders learn only from the ELBO); for BITRANSLATION set "
+                        "VMSST.language_latents=False")
     if not module.language_latents and (elbo_weight or kl_weight != 1.0):
       raise ConfigError("language_latents=False (BITRANSLATION) has no ELBO: set "
-                       "elbo_weight=0 and leave kl_weight at 1")
+                        "elbo_weight=0 and leave kl_weight at 1")
     if contrastive_reduction not in CONTRASTIVE_REDUCTIONS:
       raise ConfigError(f"contrastive_reduction={contrastive_reduction!r}; expected one of "
-                       f"{CONTRASTIVE_REDUCTIONS}")
+                        f"{CONTRASTIVE_REDUCTIONS}")
     self.elbo_weight, self.kl_weight = elbo_weight, kl_weight
     self.kl_anneal_steps = kl_anneal_steps
     self.contrastive_weight = contrastive_weight

@@ -43,11 +43,11 @@ class Partitioner:
     if num_devices is not None:
       if num_devices > len(devices):
         raise ConfigError(f"Partitioner.num_devices={num_devices} but only {len(devices)} "
-                         f"devices are visible")
+                          f"devices are visible")
       devices = devices[:num_devices]
     if len(devices) % num_partitions:
       raise ConfigError(f"Partitioner.num_partitions={num_partitions} does not divide the "
-                       f"{len(devices)} devices")
+                        f"{len(devices)} devices")
     self.mesh = jax.make_mesh((len(devices) // num_partitions, num_partitions),
                               ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto),
                               devices=devices)

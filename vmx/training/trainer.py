@@ -198,6 +198,26 @@ def compute_metrics(acc: dict) -> dict:
   return {f"train/{k}": float(jax.device_get(v.compute())) for k, v in acc.items()}
 
 
+def check_vocabulary_fits(model: BaseModel, vocabulary: str):
+  """Token ids >= the embedding table's size would be clamped silently by the gather."""
+  sizes = []
+
+  def walk(cfg):
+    if isinstance(cfg, dict):
+      for k, v in cfg.items():
+        if k == "vocab_size" and isinstance(v, int):
+          sizes.append(v)
+        walk(v)
+    elif isinstance(cfg, list):
+      for v in cfg:
+        walk(v)
+  walk(model.get_config())
+  pieces = Tokenizer(vocabulary).vocab_size
+  if sizes:
+    check_range(min(sizes) >= pieces, "TransformerEncoder", "vocab_size", min(sizes),
+                f"at least the {pieces} pieces of the vocabulary {vocabulary}")
+
+
 def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_size,
                      data_parallel_size):
   """Range checks naming the binding (and macro), before anything is built."""
@@ -241,6 +261,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
   shapes = input_shapes(train_dataset_cfg, model)
   trainer = Trainer(model, optimizer, partitioner, shapes, learning_rate)
 
+  check_vocabulary_fits(model, vocabulary)
   # Self-contained model_dir for inference: vocabulary + model config.
   max_length = max(train_dataset_cfg.task_feature_lengths.values())
   if jax.process_index() == 0:
