@@ -69,7 +69,7 @@ def main(argv):
   batch = {"left_tokens": rng.integers(3, enc.vocab_size, (B, L), dtype=np.int32),
            "right_tokens": rng.integers(3, enc.vocab_size, (B, L), dtype=np.int32),
            "left_lang": np.zeros(B, np.int32), "right_lang": np.zeros(B, np.int32)}
-  gbatch = part.host_local_to_global(batch, trainer.batch_shardings)
+  gbatch = part.global_batch(batch, trainer.batch_shardings)
   with part.context():
     compiled = trainer.train_step.lower(state, gbatch).compile()
   cost = compiled.cost_analysis()

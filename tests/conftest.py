@@ -153,7 +153,7 @@ def assert_same_loss_and_grads_on_1_and_8_devices(model, batch, loss_of):
     tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
                  {k: v.shape for k, v in batch.items()})
     state = tr.create_state(0)
-    gb = part.host_local_to_global(jax.tree.map(np.asarray, batch), tr.batch_shardings)
+    gb = part.global_batch(jax.tree.map(np.asarray, batch), tr.batch_shardings)
     fn = jax.jit(jax.value_and_grad(loss_of))
     with part.context():
       loss, grads = fn(state.params, gb)

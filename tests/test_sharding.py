@@ -34,7 +34,7 @@ def _loss_and_grads(num_devices, num_partitions=1, scan=False):
   shapes = {k: v.shape for k, v in _batch().items()}
   tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part, shapes)
   state = tr.create_state(0)
-  batch = part.host_local_to_global(_batch(), tr.batch_shardings)
+  batch = part.global_batch(_batch(), tr.batch_shardings)
   fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]))
   with part.context():
     loss, grads = fn(state.params, batch)

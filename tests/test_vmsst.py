@@ -317,7 +317,7 @@ def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
     tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
                  {k: v.shape for k, v in batch.items()})
     state = tr.create_state(0)
-    gb = part.host_local_to_global(jax.tree.map(np.asarray, batch), tr.batch_shardings)
+    gb = part.global_batch(jax.tree.map(np.asarray, batch), tr.batch_shardings)
     fn = jax.jit(jax.value_and_grad(
         lambda p, b, m: model.loss_fn(p, b, jax.random.PRNGKey(5), m)[0]))
     with part.context():

@@ -41,17 +41,14 @@ class DatasetConfig:
 
 
 def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
-                shard_id: int = 0, num_shards: int = 1, num_epochs: Optional[int] = None,
-                seed: Optional[int] = None) -> tf.data.Dataset:
-  """This host's shard of batches: [batch_size / num_shards, ...] numpy-able dicts."""
-  if cfg.batch_size % num_shards:
-    raise ValueError(f"batch_size {cfg.batch_size} is not divisible by the number of hosts "
-                     f"{num_shards}")
+                num_epochs: Optional[int] = None, seed: Optional[int] = None) -> tf.data.Dataset:
+  """The GLOBAL batches: [batch_size, ...] numpy-able dicts (every process reads the
+  whole stream; the trainer places each device's rows)."""
   provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
   kwargs = dict(sequence_length=cfg.task_feature_lengths, split=cfg.split,
                 use_cached=cfg.use_cached, shuffle=cfg.shuffle,
                 seed=cfg.seed if cfg.seed is not None else seed,
-                shard_info=seqio.ShardInfo(index=shard_id, num_shards=num_shards),
+                shard_info=seqio.ShardInfo(index=0, num_shards=1),
                 num_epochs=num_epochs)
   if isinstance(provider, seqio.Mixture):
     # Mixtures keep only tokenized output features unless told: pass the converter's
@@ -60,7 +57,7 @@ def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
                                       if k not in provider.output_features]
   ds = provider.get_dataset(**kwargs)
   ds = feature_converter(ds, cfg.task_feature_lengths)
-  ds = ds.batch(cfg.batch_size // num_shards, drop_remainder=True)
+  ds = ds.batch(cfg.batch_size, drop_remainder=True)
   options = tf.data.Options()
   options.deterministic = True
   return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

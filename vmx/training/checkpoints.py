@@ -217,8 +217,5 @@ class Checkpointer:
                                    flax_mutables=t["flax_mutables"], rng=t["rng"])
     return state, r["data"]
 
-  def wait(self):
-    self.manager.wait_until_finished()
-
   def close(self):
     self.manager.close()

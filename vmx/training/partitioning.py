@@ -88,8 +88,3 @@ class Partitioner:
         lambda x, s: jax.make_array_from_callback(np.shape(x), s,
                                                   lambda idx, x=x: np.asarray(x[idx])),
         dict(batch), shardings)
-
-  def host_local_to_global(self, local_batch, shardings):
-    """Assembles this host's rows of the global batch into global jax.Arrays."""
-    return jax.tree.map(lambda x, s: jax.make_array_from_process_local_data(s, np.asarray(x)),
-                        local_batch, shardings)
