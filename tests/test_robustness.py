@@ -243,6 +243,24 @@ def test_out_of_range_values_name_the_macro(binding, expected):
     gin.clear_config()
 
 
+@pytest.mark.parametrize("binding,expected", [
+    ("NUM_HEADS = 0", "NUM_HEADS (TransformerEncoder.num_heads) = 0: expected a positive integer"),
+    ("NUM_LAYERS = -1", "NUM_LAYERS (TransformerEncoder.num_layers) = -1"),
+    ("DROPOUT_RATE = 1.5", "DROPOUT_RATE (TransformerEncoder.dropout_rate) = 1.5"),
+    ("NUM_HEADS = 3", "emb_dim 128 is not divisible by num_heads 3"),
+])
+def test_model_size_mistakes_are_config_errors(binding, expected):
+  gin.clear_config()
+  try:
+    model, *_ = gin_utils.build_experiment(["contrastive_tiny.gin"], [binding])
+    with pytest.raises(ConfigError) as e:
+      jax.eval_shape(lambda: model.get_initial_variables(
+          jax.random.PRNGKey(0), {"left_tokens": (2, 32), "right_tokens": (2, 32)}))
+    assert expected in str(e.value)
+  finally:
+    gin.clear_config()
+
+
 @pytest.mark.parametrize("kwargs,expected", [
     (dict(total_steps=0), "train.total_steps = 0: expected a positive number of steps"),
     (dict(log_period=0), "train.log_period = 0"),

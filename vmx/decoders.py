@@ -31,7 +31,7 @@ from flax.linen import partitioning as nnp
 
 from vmx import layers
 from vmx.data.vocab import EOS_ID
-from vmx.encoders import layer_kwargs, make_layer_stack
+from vmx.encoders import check_sizes, layer_kwargs, make_layer_stack
 from vmx.errors import ConfigError
 
 Array = jax.Array
@@ -129,6 +129,7 @@ class ConditionedDecoder(nn.Module):
   shared_embedding: Optional[nn.Module] = None
 
   def setup(self):
+    check_sizes(self)
     if self.num_layers < 1:
       raise ConfigError(f"decoder num_layers={self.num_layers}; need at least 1")
     self.token_embed = self.shared_embedding or layers.Embed(

@@ -82,6 +82,7 @@ class TransformerEncoder(nn.Module):
     return self.num_layers if self.output_layer is None else self.output_layer
 
   def setup(self):
+    check_sizes(self)
     if not 0 <= self.depth <= self.num_layers:
       raise ConfigError(f"output_layer={self.output_layer} outside [0, {self.num_layers}]")
     if self.position_embedding not in POSITION_EMBEDDINGS:
@@ -139,6 +140,20 @@ class TransformerEncoder(nn.Module):
     if self.depth < self.num_layers:
       return x, valid_BxL
     return self.final_norm(x), valid_BxL
+
+
+def check_sizes(stack: nn.Module):
+  """ConfigError naming the binding for a non-positive size or a dropout rate outside [0, 1)."""
+  from vmx.gin_utils import check_range, positive_int
+  cls = type(stack).__name__
+  for field in ("vocab_size", "emb_dim", "num_heads", "mlp_dim", "max_length"):
+    value = getattr(stack, field)
+    check_range(positive_int(value), cls, field, value, "a positive integer")
+  check_range(isinstance(stack.num_layers, int) and stack.num_layers >= 0, cls, "num_layers",
+              stack.num_layers, "an integer >= 0")
+  for field in ("dropout_rate", "attention_dropout_rate"):
+    value = getattr(stack, field)
+    check_range(0.0 <= value < 1.0, cls, field, value, "a rate in [0, 1)")
 
 
 def layer_kwargs(stack: nn.Module) -> dict:

@@ -17,7 +17,6 @@ import numpy as np
 from flax.linen import partitioning as nnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from vmx.errors import ConfigError
 
 STANDARD_LOGICAL_AXIS_RULES = (
     ("batch", "data"),
@@ -39,15 +38,15 @@ class Partitioner:
 
   def __init__(self, num_partitions: int = 1, logical_axis_rules: Optional[Sequence] = None,
                num_devices: Optional[int] = None):
+    from vmx.gin_utils import check_range, positive_int
     devices = jax.devices()
     if num_devices is not None:
-      if num_devices > len(devices):
-        raise ConfigError(f"Partitioner.num_devices={num_devices} but only {len(devices)} "
-                          f"devices are visible")
+      check_range(positive_int(num_devices) and num_devices <= len(devices), "Partitioner",
+                  "num_devices", num_devices, f"1 to the {len(devices)} visible devices")
       devices = devices[:num_devices]
-    if len(devices) % num_partitions:
-      raise ConfigError(f"Partitioner.num_partitions={num_partitions} does not divide the "
-                        f"{len(devices)} devices")
+    check_range(positive_int(num_partitions) and len(devices) % num_partitions == 0,
+                "Partitioner", "num_partitions", num_partitions,
+                f"a divisor of the {len(devices)} devices")
     self.mesh = jax.make_mesh((len(devices) // num_partitions, num_partitions),
                               ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto),
                               devices=devices)
