@@ -19,6 +19,7 @@ import importlib.util  # noqa: F401  gin 0.5 needs it imported before missing-pa
 import argparse
 import collections.abc
 import difflib
+import inspect
 import logging
 import os
 import re
@@ -140,7 +141,6 @@ def with_suggestion(msg: str) -> str:
   if m:
     try:
       fn = gin_config._REGISTRY.get_match(m.group(1)).wrapped
-      import inspect
       params = inspect.signature(fn.__init__ if isinstance(fn, type) else fn).parameters
       return msg + _closest(m.group(2), params)
     except (KeyError, TypeError, ValueError, AttributeError):
