@@ -91,9 +91,9 @@ class Encoder:
   Inputs are checked: every item must be a non-empty string (an empty or
   whitespace-only string, or one that SentencePiece normalizes to nothing, has no
   tokens and so no embedding: `InputError` naming its index), `batch_size` a positive
-  integer. Sentences longer than the model's
-  `max_length` SentencePiece tokens are truncated to their first `max_length` tokens, as
-  in training; a warning says how many were cut.
+  integer. Sentences longer than the model's `max_length` SentencePiece tokens are
+  truncated to their first `max_length` tokens, as in training; a warning says how many
+  were cut.
   """
 
   def __init__(self, model, params, tokenizer: Tokenizer, languages: Sequence[str],
