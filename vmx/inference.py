@@ -4,7 +4,8 @@
   vecs = enc.encode(["Hello world", "Hallo Welt"], lang=["eng", "deu"])  # [2, D], rows L2-normalized
 
 A model_dir holds `vmx_model.json` (model config, languages, max length),
-`vocab.model` (SentencePiece) and orbax checkpoints `checkpoint_<step>/`, each
+its vocabulary (`vocab.model`, SentencePiece, or an imported checkpoint's own tokenizer,
+`vmx_tokenizer.json`: vmx/data/vocab.py) and orbax checkpoints `checkpoint_<step>/`, each
 verified against its checksum manifest before use (vmx/training/checkpoints.py).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Optional, Sequence, Union
 import jax
 import numpy as np
 
-from vmx.data.vocab import Tokenizer
+from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
 from vmx.training.checkpoints import CHECKPOINT_PREFIX, restore_intact
@@ -86,13 +87,16 @@ def restore_params(model_dir, model, step: Optional[int] = None, input_shapes=No
 
 
 class Encoder:
-  """encode(list of str) -> L2-normalized float32 rows, in fixed-shape jitted batches.
+  """encode(list of str) -> L2-normalized float32 rows, in jitted batches of similar
+  length (sorted by token count, padded to a power of two: few compilations, little
+  padding; the rows come back in input order).
 
   Inputs are checked: every item must be a non-empty string (an empty or
-  whitespace-only string, or one that SentencePiece normalizes to nothing, has no
+  whitespace-only string, or one that the tokenizer normalizes to nothing, has no
   tokens and so no embedding: `InputError` naming its index), `batch_size` a positive
-  integer. Sentences longer than the model's `max_length` SentencePiece tokens are
-  truncated to their first `max_length` tokens, as in training; a warning says how many
+  integer. Sentences longer than the model's `max_length` tokens are
+  truncated to their first `max_length` tokens (an imported tokenizer keeps its closing
+  special token), as in training; a warning says how many
   were cut.
   """
 
@@ -113,7 +117,7 @@ class Encoder:
     shapes = {"left_tokens": (1, L), "right_tokens": (1, L), "left_lang": (1,),
               "right_lang": (1,)}
     params, step = restore_params(model_dir, model, step, shapes)
-    enc = cls(model, params, Tokenizer(str(Path(model_dir) / info["vocabulary"])),
+    enc = cls(model, params, load_tokenizer(str(Path(model_dir) / info["vocabulary"])),
               info["languages"], L, batch_size)
     enc.name, enc.revision = Path(model_dir).absolute().name, f"{CHECKPOINT_PREFIX}_{step}"
     return enc
@@ -166,35 +170,44 @@ class Encoder:
     if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
     lang_ids = self._lang_ids(lang, len(sentences))
+    tokens, truncated = self.tokenizer.encode_counting(sentences, self.max_length)
+    no_tokens = np.flatnonzero(~tokens.any(axis=1))
+    if no_tokens.size:
+      i = int(no_tokens[0])
+      raise InputError(f"sentences[{i}] ({sentences[i]!r:.40}) has no tokens after "
+                       f"tokenizer normalization, and so no embedding")
+    # Batches of similar length, each padded to a power of two (>= 8, <= max_length), as
+    # is the row count of a short last batch: one compilation per shape bucket, and
+    # little work on padding.
+    lengths = (tokens != 0).sum(axis=1) if len(tokens) else np.zeros((0,), int)
+    order = np.argsort(lengths, kind="stable")
     starts = range(0, len(sentences), bs)
     if progress is None:
       progress = len(sentences) > 20 * bs
     if progress:
       from tqdm.auto import tqdm
       starts = tqdm(starts, desc="encode", unit="batch")
-    out, truncated = [], 0
+    out = None
     for s in starts:
-      chunk = sentences[s:s + bs]
-      tokens = np.zeros((bs, self.max_length), np.int32)  # fixed shape: one compilation
-      tokens[:len(chunk)], cut = self.tokenizer.encode_counting(chunk, self.max_length)
-      truncated += cut
-      no_tokens = np.flatnonzero(~tokens[:len(chunk)].any(axis=1))
-      if no_tokens.size:
-        i = s + int(no_tokens[0])
-        raise InputError(f"sentences[{i}] ({sentences[i]!r:.40}) has no tokens after "
-                         f"SentencePiece normalization, and so no embedding")
-      ids = np.zeros((bs,), np.int32)
-      ids[:len(chunk)] = lang_ids[s:s + bs]
-      emb = np.asarray(self._predict(self.params, {"left_tokens": tokens, "left_lang": ids})
-                       [:len(chunk)], np.float32)
+      rows = order[s:s + bs]
+      width = min(self.max_length, max(8, 1 << int(lengths[rows].max() - 1).bit_length()))
+      n = min(bs, max(8, 1 << (len(rows) - 1).bit_length()))  # a last, short batch too
+      batch = np.zeros((n, width), np.int32)
+      batch[:len(rows)] = tokens[rows, :width]
+      ids = np.zeros((n,), np.int32)
+      ids[:len(rows)] = lang_ids[rows]
+      emb = np.asarray(self._predict(self.params, {"left_tokens": batch, "left_lang": ids})
+                       [:len(rows)], np.float32)
       if not np.isfinite(emb).all():
-        row = s + int(np.argwhere(~np.isfinite(emb).all(axis=1))[0, 0])
+        row = int(rows[np.argwhere(~np.isfinite(emb).all(axis=1))[0, 0]])
         raise NonFiniteError(f"the model produced a non-finite embedding (sentences[{row}]); "
                              f"its parameters are probably non-finite (a diverged run)")
-      out.append(emb)
+      if out is None:
+        out = np.zeros((len(sentences), emb.shape[1]), np.float32)
+      out[rows] = emb
     if truncated:
       warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
                     f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
-    if not out:
+    if out is None:
       return np.zeros((0, 0), np.float32)
-    return np.concatenate(out)
+    return out

@@ -66,6 +66,7 @@ class Embed(nn.Module):
 
 
 class LayerNorm(nn.Module):
+  """(x - mean) / std * scale + bias (BERT, XLM-R, vmx's pre-LN encoder)."""
   epsilon: float = 1e-6
   dtype: jnp.dtype = jnp.float32
 
@@ -80,6 +81,32 @@ class LayerNorm(nn.Module):
     bias = param_with_axes("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32,
                            axes=("embed",))
     return (y * scale + bias).astype(self.dtype)
+
+
+class RMSNorm(nn.Module):
+  """x / rms(x) * scale, no mean and no bias (T5 / mT5's T5LayerNorm)."""
+  epsilon: float = 1e-6
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+    scale = param_with_axes("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32,
+                            axes=("embed",))
+    return (y * scale).astype(self.dtype)
+
+
+def activation(name: str) -> Callable:
+  """An activation by name: any of `jax.nn` ('gelu' is jax's tanh approximation, which is
+  also T5's and mT5's 'gelu_new'), plus 'gelu_exact' (the erf form of BERT and XLM-R)."""
+  if name == "gelu_exact":
+    return lambda x: jax.nn.gelu(x, approximate=False)
+  fn = getattr(jax.nn, name, None)
+  if not callable(fn):
+    from vmx.errors import ConfigError
+    raise ConfigError(f"activation={name!r} is not a jax.nn function nor 'gelu_exact'")
+  return fn
 
 
 def matmul_2d(x_xD: Array, w_DxF: Array) -> Array:
@@ -117,28 +144,43 @@ def make_attention_mask(query_valid_BxQ: Array, key_valid_BxK: Array,
 class MultiHeadAttention(nn.Module):
   """Multi-head dot-product attention; self- or cross-attention.
 
-  Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed].
+  Kernels: query/key/value [embed, heads, kv], out [heads, kv, embed]; with
+  `use_bias` (BERT, XLM-R) also biases {query,key,value}_bias [heads, kv] and
+  out_bias [embed]. `scale_query=False` is T5's unscaled q.k (the scale is folded
+  into its initialization). `bias_xHxQxK` (optional, broadcast over the batch) is
+  added to the logits: T5's relative position bias.
   """
   num_heads: int
   head_dim: int
   dropout_rate: float = 0.0
   dtype: jnp.dtype = jnp.float32
+  use_bias: bool = False
+  scale_query: bool = True
 
   @nn.compact
   def __call__(self, x_BxQxD: Array, kv_BxKxD: Array, mask_Bx1xQxK: Array,
-               deterministic: bool) -> Array:
+               deterministic: bool, bias_xHxQxK: Array | None = None) -> Array:
     d = x_BxQxD.shape[-1]
 
     def proj(name, inputs):
       w = param_with_axes(name, default_kernel_init, (d, self.num_heads, self.head_dim),
                           jnp.float32, axes=("embed", "heads", "kv"))
-      return matmul_2d(inputs.astype(self.dtype), w.astype(self.dtype))  # [b, l, h, k]
+      y = matmul_2d(inputs.astype(self.dtype), w.astype(self.dtype))  # [b, l, h, k]
+      if self.use_bias:
+        b = param_with_axes(f"{name}_bias", nn.initializers.zeros,
+                            (self.num_heads, self.head_dim), jnp.float32, axes=("heads", "kv"))
+        y = y + b.astype(self.dtype)
+      return y
 
-    q = proj("query", x_BxQxD) / np.sqrt(self.head_dim).astype(self.dtype)
+    q = proj("query", x_BxQxD)
+    if self.scale_query:
+      q = q / np.sqrt(self.head_dim).astype(self.dtype)
     k = proj("key", kv_BxKxD)
     v = proj("value", kv_BxKxD)
     q = with_sharding_constraint(q, ("batch", "length", "heads", "kv"))
     logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32)
+    if bias_xHxQxK is not None:
+      logits = logits + bias_xHxQxK.astype(jnp.float32)
     logits = jnp.where(mask_Bx1xQxK, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     if self.dropout_rate > 0.0 and not deterministic:
@@ -147,7 +189,11 @@ class MultiHeadAttention(nn.Module):
     wo = param_with_axes("out", default_kernel_init, (self.num_heads, self.head_dim, d),
                          jnp.float32, axes=("heads", "kv", "embed"))
     b, q = ctx.shape[:2]
-    return matmul_2d(ctx.reshape(b, q, -1), wo.astype(self.dtype).reshape(-1, d))
+    y = matmul_2d(ctx.reshape(b, q, -1), wo.astype(self.dtype).reshape(-1, d))
+    if self.use_bias:
+      y = y + param_with_axes("out_bias", nn.initializers.zeros, (d,), jnp.float32,
+                              axes=("embed",)).astype(self.dtype)
+    return y
 
 
 class MlpBlock(nn.Module):
@@ -160,7 +206,24 @@ class MlpBlock(nn.Module):
   @nn.compact
   def __call__(self, x: Array, deterministic: bool) -> Array:
     h = Dense(self.mlp_dim, ("embed", "mlp"), use_bias=True, dtype=self.dtype, name="wi")(x)
-    h = getattr(jax.nn, self.activation)(h)
+    h = activation(self.activation)(h)
     h = with_sharding_constraint(h, ("batch", "length", "mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return Dense(x.shape[-1], ("mlp", "embed"), use_bias=True, dtype=self.dtype, name="wo")(h)
+
+
+class GatedMlpBlock(nn.Module):
+  """T5 v1.1 / mT5 gated feed-forward, no biases: wo(act(wi_0(x)) * wi_1(x))."""
+  mlp_dim: int
+  activation: str = "gelu"
+  dropout_rate: float = 0.0
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    gate = Dense(self.mlp_dim, ("embed", "mlp"), dtype=self.dtype, name="wi_0")(x)
+    h = activation(self.activation)(gate) * Dense(self.mlp_dim, ("embed", "mlp"),
+                                                  dtype=self.dtype, name="wi_1")(x)
+    h = with_sharding_constraint(h, ("batch", "length", "mlp"))
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return Dense(x.shape[-1], ("mlp", "embed"), dtype=self.dtype, name="wo")(h)

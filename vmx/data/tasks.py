@@ -1,7 +1,8 @@
 """SeqIO building blocks for parallel-text tasks: sources, preprocessors, registration.
 
 A pair task yields, per example:
-  inputs [L] int32, targets [L] int32   SentencePiece ids (no EOS)
+  inputs [L] int32, targets [L] int32   SentencePiece ids (no EOS), or an imported
+                                        tokenizer's ids with its special tokens
   inputs_lang, targets_lang  int32      index of the language in `languages`
 Concrete corpora (which files, which languages) are registered in the top-level
 `tasks` package; this module holds the machinery they share.
@@ -11,8 +12,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import seqio
 import tensorflow as tf
 
@@ -104,11 +107,80 @@ def _unregister(registry, name):
     registry.remove(name)
 
 
+class HfVocabulary(seqio.Vocabulary):
+  """An imported checkpoint's own tokenizer (vmx.data.vocab.HfTokenizer) as a seqio
+  vocabulary: vmx ids, special tokens included, tokenized in tf.data via numpy."""
+
+  def __init__(self, spec_path: str):
+    from vmx.data.vocab import HfTokenizer
+    self.tokenizer = HfTokenizer(spec_path)
+    self.spec_path = str(spec_path)
+    super().__init__(extra_ids=0)
+
+  @property
+  def eos_id(self):
+    return None   # the tokenizer adds its own closing token
+
+  @property
+  def unk_id(self):
+    return None
+
+  @property
+  def _base_vocab_size(self):
+    return self.tokenizer.vocab_size
+
+  def _encode(self, s):
+    return [int(i) for i in self.tokenizer.to_vmx_ids(self.tokenizer.hf_ids([s])[0])]
+
+  def _decode(self, ids):
+    return self.tokenizer.decode(ids)
+
+  def _encode_tf(self, s):
+    def encode(texts):
+      rows = [self._encode(t.decode("utf-8")) for t in np.atleast_1d(texts)]
+      return (np.array([i for r in rows for i in r], np.int32),
+              np.array([len(r) for r in rows], np.int64))
+    flat, lengths = tf.numpy_function(encode, [s], (tf.int32, tf.int64), stateful=False)
+    flat.set_shape([None])
+    if s.shape.rank == 0:
+      return flat
+    return tf.RaggedTensor.from_row_lengths(flat, tf.reshape(lengths, [-1]))
+
+  def _decode_tf(self, ids):
+    return tf.numpy_function(lambda x: np.array(self._decode(x), object), [ids], tf.string)
+
+  def __eq__(self, other):
+    return isinstance(other, HfVocabulary) and other.spec_path == self.spec_path
+
+
+def truncate_keeping_last(dataset: tf.data.Dataset, sequence_length, features=("inputs", "targets")):
+  """Preprocessor (imported tokenizers): a sequence longer than its feature length keeps
+  its first L-1 ids and its closing special token ([SEP], </s>), as Hugging Face's
+  truncation and vmx inference do; seqio's own trimming would cut the closing token."""
+  def trim(ex):
+    ex = dict(ex)
+    for k in features:
+      n = sequence_length[k]
+      x = ex[k]
+      ex[k] = tf.cond(tf.size(x) > n, lambda x=x, n=n: tf.concat([x[:n - 1], x[-1:]], 0),
+                      lambda x=x: x)
+    return ex
+  return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def seqio_vocabulary(vocab_path: str) -> seqio.Vocabulary:
+  """seqio vocabulary of a SentencePiece `.model` or an imported `vmx_tokenizer.json`."""
+  from vmx.data.vocab import TOKENIZER_SPEC
+  if Path(vocab_path).name == TOKENIZER_SPEC:
+    return HfVocabulary(vocab_path)
+  return seqio.SentencePieceVocabulary(str(vocab_path))
+
+
 def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_lang: str,
                        vocab_path: str, languages: Sequence[str],
                        shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
   """Registers (or re-registers) a tokenized pair task; returns its name."""
-  vocab = seqio.SentencePieceVocabulary(str(vocab_path))
+  vocab = seqio_vocabulary(vocab_path)
   features = {k: seqio.Feature(vocab, add_eos=False, dtype=tf.int32)
               for k in ("inputs", "targets")}
   preprocessors = [
@@ -117,6 +189,8 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
                         tgt_lang_id=language_id(tgt_lang, languages, f"task {name}: ")),
       seqio.preprocessors.tokenize,
   ]
+  if isinstance(vocab, HfVocabulary) and vocab.tokenizer.closing_special:
+    preprocessors.append(truncate_keeping_last)
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(name, source=source, preprocessors=preprocessors,
                          output_features=features, shuffle_buffer_size=shuffle_buffer_size)
@@ -127,7 +201,6 @@ def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_vie
                 ) -> seqio.FunctionDataSource:
   """N-way groups as string vectors `texts` [N] ("" = language missing), repeated
   without end; groups with fewer than `min_views` languages are dropped here."""
-  import numpy as np
   kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
   if not kept:
     raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
@@ -169,7 +242,7 @@ def pad_views(dataset: tf.data.Dataset, sequence_length):
 def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: str,
                        num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
   """Registers a task of N-way groups yielding `views` [num_views, L] token ids."""
-  vocab = seqio.SentencePieceVocabulary(str(vocab_path))
+  vocab = seqio_vocabulary(vocab_path)
   features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(

@@ -1,11 +1,22 @@
-"""SentencePiece vocabularies: training, lookup and batch tokenization (no TensorFlow).
+"""Vocabularies: training, lookup and batch tokenization (no TensorFlow).
 
-Conventions (T5/mT5, so an mT5 `.model` also works): pad=0, eos=1, unk=2, no bos.
-Language tags such as `<2deu>` are user-defined symbols: always one piece.
+vmx's own vocabularies are SentencePiece models. Conventions (T5/mT5, so an mT5
+`.model` also works): pad=0, eos=1, unk=2, no bos. Language tags such as `<2deu>`
+are user-defined symbols: always one piece.
+
+An imported Hugging Face checkpoint keeps its own tokenizer (`HfTokenizer`, described
+by `vmx_tokenizer.json` next to its files): the fast tokenizer's `tokenizer.json`
+(`tokenizers` package), BERT's WordPiece `vocab.txt`, mT5's `spiece.model`, or
+XLM-R's `sentencepiece.bpe.model` with fairseq's id offset, all giving the ids Hugging
+Face's tokenizer gives, special tokens included. vmx reserves id 0 for padding, so a
+vocabulary whose padding id is another (XLM-R: 1) has that id and 0 swapped in
+vmx's id space (`to_vmx_ids`; the imported embedding rows are swapped to match).
+`load_tokenizer(path)` opens either kind.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -18,7 +29,7 @@ import numpy as np
 
 from vmx.data.download import DataError, cache_dir
 from vmx.data.readers import iter_lines
-from vmx.errors import ConfigError
+from vmx.errors import CheckpointError, ConfigError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
@@ -69,13 +80,24 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
 @gin.configurable
 def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
                     vocab_size: int = 32000, languages: Sequence[str] = ()) -> str:
-  """An existing SentencePiece model, or one built from `train_files` and cached.
+  """An existing vocabulary, or a SentencePiece model built from `train_files` and cached.
 
-  `path` set and present: used as is (e.g. mT5's). `path` set and absent: built
-  there. `path` unset: built under the cache, keyed by inputs, size and languages.
+  `path` a vmx model directory (e.g. launch/import_checkpoint.py's output): its
+  vocabulary (`vmx_tokenizer.json` or `vocab.model`). `path` a file that exists: used
+  as is (e.g. mT5's `.model`). `path` set and absent: built there. `path` unset: built
+  under the cache, keyed by inputs, size and languages.
   """
+  if path and Path(path).is_dir():
+    for name in (TOKENIZER_SPEC, "vocab.model"):
+      if (Path(path) / name).is_file():
+        return str(Path(path) / name)
+    raise ConfigError(f"VOCAB_PATH={str(path)!r} is a directory without {TOKENIZER_SPEC} or "
+                      f"vocab.model")
   if path and Path(path).exists():
     return str(path)
+  if path and not str(path).endswith(".model"):
+    raise ConfigError(f"VOCAB_PATH={str(path)!r} does not exist (an imported model directory, "
+                      f"or a SentencePiece .model to use or to build)")
   if not train_files:
     raise DataError(f"vocabulary {path!r} does not exist and no train_files to build it from")
   if not path:
@@ -132,3 +154,133 @@ def copy_vocabulary(src: str, model_dir: str) -> str:
     shutil.copyfile(src, str(dest) + ".tmp")
     os.replace(str(dest) + ".tmp", dest)
   return str(dest)
+
+
+# ----------------------------------------------------------------------------
+# Imported tokenizers (Hugging Face checkpoints).
+
+TOKENIZER_SPEC = "vmx_tokenizer.json"
+TOKENIZER_KINDS = ("tokenizers", "wordpiece", "t5_spm", "fairseq_spm")
+
+
+def load_tokenizer(path: str):
+  """`Tokenizer` for a SentencePiece `.model`, `HfTokenizer` for a `vmx_tokenizer.json`."""
+  if Path(path).name == TOKENIZER_SPEC:
+    return HfTokenizer(path)
+  return Tokenizer(path)
+
+
+class HfTokenizer:
+  """A Hugging Face checkpoint's own tokenizer behind `Tokenizer`'s interface.
+
+  `hf_ids(texts)`: exactly Hugging Face's ids (special tokens added, no truncation);
+  `encode(texts, max_length)`: vmx ids (padding id swapped with 0), zero-padded;
+  a longer text keeps its first max_length - 1 ids and its closing special token
+  ([SEP], </s>), as Hugging Face's truncation does.
+  """
+
+  def __init__(self, spec_path: str):
+    spec_path = Path(spec_path)
+    try:
+      spec = json.loads(spec_path.read_text())
+      self.kind, file = spec["kind"], spec_path.parent / spec["file"]
+      self.pad_id, self.closing_special = int(spec["pad_id"]), bool(spec["closing_special"])
+    except (OSError, ValueError, KeyError) as e:
+      raise CheckpointError(f"{spec_path}: not a readable vmx tokenizer spec ({e})") from None
+    if self.kind not in TOKENIZER_KINDS:
+      raise CheckpointError(f"{spec_path}: kind {self.kind!r}; expected one of {TOKENIZER_KINDS}")
+    if not file.exists():
+      raise CheckpointError(f"{file}: missing (named by {spec_path})")
+    self.model_path, self.spec = str(spec_path), spec
+    try:
+      self._load(file, spec)
+    except Exception as e:  # noqa: BLE001  (tokenizers/sentencepiece raise many kinds)
+      raise CheckpointError(f"{file}: not a usable {self.kind} tokenizer file "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
+                            ) from None
+    self._size = max(self._size, int(spec.get("vocab_size", 0)))
+
+  def _load(self, file: Path, spec: dict):
+    if self.kind == "tokenizers":
+      import tokenizers
+      self.tok = tokenizers.Tokenizer.from_file(str(file))
+      self.tok.no_truncation()
+      self.tok.no_padding()
+      self._size = self.tok.get_vocab_size(with_added_tokens=True)
+    elif self.kind == "wordpiece":
+      from tokenizers import BertWordPieceTokenizer
+      self.tok = BertWordPieceTokenizer(str(file), lowercase=bool(spec.get("lowercase", False)))
+      self._size = self.tok.get_vocab_size(with_added_tokens=True)
+    else:
+      import sentencepiece as spm
+      self.sp = spm.SentencePieceProcessor(model_file=str(file))
+      # fairseq (XLM-R): <s>=0 <pad>=1 </s>=2 <unk>=3, piece i -> i + 1, then <mask>
+      self._size = self.sp.get_piece_size() + (2 if self.kind == "fairseq_spm" else 0)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._size
+
+  def hf_ids(self, texts: Iterable[str]) -> list[list[int]]:
+    texts = list(texts)
+    if self.kind in ("tokenizers", "wordpiece"):
+      return [e.ids for e in self.tok.encode_batch(texts)]
+    pieces = self.sp.encode(texts)
+    if self.kind == "t5_spm":
+      return [row + [self.sp.eos_id()] for row in pieces]   # mT5: </s> = 1
+    return [[0] + [i + 1 if i else 3 for i in row] + [2] for row in pieces]
+
+  def to_vmx_ids(self, ids):
+    """HF ids -> vmx ids (an involution: also vmx -> HF)."""
+    ids = np.asarray(ids, np.int32)
+    if self.pad_id == 0:
+      return ids
+    return np.where(ids == self.pad_id, 0, np.where(ids == 0, self.pad_id, ids)).astype(np.int32)
+
+  def truncate(self, row: list[int], max_length: int) -> list[int]:
+    if len(row) <= max_length:
+      return row
+    return row[:max_length - 1] + row[-1:] if self.closing_special else row[:max_length]
+
+  def encode(self, texts: Iterable[str], max_length: int) -> np.ndarray:
+    return self.encode_counting(texts, max_length)[0]
+
+  def encode_counting(self, texts: Iterable[str], max_length: int) -> tuple[np.ndarray, int]:
+    rows = self.hf_ids(texts)
+    out = np.zeros((len(rows), max_length), np.int32)
+    cut = 0
+    for i, row in enumerate(rows):
+      cut += len(row) > max_length
+      row = self.truncate(row, max_length)
+      out[i, :len(row)] = self.to_vmx_ids(row)
+    return out, cut
+
+  def decode(self, vmx_ids) -> str:
+    ids = [int(i) for i in self.to_vmx_ids(vmx_ids) if i != self.pad_id]
+    if self.kind in ("tokenizers", "wordpiece"):
+      return self.tok.decode(ids)
+    if self.kind == "fairseq_spm":
+      ids = [i - 1 for i in ids if i > 3 and i - 1 < self.sp.get_piece_size()]
+    return self.sp.decode([i for i in ids if i != self.sp.eos_id()])
+
+
+def copy_tokenizer(src_spec: str, model_dir: str) -> str:
+  """Copies an imported tokenizer (spec + its file) into model_dir; returns the spec's name
+  relative to model_dir."""
+  src = Path(src_spec)
+  spec = json.loads(src.read_text())
+  dest = Path(model_dir) / src.name
+  if src.resolve() != dest.resolve():
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for name in (spec["file"], src.name):
+      shutil.copyfile(src.parent / name, str(Path(model_dir) / name) + ".tmp")
+      os.replace(str(Path(model_dir) / name) + ".tmp", Path(model_dir) / name)
+  return src.name
+
+
+def copy_any_vocabulary(vocabulary: str, model_dir: str) -> str:
+  """Copies a SentencePiece model or an imported tokenizer next to the checkpoints;
+  returns its file name in model_dir (what vmx_model.json records)."""
+  if Path(vocabulary).name == TOKENIZER_SPEC:
+    return copy_tokenizer(vocabulary, model_dir)
+  return Path(copy_vocabulary(vocabulary, model_dir)).name

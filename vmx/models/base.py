@@ -44,6 +44,10 @@ class BaseModel(abc.ABC):
   HAS_MUTABLES = False
   # Whether the model reads language ids (then inference must be told the language).
   uses_languages = False
+  # (regex, replacement) rules naming, for each parameter path of this model, the path
+  # to load it from in an initial checkpoint (a dual encoder's `encoder/...`, e.g. an
+  # imported Hugging Face checkpoint); see vmx/training/initial_checkpoint.py.
+  INITIAL_CHECKPOINT_ASSIGNMENT: tuple = ()
 
   def __init__(self, module: nn.Module):
     self.module = module

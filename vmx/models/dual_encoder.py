@@ -40,7 +40,7 @@ class DualEncoder(nn.Module):
     enc, head = ((self.left_encoder, self.left_head) if side == "left"
                  else (self.right_encoder, self.right_head))
     hidden, valid = enc(tokens_BxL, lang_B, deterministic=deterministic)
-    return head(encoders.pool(hidden, valid, self.pooling))
+    return head(enc.pool(hidden, valid, self.pooling))
 
   def __call__(self, left_tokens, right_tokens, left_lang=None, right_lang=None,
                deterministic: bool = True):

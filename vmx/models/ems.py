@@ -77,7 +77,7 @@ class EMS(nn.Module):
   def encode(self, tokens_BxL, deterministic: bool = True):
     """u: mean-pooled encoder output [B, D] (the sentence embedding)."""
     hidden, valid = self.sentence_encoder(tokens_BxL, None, deterministic=deterministic)
-    return encoders.pool(hidden, valid, self.pooling)
+    return self.sentence_encoder.pool(hidden, valid, self.pooling)
 
   def xtr_logits(self, u_BxD, target_lang_B, deterministic: bool = True):
     """Logits [B, V] of the bag-of-tokens distribution of the translation."""
@@ -102,6 +102,10 @@ class EMS(nn.Module):
 
 class EMSModel(BaseModel):
   """t5x-style model: XTR + contrastive, summed per pair, averaged over the batch."""
+  # An imported (or CONTRASTIVE) dual encoder's `encoder/...` fills the sentence encoder
+  # and the token table; the XTR and contrastive heads start fresh.
+  INITIAL_CHECKPOINT_ASSIGNMENT = ((r"token_embed/(.*)", r"encoder/token_embed/\1"),
+                                   (r"sentence_encoder/(.*)", r"encoder/\1"))
   FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
   CONFIG_FIELDS = ("module", "temperature", "xtr_weight", "contrastive_weight")
 

@@ -166,7 +166,7 @@ class VMSST(nn.Module):
   def semantic(self, tokens_BxL: Array, deterministic: bool = True):
     """(mean, logvar) of q(z_sem | x)."""
     hidden, valid = self.semantic_encoder(tokens_BxL, None, deterministic=deterministic)
-    return self.semantic_head(encoders.pool(hidden, valid, self.pooling))
+    return self.semantic_head(self.semantic_encoder.pool(hidden, valid, self.pooling))
 
   def language(self, tokens_BxL: Array, lang_B: Array, deterministic: bool = True):
     """(mean, logvar) of q(z_l | x, l), from the encoder assigned to language l."""
@@ -174,7 +174,7 @@ class VMSST(nn.Module):
     for enc, head in zip(self.language_encoders, self.language_heads):
       hidden, valid = enc(tokens_BxL, lang_B if enc.num_languages else None,
                           deterministic=deterministic)
-      outs.append(head(encoders.pool(hidden, valid, self.pooling)))
+      outs.append(head(enc.pool(hidden, valid, self.pooling)))
     group = None
     if len(outs) > 1:
       assignment = (jnp.asarray(self.language_encoder_assignment, jnp.int32)
@@ -250,6 +250,11 @@ class VMSSTModel(BaseModel):
   (checkpointed with the train state, +1 per training loss_fn call), t5x's
   flax_mutables path. `eval_fn` uses the fully annealed weight.
   """
+  # An imported (or CONTRASTIVE) dual encoder's `encoder/...` fills the semantic and the
+  # language encoders and the shared token table; the decoder starts fresh.
+  INITIAL_CHECKPOINT_ASSIGNMENT = (
+      (r"token_embed/(.*)", r"encoder/token_embed/\1"),
+      (r"(?:semantic_encoder|language_encoder_\d+)/(.*)", r"encoder/\1"))
   FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
                    "contrastive_weight", "contrastive_temperature", "contrastive_reduction")

@@ -29,6 +29,7 @@ STANDARD_LOGICAL_AXIS_RULES = (
     ("length", None),
     ("layers", None),
     ("languages", None),
+    ("relpos_buckets", None),
 )
 
 

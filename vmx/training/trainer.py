@@ -34,12 +34,12 @@ import optax
 from clu import metrics as clu_metrics
 
 from vmx.data import pipeline
-from vmx.data.vocab import Tokenizer, copy_vocabulary
+from vmx.data.vocab import copy_any_vocabulary, load_tokenizer
 from vmx.errors import NonFiniteError
 from vmx.gin_utils import check_range, positive_int
 from vmx.inference import Encoder, write_model_info
 from vmx.models.base import BaseModel
-from vmx.training import checkpoints, partitioning
+from vmx.training import checkpoints, initial_checkpoint, partitioning
 from vmx.training import metrics as metrics_lib
 
 
@@ -158,6 +158,12 @@ class Trainer:
     with self.partitioner.context():
       return self.init_state(jax.random.PRNGKey(seed))
 
+  def replace_params(self, state: TrainState, params) -> TrainState:
+    """`state` with new parameters and the optimizer state initialized for them."""
+    with self.partitioner.context():
+      opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
+    return state.replace(params=params, opt_state=opt_state)
+
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One update on the GLOBAL batch (numpy, identical on every process); the step's
     non-finite flags are left in `self.nonfinite` (see `check_finite`)."""
@@ -212,7 +218,7 @@ def check_vocabulary_fits(model: BaseModel, vocabulary: str):
       for v in cfg:
         walk(v)
   walk(model.get_config())
-  pieces = Tokenizer(vocabulary).vocab_size
+  pieces = load_tokenizer(vocabulary).vocab_size
   if sizes:
     check_range(min(sizes) >= pieces, "TransformerEncoder", "vocab_size", min(sizes),
                 f"at least the {pieces} pieces of the vocabulary {vocabulary}")
@@ -244,11 +250,16 @@ def train(*, model: BaseModel = gin.REQUIRED,
           checkpoint_cfg: Optional[checkpoints.CheckpointConfig] = None,
           eval_cfg: Optional[TatoebaEvalConfig] = None, eval_period: int = 1000,
           log_period: int = 50, random_seed: int = 0, progress: bool = True,
-          stop_at_step: Optional[int] = None) -> tuple[TrainState, dict]:
+          stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
+          initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None
+          ) -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
-  changing the schedule, which is defined by `total_steps`.
+  changing the schedule, which is defined by `total_steps`. A new run (no checkpoint
+  in model_dir) with `initial_checkpoint_path` starts from that model directory's
+  parameters, renamed by `initial_checkpoint_assignment` (default: the model's
+  INITIAL_CHECKPOINT_ASSIGNMENT); see vmx/training/initial_checkpoint.py.
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
@@ -265,8 +276,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   # Self-contained model_dir for inference: vocabulary + model config.
   max_length = max(train_dataset_cfg.task_feature_lengths.values())
   if jax.process_index() == 0:
-    copy_vocabulary(vocabulary, model_dir)
-    write_model_info(model_dir, model, languages, max_length)
+    vocab_name = copy_any_vocabulary(vocabulary, model_dir)
+    write_model_info(model_dir, model, languages, max_length, vocab_name)
     (Path(model_dir) / "config.gin").write_text(gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
@@ -279,6 +290,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
           f"{data.position})", flush=True)
   else:
     state = trainer.create_state(random_seed)
+    if initial_checkpoint_path:
+      rules = (model.INITIAL_CHECKPOINT_ASSIGNMENT if initial_checkpoint_assignment is None
+               else initial_checkpoint_assignment)
+      state = trainer.replace_params(state, initial_checkpoint.load(
+          state.params, trainer.state_shardings.params, initial_checkpoint_path, rules))
   start = int(local_value(state.step))
   end = min(total_steps, stop_at_step or total_steps)
 
@@ -286,7 +302,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
   # by the stopped run after its last checkpoint) are dropped, as the run redoes them.
   writer = metrics_lib.create_writer(model_dir, resume_step=start)
   # One Encoder (one jitted encode function) for every evaluation of this run.
-  encoder = (Encoder(model, None, Tokenizer(vocabulary), languages, max_length,
+  encoder = (Encoder(model, None, load_tokenizer(vocabulary), languages, max_length,
                      eval_cfg.batch_size) if eval_cfg is not None else None)
 
   def evaluate(step):

@@ -1,0 +1,43 @@
+#!/usr/bin/env python
+"""Import a Hugging Face checkpoint (BertModel, XLMRobertaModel, T5EncoderModel /
+MT5EncoderModel, or a model built on one) as a vmx model directory.
+
+  python launch/import_checkpoint.py --hf_dir=DIR --output_dir=DIR [--pooling=mean|first|pooler]
+      [--max_length=N]
+
+The output opens with `vmx.inference.Encoder.from_checkpoint(output_dir)` and starts a
+training run with `--gin.INITIAL_CHECKPOINT_PATH="'output_dir'"`. safetensors are read
+without torch; pytorch_model.bin needs torch. Nothing is written unless every tensor
+of the checkpoint is accounted for (see vmx/checkpoint_import.py).
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv):
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--hf_dir", required=True, help="Hugging Face model directory")
+  p.add_argument("--output_dir", required=True, help="vmx model directory to create")
+  p.add_argument("--pooling", default=None, choices=("mean", "first", "pooler"),
+                 help="default: the sentence-transformers config's; else first (BERT, "
+                      "XLM-R) or mean (mT5)")
+  p.add_argument("--max_length", type=int, default=None,
+                 help="tokens per sentence (default: sentence-transformers' max_seq_length, "
+                      "else 128)")
+  args = p.parse_args(argv)
+  from vmx.checkpoint_import import import_checkpoint
+  s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length)
+  print(f"imported {s['family']} encoder: {s['tensors']} tensors, {s['parameters']:,} "
+        f"parameters, {s['pooling']} pooling, max_length {s['max_length']}, tokenizer "
+        f"{s['tokenizer']} -> {s['output_dir']}")
+  if s["ignored"]:
+    print(f"ignored (not part of the encoder): {', '.join(s['ignored'])}")
+
+
+if __name__ == "__main__":
+  from vmx.gin_utils import run_main
+  run_main(main)

