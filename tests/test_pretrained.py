@@ -359,3 +359,31 @@ def test_bad_checkpoints_are_one_line_errors_and_write_nothing(tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   assert (out / "checkpoint_0" / "vmx_checksums.json").is_file()
   _one_line_error(_import_cli(good, out), "exists and is not empty")
+
+
+FAMILY_BINDINGS = {
+    "bert": ["TransformerEncoder.family = 'bert'", "TransformerEncoder.activation = 'gelu_exact'"],
+    "t5": ["TransformerEncoder.family = 't5'", "TransformerEncoder.position_embedding = 'none'"],
+}
+
+
+# Each method with one family, each family with two methods (the family is independent of
+# the method; all 8 pairs pass, 4 keep the fast tier short).
+@pytest.mark.parametrize("name,family", [("contrastive_tiny.gin", "t5"), ("vmsst_tiny.gin", "bert"),
+                                         ("ems_tiny.gin", "t5"), ("mpcl_tiny.gin", "bert")])
+def test_every_method_takes_the_families_through_gin(name, family):
+  from conftest import build_and_step
+  from test_ems import _batch
+  from test_mpcl import _views_batch
+  make = ((lambda m, b: _views_batch(b=b, v=m.num_views)) if name.startswith("mpcl")
+          else (lambda m, b: _batch(b=b)))
+  model, state, metrics = build_and_step(
+      name, ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
+             "VOCAB_SIZE = 50", "MAX_LENGTH = 8", "BATCH_SIZE = 4", *FAMILY_BINDINGS[family]],
+      make)
+  assert np.isfinite(float(metrics["loss"].compute()))
+  assert float(metrics["grad_norm"].compute()) > 0
+  from vmx.training.initial_checkpoint import flatten
+  names = "\n".join(flatten(state.params))
+  assert ("token_type_embed" in names) == (family == "bert")
+  assert ("relative_attention_bias" in names) == (family == "t5")
