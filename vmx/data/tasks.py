@@ -153,7 +153,8 @@ class HfVocabulary(seqio.Vocabulary):
     return isinstance(other, HfVocabulary) and other.spec_path == self.spec_path
 
 
-def truncate_keeping_last(dataset: tf.data.Dataset, sequence_length, features=("inputs", "targets")):
+def truncate_keeping_last(dataset: tf.data.Dataset, sequence_length,
+                          features=("inputs", "targets")):
   """Preprocessor (imported tokenizers): a sequence longer than its feature length keeps
   its first L-1 ids and its closing special token ([SEP], </s>), as Hugging Face's
   truncation and vmx inference do; seqio's own trimming would cut the closing token."""
