@@ -357,8 +357,10 @@ def experiment_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gi
 def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
                      search_paths_flag: str = ""):
   """(model, optimizer, batch_size, max_length, partitioner) of an experiment file,
-  without reading data or a vocabulary (benchmarks, tests). MODEL_DIR may stay unset."""
-  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", *bindings,
+  without reading data, a vocabulary or an initial checkpoint (benchmarks, tests).
+  MODEL_DIR and INITIAL_CHECKPOINT_PATH may stay unset."""
+  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
+                        *bindings,
                         "experiment_objects.model = %MODEL",
                         "experiment_objects.optimizer = @create_optimizer()",
                         "experiment_objects.batch_size = %BATCH_SIZE",
