@@ -31,7 +31,7 @@ MODEL_TYPES = {"bert": "bert", "xlm-roberta": "bert", "roberta": "bert", "t5": "
 _PREFIXES = ("bert.", "roberta.", "model.")
 # Tensors of other heads or buffers, not part of the encoder: reported as ignored.
 _IGNORABLE = re.compile(r"^(cls\.|lm_head\.|qa_outputs\.|classifier\.|decoder\.|pooler\.|"
-                        r"embeddings\.position_ids$|.*\.rotary|encoder\.embed_tokens\.weight$)")
+                        r"embeddings\.position_ids$|encoder\.embed_tokens\.weight$)")
 
 
 def read_hf_config(hf_dir) -> dict:
@@ -152,7 +152,7 @@ def _out(h: int):
   return lambda a: a.T.reshape(h, -1, a.shape[0])            # [D, H*K] -> [H, K, D]
 
 
-def weight_map(cfg: dict, settings: dict, pooler: bool
+def weight_map(settings: dict, pooler: bool
                ) -> list[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]:
   h = settings["num_heads"]
   same = lambda a: a  # noqa: E731
@@ -225,7 +225,7 @@ def convert(cfg: dict, tensors: dict, expected_shapes: dict, pooler: bool = Fals
   settings = encoder_settings(cfg)
   tensors = _normalize_names(tensors)
   flat, used, missing, misshaped = {}, set(), [], []
-  for hf, path, fn in weight_map(cfg, settings, pooler):
+  for hf, path, fn in weight_map(settings, pooler):
     if hf not in tensors:
       missing.append(hf)
       continue
@@ -318,12 +318,14 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
   """
   import jax
   import orbax.checkpoint as ocp
+  from flax import traverse_util
 
   from vmx import encoders
   from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
   from vmx.inference import write_model_info
   from vmx.models.dual_encoder import DualEncoder, DualEncoderModel
   from vmx.training import checkpoints
+  from vmx.training.initial_checkpoint import flatten
 
   hf_dir, output_dir = Path(hf_dir), Path(output_dir)
   if hf_dir.is_file() and hf_dir.suffix == ".zip":
@@ -360,8 +362,7 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
                            temperature=temperature)
   shapes = {"left_tokens": (1, 8), "right_tokens": (1, 8)}
   abstract = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0), shapes))
-  expected = {"/".join(k.key for k in path): leaf.shape for path, leaf in
-              jax.tree_util.tree_leaves_with_path(abstract["params"]["encoder"])}
+  expected = {k: v.shape for k, v in flatten(abstract["params"]["encoder"]).items()}
   flat, ignored = convert(cfg, tensors, expected, pooling == "pooler", spec["pad_id"])
   leftover = sorted(set(expected) - set(flat))
   if leftover:  # a vmx parameter no HF tensor fills: a bug in the weight map
@@ -382,14 +383,7 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
       raise CheckpointError(f"the tokenizer has {tok.vocab_size} ids but the embedding table "
                             f"{settings['vocab_size']} rows")
     write_model_info(tmp, model, [], max_length, TOKENIZER_SPEC)
-    nested: dict = {}
-    for path, a in flat.items():
-      node = nested
-      *parents, leaf = path.split("/")
-      for p in parents:
-        node = node.setdefault(p, {})
-      node[leaf] = a
-    params = {"encoder": nested}
+    params = {"encoder": traverse_util.unflatten_dict(flat, sep="/")}
     mngr = ocp.CheckpointManager(tmp.absolute(), options=ocp.CheckpointManagerOptions(
         step_prefix=checkpoints.CHECKPOINT_PREFIX, create=True, enable_async_checkpointing=False),
         item_names=("params",))

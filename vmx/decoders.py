@@ -31,7 +31,7 @@ from flax.linen import partitioning as nnp
 
 from vmx import layers
 from vmx.data.vocab import EOS_ID
-from vmx.encoders import check_sizes, layer_kwargs, make_layer_stack
+from vmx.encoders import LayerSettings, check_sizes, layer_kwargs, make_layer_stack
 from vmx.errors import ConfigError
 
 Array = jax.Array
@@ -71,16 +71,8 @@ class ConditionedLinear(nn.Module):
     return y + y_c[:, None, :]
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(LayerSettings):
   """Pre-LN decoder layer: causal self-attention, conditioning, MLP (see module doc)."""
-  num_heads: int
-  head_dim: int
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  activation: str = "gelu"
-  dtype: jnp.dtype = jnp.float32
-  scanned: bool = False
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, cond_BxC: Array,

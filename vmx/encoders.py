@@ -35,8 +35,8 @@ POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 REMAT_POLICIES = ("none", "full", "dots")
 
 
-class EncoderLayer(nn.Module):
-  """Pre-LayerNorm Transformer layer: x + Attn(LN(x)); x + MLP(LN(x))."""
+class LayerSettings(nn.Module):
+  """The settings every encoder and decoder layer takes (built by `layer_kwargs`)."""
   num_heads: int
   head_dim: int
   mlp_dim: int
@@ -45,6 +45,10 @@ class EncoderLayer(nn.Module):
   activation: str = "gelu"
   dtype: jnp.dtype = jnp.float32
   scanned: bool = False  # called under nn.scan: return (carry, None)
+
+
+class EncoderLayer(LayerSettings):
+  """Pre-LayerNorm Transformer layer: x + Attn(LN(x)); x + MLP(LN(x))."""
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, deterministic: bool):
@@ -63,17 +67,9 @@ class EncoderLayer(nn.Module):
     return x
 
 
-class BertLayer(nn.Module):
+class BertLayer(LayerSettings):
   """Post-LayerNorm layer (BERT, XLM-R): x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
-  num_heads: int
-  head_dim: int
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  activation: str = "gelu_exact"
   norm_epsilon: float = 1e-12
-  dtype: jnp.dtype = jnp.float32
-  scanned: bool = False
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, deterministic: bool):
@@ -90,17 +86,9 @@ class BertLayer(nn.Module):
     return (x, None) if self.scanned else x
 
 
-class T5Layer(nn.Module):
+class T5Layer(LayerSettings):
   """T5 v1.1 / mT5 encoder layer: x + Attn(RMS(x), +rel. bias); x + GatedMLP(RMS(x))."""
-  num_heads: int
-  head_dim: int
-  mlp_dim: int
-  dropout_rate: float = 0.0
-  attention_dropout_rate: float = 0.0
-  activation: str = "gelu"
   norm_epsilon: float = 1e-6
-  dtype: jnp.dtype = jnp.float32
-  scanned: bool = False
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, bias_1xHxLxL: Array,

@@ -142,12 +142,11 @@ def summary_table(loaded: dict, new: Sequence[str], ignored: Sequence[str], sour
                   ) -> str:
   """One row per parameter group (layer indices folded into `layers_*`)."""
   rows = defaultdict(lambda: [0, 0])
-  for label, paths, sizes in (("loaded", loaded, {p: loaded[p].size for p in loaded}),
-                              ("new", new, None), ("ignored", ignored, None)):
+  for label, paths in (("loaded", loaded), ("new", new), ("ignored", ignored)):
     for p in paths:
-      key = (label, _LAYER.sub(r"\1layers_*\3", p))
-      rows[key][0] += 1
-      rows[key][1] += int(sizes[p]) if sizes else int(np.prod(source[p].shape)) if p in source else 0
+      row = rows[(label, _LAYER.sub(r"\1layers_*\3", p))]
+      row[0] += 1
+      row[1] += {"loaded": loaded, "ignored": source}.get(label, {}).get(p, np.zeros(0)).size
   lines = [f"{'':8} {'parameter':64} {'arrays':>6} {'values':>12}"]
   for (label, name), (n, size) in sorted(rows.items()):
     lines.append(f"{label:8} {name:64} {n:6d} {size if size else '':>12}")
