@@ -9,8 +9,9 @@ data x model devices, compiles the jitted train step ahead of time on abstract
 memory analysis: argument, output, alias (donated state reused as output) and temp
 bytes, `per_device_gib` = (arguments + outputs + temporaries) / 2^30 (the issue's
 definition; donated outputs alias arguments, so `per_device_gib_net` subtracts the
-alias bytes), and parameter counts. The figures are from the CPU compiler's buffer
-assignment: TPU/GPU temporaries differ in detail, not in order of magnitude.
+alias bytes), parameter counts, and XLA's FLOP count per device (a step-time bound).
+The figures are from the CPU compiler's buffer assignment: TPU/GPU temporaries differ
+in detail, not in order of magnitude.
 Other flags as launch/train.py (--gin.BATCH_SIZE=..., --gin_search_paths=...).
 """
 import importlib.util  # noqa: F401
@@ -53,13 +54,13 @@ def main(argv):
   model, tx, B, L, _ = gin_utils.build_experiment(
       args.gin_file, bindings + [f"NUM_PARTITIONS = {model_par}"], args.gin_search_paths)
   from vmx.training import partitioning
+  from vmx.data import pipeline
   from vmx.training.trainer import Trainer, input_shapes
-  import types
   part = partitioning.Partitioner(num_partitions=model_par, num_devices=n)
   if B % data:
     raise SystemExit(f"error: batch size {B} is not divisible by data={data}")
-  shapes = input_shapes(types.SimpleNamespace(
-      task_feature_lengths={"inputs": L, "targets": L}, batch_size=B), model)
+  # Every task (InfoXLM: mmlm, tlm, xlco) gets BATCH_SIZE examples of MAX_LENGTH tokens.
+  shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, B, L), model)
   t0 = time.time()
   trainer = Trainer(model, tx, part, shapes)
   batch = {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=trainer.batch_shardings[k])
@@ -67,6 +68,9 @@ def main(argv):
   with part.context():
     compiled = trainer.train_step.lower(trainer.abstract_state, batch).compile()
   mem = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float((cost or {}).get("flops", 0.0))
   params = trainer.abstract_state.params
   n_params = int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
   top = {k: int(sum(np.prod(x.shape) for x in jax.tree.leaves(v)))
@@ -81,6 +85,9 @@ def main(argv):
          "per_device_gib": per_dev / 2 ** 30,
          "per_device_gib_net": (per_dev - mem.alias_size_in_bytes) / 2 ** 30,
          "params": n_params, "params_by_module": top,
+         # XLA's count for one device's share of the step; a step-time lower bound is
+         # flops / the device's peak (e.g. 123e12 bf16 FLOP/s per TPU v3 chip).
+         "flops_per_device": flops,
          "compile_s": round(time.time() - t0, 1), "backend": jax.default_backend()}
   print(json.dumps(out))
   return out

@@ -12,11 +12,12 @@ the task or mixture name for `DatasetConfig.mixture_or_task_name`:
 Corpora (layouts of ../shared/data/train, see its README):
   tatoeba-challenge  train/tatoeba-challenge/<xxx>-eng/train.{<xxx>,eng}.gz  (ISO 639-3)
   wmt-newstest       train/wmt-newstest/<xx>-en/train.{<xx>,en}.gz           (ISO 639-1)
+Monolingual text (single sides of those corpora): `tasks.monolingual_mixture`.
 Any other Moses or TSV corpus: `tasks.moses_task` / `tasks.tsv_task`.
 N-way corpora for MPCL (`tasks.nway_task`): tico19-multiway, wmt-newstest-multiway,
 bible-verses (see tasks/nway.py).
 """
 from tasks.parallel import (CORPORA, ParallelCorpus, corpus_files, corpus_text_files,
-                            moses_task, parallel_mixture, tsv_task)
+                            monolingual_mixture, moses_task, parallel_mixture, tsv_task)
 from tasks.nway import (NWAY_CORPORA, nway_groups, nway_mixture, nway_mixture_text_files,
                         nway_task, nway_text_files)

@@ -101,3 +101,26 @@ def tsv_task(name: str, path: str, source_language: str, target_language: str,
   return vtasks.register_pair_task(
       name, vtasks.tsv_source(path, columns, empty_lines), source_language, target_language,
       vocabulary, model_languages)
+
+
+@gin.configurable(module="tasks")
+def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
+                        vocabulary: str = gin.REQUIRED, alpha: float = 0.7,
+                        data_dir: Optional[str] = None, pivot: bool = True,
+                        shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER) -> str:
+  """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
+  task per language (its side of the xx-pivot pairs) and, with `pivot`, one for the
+  pivot language (the pivot side of every pair); languages sampled with p ∝ n^alpha
+  (n = lines). Returns the mixture name."""
+  c = _corpus(corpus)
+  key = vtasks.short_hash(vocabulary)
+  prefix = corpus.replace("-", "_")
+  files = corpus_files(corpus, languages, data_dir)
+  sides = [(lang, [src]) for lang, src, _ in files]
+  if pivot:
+    sides.append((c.pivot, [piv for _, _, piv in files]))
+  names = [vtasks.register_text_task(
+      f"{prefix}.mono_{lang}_{vtasks.short_hash(','.join(paths))}.{key}",
+      vtasks.text_source(paths), vocabulary, shuffle_buffer_size) for lang, paths in sides]
+  lang_key = vtasks.short_hash(",".join(languages) + f"|pivot={pivot}")
+  return vtasks.register_mixture(f"{prefix}.mono_mix_{lang_key}_a{alpha}.{key}", names, alpha)

@@ -84,6 +84,7 @@ def toy_task(tmp_path_factory):
     tgt.append(" ".join(w.upper() for w in ws))
   s = write_lines(d / "toy.xx", src)
   t = write_lines(d / "toy.en", tgt)
+  TOY_FILES.update(xx=s, en=t)
   vp = vocab.train_sentencepiece([s, t], str(d / "toy.model"), 60, ["xx", "en"])
   name = tasks.moses_task("toy_xx_en", s, t, "xx", "en", vp, ["xx", "en"])
   return name, vp, s, t
@@ -101,16 +102,25 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
   gin.clear_config()
   enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=8, dropout_rate=0.1)
+  cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8)
   if kind == "contrastive":
     model = DualEncoderModel(DualEncoder(enc), temperature=0.1)
+  elif kind == "infoxlm":  # three tasks a step, momentum encoder + queue in flax_mutables
+    from vmx.models.infoxlm import InfoXLM, InfoXLMModel
+    model = InfoXLMModel(InfoXLM(enc.clone(max_length=16), universal_layer=1), mask_id=1,
+                         random_low=3, queue_size=16, momentum=0.9, temperature=0.1,
+                         normalize=True)
+    cfg = pipeline.MultiTaskConfig({
+        "mmlm": pipeline.DatasetConfig(toy_text_task(vp), {"inputs": 8}, batch_size=8),
+        "tlm": cfg, "xlco": pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8},
+                                                   batch_size=8)})
   else:  # VMSST: sampled latents + KL annealing state in flax_mutables
     dec = decoders.ConditionedDecoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
                                       mlp_dim=32, max_length=8, dropout_rate=0.1)
     model = VMSSTModel(VMSST(enc, dec, num_languages=2), kl_anneal_steps=10)
   lr = optimizers.learning_rate_schedule("linear", 1e-2, 2, total_steps=total_steps)
   state, _ = train(model=model,
-                   train_dataset_cfg=pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8},
-                                                            batch_size=8),
+                   train_dataset_cfg=cfg,
                    optimizer=optimizer or optimizers.create_optimizer("adamw", lr,
                                                                       weight_decay=0.01),
                    learning_rate=lr, model_dir=str(model_dir), total_steps=total_steps,
@@ -119,6 +129,19 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
                    checkpoint_cfg=checkpoints.CheckpointConfig(period=period, keep=keep),
                    log_period=2, random_seed=1, progress=False, stop_at_step=stop_at_step)
   return state
+
+
+def toy_text_task(vp):
+  """A monolingual task over the toy task's source file (registered once)."""
+  import seqio
+  from vmx.data import tasks as vtasks
+  name = "toy_xx_mono"
+  if name not in seqio.TaskRegistry.names():
+    vtasks.register_text_task(name, vtasks.text_source([TOY_FILES["xx"]]), vp)
+  return name
+
+
+TOY_FILES = {}
 
 
 def build_and_step(gin_file, bindings, make_batch):

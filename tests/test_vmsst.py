@@ -270,8 +270,11 @@ def _step_batch(b, length):
 
 
 # At TINY sizes an mT5-initialized file is vmsst_tiny with the t5 family, which the fast
-# tier covers (test_pretrained.py); its full build is in the slow tier.
-SLOW_VARIANTS = ("vmsst_24l_mt5.gin",)
+# tier covers (test_pretrained.py), and a 6-layer file is its 24-layer one (Adafactor,
+# rsqrt) with unscanned encoders (the tiny file's) and a rematerialized decoder: their
+# builds are in the slow tier.
+SLOW_VARIANTS = ("vmsst_24l_mt5.gin", "vmsst_6l.gin", "vmsst_contrastive_6l.gin",
+                 "bitranslation_6l.gin")
 
 
 @pytest.mark.parametrize("name", [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VARIANTS

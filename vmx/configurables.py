@@ -7,7 +7,7 @@ import gin
 
 from vmx import decoders, encoders
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
-from vmx.models import dual_encoder, ems, mpcl, vmsst
+from vmx.models import dual_encoder, ems, infoxlm, mpcl, vmsst
 from vmx.training import checkpoints, optimizers, partitioning, trainer  # noqa: F401
 import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
 
@@ -16,11 +16,14 @@ gin.external_configurable(decoders.ConditionedDecoder, module="vmx.decoders")
 gin.external_configurable(dual_encoder.DualEncoder, module="vmx.models")
 gin.external_configurable(dual_encoder.DualEncoderModel, module="vmx.models")
 gin.external_configurable(pipeline.DatasetConfig, module="vmx.data")
+gin.external_configurable(pipeline.MultiTaskConfig, module="vmx.data")
 gin.external_configurable(vmsst.VMSST, module="vmx.models")
 gin.external_configurable(vmsst.VMSSTModel, module="vmx.models")
 gin.external_configurable(ems.EMS, module="vmx.models")
 gin.external_configurable(ems.EMSModel, module="vmx.models")
 gin.external_configurable(mpcl.MPCLModel, module="vmx.models")
+gin.external_configurable(infoxlm.InfoXLM, module="vmx.models")
+gin.external_configurable(infoxlm.InfoXLMModel, module="vmx.models")
 
 
 @gin.configurable

@@ -158,6 +158,10 @@ class TransformerEncoder(nn.Module):
   pooler: bool = False                   # 'bert': tanh(Dense(first token)), pooling='pooler'
   relative_attention_num_buckets: int = 32   # 't5'
   relative_attention_max_distance: int = 128  # 't5'
+  # With scan_layers: layers after which the scan is cut (a model reading an intermediate
+  # layer, e.g. InfoXLM's universal layer, then runs only the segments below it). The
+  # segments' parameters are `layers_from_<first layer>` instead of one `layers`.
+  scan_boundaries: Sequence[int] = ()
 
   @property
   def depth(self) -> int:
@@ -206,14 +210,28 @@ class TransformerEncoder(nn.Module):
     self.embed_dropout = nn.Dropout(self.dropout_rate)
     self.layer_stack = self._make_layers()
 
+  @property
+  def segments(self) -> list[tuple[int, int]]:
+    """(first layer, end) of each scanned segment of the built layers."""
+    cuts = sorted({b for b in self.scan_boundaries if 0 < b < self.depth})
+    edges = [0, *cuts, self.depth]
+    return list(zip(edges[:-1], edges[1:]))
+
   def _make_layers(self):
     cls = {"vmx": EncoderLayer, "bert": BertLayer, "t5": T5Layer}[self.family]
     kwargs = layer_kwargs(self)
     if self.family != "vmx":
       kwargs["norm_epsilon"] = self.norm_epsilon
-    return make_layer_stack(self, cls, kwargs, self.depth, self.scan_layers,
-                            self.remat_policy, num_inputs=2 if self.family == "t5" else 1,
-                            name="layers")
+    for b in self.scan_boundaries:
+      if not (isinstance(b, int) and 0 < b < self.num_layers):
+        raise ConfigError(f"TransformerEncoder.scan_boundaries={list(self.scan_boundaries)}: "
+                          f"expected layers 1 .. {self.num_layers - 1}")
+    make = lambda depth, name: make_layer_stack(  # noqa: E731
+        self, cls, kwargs, depth, self.scan_layers, self.remat_policy,
+        num_inputs=2 if self.family == "t5" else 1, name=name)
+    if not self.scan_layers or len(self.segments) == 1:
+      return make(self.depth, "layers")
+    return [make(end - start, f"layers_from_{start}") for start, end in self.segments]
 
   def position_bias(self, length: int) -> Array:
     """'t5': the relative position bias [1, H, L, L] every layer adds to its logits."""
@@ -254,21 +272,37 @@ class TransformerEncoder(nn.Module):
     return jnp.tanh(self.pooler_dense(hidden_BxLxD[:, 0])).astype(jnp.float32)
 
   def __call__(self, tokens_BxL: Array, lang_B: Optional[Array] = None,
-               deterministic: bool = True):
+               deterministic: bool = True, depth: Optional[int] = None):
+    """`depth`: run only the first `depth` layers of the built ones (a model reading an
+    intermediate layer, e.g. InfoXLM's universal layer, on some of its inputs); the
+    output of a layer below the top is taken before any final norm."""
+    depth = self.depth if depth is None else depth
+    if not 0 <= depth <= self.depth:
+      raise ConfigError(f"TransformerEncoder: depth={depth} outside [0, {self.depth}] "
+                        "(the layers this encoder builds)")
+    if self.scan_layers and 0 < depth < self.depth and depth not in (
+        end for _, end in self.segments):
+      raise ConfigError(f"TransformerEncoder: reading layer {depth} of {self.depth} of a scanned "
+                        f"stack needs TransformerEncoder.scan_boundaries to include {depth} "
+                        "(or SCAN_LAYERS = False)")
     valid_BxL = tokens_BxL > 0
     mask = layers.make_attention_mask(valid_BxL, valid_BxL)
     x = self.embed(tokens_BxL, lang_B)
     x = self.embed_dropout(x, deterministic=deterministic)
     x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
-    if self.depth == 0:
+    if depth == 0:
       return x, valid_BxL
     inputs = (mask, self.position_bias(tokens_BxL.shape[1])) if self.family == "t5" else (mask,)
-    if self.scan_layers:
+    if self.scan_layers and len(self.segments) > 1:
+      for (_, end), segment in zip(self.segments, self.layer_stack):
+        if end <= depth:
+          x, _ = segment(x, *inputs, deterministic)
+    elif self.scan_layers:
       x, _ = self.layer_stack(x, *inputs, deterministic)
     else:
-      for lyr in self.layer_stack:
+      for lyr in self.layer_stack[:depth]:
         x = lyr(x, *inputs, deterministic)
-    if self.depth < self.num_layers or self.family == "bert":
+    if depth < self.num_layers or self.family == "bert":
       return x, valid_BxL
     return self.final_norm(x), valid_BxL
 

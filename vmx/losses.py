@@ -154,3 +154,38 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   nearest = jnp.argmax(jnp.where(is_self, neg_inf, sim), axis=1)
   acc = jnp.mean(jnp.take_along_axis(is_pos, nearest[:, None], axis=1))
   return loss, {"loss": loss, "positive_accuracy": acc}
+
+
+# ----------------------------------------------------------------------------
+# InfoXLM: masked language modelling and momentum contrast against a queue.
+
+def masked_lm_loss(logits_BxLxV: Array, targets_BxL: Array, weights_BxL: Array):
+  """Token cross-entropy averaged over the predicted positions (weights 1), as RoBERTa /
+  InfoXLM's MMLM and TLM. Returns (loss, metrics): loss, accuracy over those positions."""
+  logits = logits_BxLxV.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  gold = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
+  w = weights_BxL.astype(jnp.float32)
+  n = jnp.maximum(w.sum(), 1.0)
+  loss = jnp.sum((log_z - gold) * w) / n
+  acc = jnp.sum((jnp.argmax(logits, axis=-1) == targets_BxL) * w) / n
+  return loss, {"loss": loss, "accuracy": acc}
+
+
+def queue_infonce(query_BxD: Array, key_BxD: Array, queue_KxD: Array, queue_valid_K: Array,
+                  temperature: float = 0.25):
+  """MoCo / InfoXLM XLCO: each query against its own key (the positive) and the queue
+  (the negatives; the other keys of the batch are not negatives), dot products / tau:
+    loss_i = -log exp(q_i.k_i / t) / (exp(q_i.k_i / t) + sum_{n valid} exp(q_i.n / t)).
+  No normalization here (InfoXLM's vectors are not normalized); invalid queue slots (not
+  yet filled) are left out. Returns (mean loss, metrics): loss, accuracy (the key beats
+  every valid negative).
+  """
+  q = nnp.with_sharding_constraint(query_BxD.astype(jnp.float32), ("batch", "embed"))
+  pos_B = jnp.sum(q * key_BxD.astype(jnp.float32), axis=-1) / temperature
+  neg_BxK = jnp.einsum("bd,kd->bk", q, queue_KxD.astype(jnp.float32)) / temperature
+  neg_BxK = jnp.where(queue_valid_K[None, :], neg_BxK, jnp.float32(-1e30))  # finite: no NaN grads
+  log_den = jnp.logaddexp(pos_B, jax.nn.logsumexp(neg_BxK, axis=1))
+  loss = jnp.mean(log_den - pos_B)
+  acc = jnp.mean(pos_B > jnp.max(neg_BxK, axis=1))
+  return loss, {"loss": loss, "accuracy": acc}

@@ -81,3 +81,22 @@ class MultiViewFeatureConverter(seqio.FeatureConverter):
 
   def get_model_feature_lengths(self, task_feature_lengths):
     return {"views": self.num_views * task_feature_lengths["views"]}
+
+
+class MonolingualFeatureConverter(seqio.FeatureConverter):
+  """Single sentences (masked-LM text): inputs -> tokens [L] (zero-padded, truncated)."""
+  TASK_FEATURES = {"inputs": FeatureSpec(dtype=tf.int32)}
+  MODEL_FEATURES = {"tokens": FeatureSpec(dtype=tf.int32)}
+  PACKING_FEATURE_DTYPES = {}
+
+  def __init__(self, pack: bool = False, **kwargs):
+    if pack:
+      raise ConfigError("MonolingualFeatureConverter does not pack: each row is one sentence")
+    super().__init__(pack=False, **kwargs)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    ds = seqio.utils.trim_and_pad_dataset(ds, {"inputs": task_feature_lengths["inputs"]})
+    return ds.map(lambda ex: {"tokens": ex["inputs"]}, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {"tokens": task_feature_lengths["inputs"]}

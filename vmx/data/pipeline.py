@@ -40,6 +40,81 @@ class DatasetConfig:
                 "a dict of positive lengths, e.g. {'inputs': 32, 'targets': 32}")
 
 
+@dataclasses.dataclass
+class MultiTaskConfig:
+  """Several tasks feeding every training step (InfoXLM: an MMLM, a TLM and an XLCO batch).
+
+  `tasks` maps each task key of the model (the keys of its FEATURE_CONVERTER_CLS dict)
+  to that task's DatasetConfig, whose `batch_size` is the task's number of examples per
+  step: the proportions of the mix. Each task has its own feature converter and its
+  own seeded stream; the step's batch features are named `key/feature`.
+  """
+  tasks: Mapping[str, DatasetConfig]
+
+  def __post_init__(self):
+    from vmx.gin_utils import check_range
+    ok = isinstance(self.tasks, Mapping) and len(self.tasks) > 0 and all(
+        isinstance(k, str) and "/" not in k and isinstance(v, DatasetConfig)
+        for k, v in self.tasks.items())
+    check_range(ok, "MultiTaskConfig", "tasks", self.tasks,
+                "a non-empty dict {task key: DatasetConfig} (keys without '/')")
+    self.tasks = dict(self.tasks)
+
+  @property
+  def batch_size(self) -> int:
+    """Examples per step over all tasks."""
+    return sum(c.batch_size for c in self.tasks.values())
+
+  @property
+  def task_feature_lengths(self) -> dict:
+    return {f"{k}/{f}": n for k, c in self.tasks.items()
+            for f, n in c.task_feature_lengths.items()}
+
+
+def task_configs(cfg) -> dict:
+  """{task key: DatasetConfig}; a single DatasetConfig has the key None."""
+  return dict(cfg.tasks) if isinstance(cfg, MultiTaskConfig) else {None: cfg}
+
+
+def model_feature_shapes(cfg, feature_converter_cls) -> dict:
+  """Global batch shapes of the model features ([B] scalars, [B, length] sequences);
+  `feature_converter_cls` is a model's FEATURE_CONVERTER_CLS (a dict for several tasks)."""
+  from vmx.errors import ConfigError
+  multi = isinstance(feature_converter_cls, Mapping)
+  if multi != isinstance(cfg, MultiTaskConfig):
+    raise ConfigError(
+        f"the model reads {'tasks ' + str(sorted(feature_converter_cls)) if multi else 'one task'}"
+        f" each step but train_dataset_cfg is a {type(cfg).__name__}: "
+        + ("use MultiTaskConfig(tasks={...})" if multi else "use one DatasetConfig"))
+  if multi:
+    missing = sorted(set(feature_converter_cls) - set(cfg.tasks))
+    extra = sorted(set(cfg.tasks) - set(feature_converter_cls))
+    if missing or extra:
+      raise ConfigError(
+          f"MultiTaskConfig.tasks has {sorted(cfg.tasks)} but the model reads "
+          f"{sorted(feature_converter_cls)}" + (f"; missing: {missing}" if missing else "")
+          + (f"; not read by the model: {extra}" if extra else ""))
+  shapes = {}
+  for key, c in task_configs(cfg).items():
+    fc = (feature_converter_cls[key] if multi else feature_converter_cls)(pack=False)
+    for k, n in fc.get_model_feature_lengths(c.task_feature_lengths).items():
+      shapes[k if key is None else f"{key}/{k}"] = (
+          (c.batch_size,) if fc.MODEL_FEATURES[k].rank == 0 else (c.batch_size, n))
+  return shapes
+
+
+def uniform_config(feature_converter_cls, batch_size: int, length: int):
+  """A placeholder dataset config (task names unset) giving every sequence feature of
+  every task `length` and every task `batch_size`: shapes for benchmarks without data."""
+  def one(fc_cls):
+    features = getattr(fc_cls, "func", fc_cls).TASK_FEATURES   # a class or a partial
+    lengths = {k: length for k, spec in features.items() if spec.rank > 0}
+    return DatasetConfig("unset", lengths, batch_size)
+  if isinstance(feature_converter_cls, Mapping):
+    return MultiTaskConfig({k: one(c) for k, c in feature_converter_cls.items()})
+  return one(feature_converter_cls)
+
+
 def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
                 num_epochs: Optional[int] = None, seed: Optional[int] = None) -> tf.data.Dataset:
   """The GLOBAL batches: [batch_size, ...] numpy-able dicts (every process reads the
@@ -88,7 +163,17 @@ class DataIterator:
     return batch
 
 
-def train_iterator(cfg: DatasetConfig, feature_converter_cls, seed: int) -> DataIterator:
-  """Iterator over the GLOBAL training batches, the same on every process."""
-  fc = feature_converter_cls(pack=cfg.pack)
-  return DataIterator(lambda: get_dataset(cfg, fc, num_epochs=None, seed=seed))
+def train_iterator(cfg, feature_converter_cls, seed: int) -> DataIterator:
+  """Iterator over the GLOBAL training batches, the same on every process. A
+  MultiTaskConfig zips its tasks' batches (task i shuffled with seed + i) into one dict
+  with `key/feature` names; the position counts steps, as for one task."""
+  if not isinstance(cfg, MultiTaskConfig):
+    fc = feature_converter_cls(pack=cfg.pack)
+    return DataIterator(lambda: get_dataset(cfg, fc, num_epochs=None, seed=seed))
+
+  def make_dataset():
+    parts = {key: get_dataset(c, feature_converter_cls[key](pack=c.pack), num_epochs=None,
+                              seed=seed + i) for i, (key, c) in enumerate(cfg.tasks.items())}
+    return tf.data.Dataset.zip(parts).map(
+        lambda ex: {f"{key}/{k}": v for key, part in ex.items() for k, v in part.items()})
+  return DataIterator(make_dataset)

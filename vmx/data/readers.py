@@ -141,6 +141,18 @@ def validate_parallel(src_path, tgt_path, empty_lines: str = "error") -> int:
                                    f"{src_path} / {tgt_path}", empty_lines))
 
 
+def validate_text(path) -> int:
+  """Non-empty lines (> 0) of a monolingual text file (empty lines are skipped when read);
+  DataError naming the file and line on invalid UTF-8."""
+  def count():
+    n = sum(1 for _, line in iter_lines(path) if line.strip())
+    if n == 0:
+      raise DataError(f"{path} has no non-empty line: an empty corpus is not silently "
+                      "dropped from a mixture; remove it from the task's languages/files")
+    return n
+  return _cached("text", [path], count)
+
+
 def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple[str, ...]]:
   """Selected columns of each TSV line, validated as read."""
   need = max(columns) + 1

@@ -81,6 +81,26 @@ def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "e
                                   num_input_examples={"train": n})
 
 
+def text_source(paths: Sequence[str]) -> seqio.FunctionDataSource:
+  """Monolingual text: the non-empty lines of one or more files as `inputs` (validated
+  before use: UTF-8, at least one line per file)."""
+  paths = [str(p) for p in paths]
+  n = sum(readers.validate_text(p) for p in paths)
+
+  def dataset_fn(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    gz = [p for p in paths if p.endswith(".gz")]
+    plain = [p for p in paths if not p.endswith(".gz")]
+    parts = ([tf.data.TextLineDataset(gz, compression_type="GZIP")] if gz else []) + \
+        ([tf.data.TextLineDataset(plain)] if plain else [])
+    ds = parts[0] if len(parts) == 1 else parts[0].concatenate(parts[1])
+    ds = ds.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
+    return ds.map(lambda line: {"inputs": line})
+
+  return seqio.FunctionDataSource(dataset_fn, splits=("train",),
+                                  num_input_examples={"train": n})
+
+
 def add_language_ids(dataset: tf.data.Dataset, src_lang_id: int, tgt_lang_id: int):
   """Preprocessor: constant language ids for both sides of a pair task."""
   return dataset.map(lambda ex: {**ex, "inputs_lang": tf.constant(src_lang_id, tf.int32),
@@ -195,6 +215,21 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(name, source=source, preprocessors=preprocessors,
                          output_features=features, shuffle_buffer_size=shuffle_buffer_size)
+  return name
+
+
+def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
+                       shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
+  """Registers (or re-registers) a tokenized monolingual task (`inputs`); returns its name."""
+  vocab = seqio_vocabulary(vocab_path)
+  preprocessors = [seqio.preprocessors.tokenize]
+  if isinstance(vocab, HfVocabulary) and vocab.tokenizer.closing_special:
+    preprocessors.append(functools.partial(truncate_keeping_last, features=("inputs",)))
+  _unregister(seqio.TaskRegistry, name)
+  seqio.TaskRegistry.add(name, source=source, preprocessors=preprocessors,
+                         output_features={"inputs": seqio.Feature(vocab, add_eos=False,
+                                                                  dtype=tf.int32)},
+                         shuffle_buffer_size=shuffle_buffer_size)
   return name
 
 

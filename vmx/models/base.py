@@ -7,11 +7,30 @@ A vmx model wraps a Flax linen module and exposes t5x's `BaseModel` methods:
   predict_batch_with_aux(params, batch, rng=None) -> (predictions, aux)
   get_initial_variables(rng, input_shapes, input_types=None) -> variables
   FEATURE_CONVERTER_CLS
-Metrics are clu metric objects (t5x's convention). Models with state that is
-not trained by gradients (momentum encoders, queues of past embeddings) set
-`HAS_MUTABLES = True`, keep that state in the `flax_mutables` of the train
-state, and implement `loss_fn(params, batch, dropout_rng, flax_mutables)`
-returning `(loss, (metrics, new_flax_mutables))`, t5x's flax_mutables path.
+Metrics are clu metric objects (t5x's convention).
+
+`SentenceEncoderModel` is the base of every vmx method: a method is its linen module,
+`embed` (the sentence vector used for retrieval) and `compute_loss` (its objective as
+a dict of scalars); scoring, prediction, metric wrapping and eval come from the base.
+
+State not trained by gradients (momentum encoders, queues of past embeddings, step
+counters) lives in the `flax_mutables` of the train state (t5x's flax_mutables path):
+such models set `HAS_MUTABLES = True`, put the state in `get_initial_variables`, and
+get it in `loss_fn(params, batch, dropout_rng, flax_mutables)`, which returns
+`(loss, (metrics, new_flax_mutables))`. Three trainer hooks (vmx/training/trainer.py),
+all optional:
+  flax_mutables_axes(params_axes, flax_mutables)  logical axes of that state (default:
+      replicated), so a queue is split along 'data' and a momentum encoder like the
+      parameters it follows;
+  after_update(params, flax_mutables, step)  runs inside the jitted step right after
+      the optimizer update, with the NEW parameters (a momentum update `k = m k +
+      (1 - m) q`: the next step's keys come from it, no one-step lag);
+  derive_mutables(params, flax_mutables)  state that follows from the starting
+      parameters, redone when a run starts from an initial checkpoint (a momentum
+      encoder starts as a copy of its query encoder).
+A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
+{task: converter class}; its batch features are then named `task/feature`
+(vmx.data.pipeline.MultiTaskConfig).
 
 `FEATURE_CONVERTER_CLS` is resolved lazily, so that importing a model (for
 inference) never imports seqio/TensorFlow.
@@ -25,6 +44,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+from clu import metrics as clu_metrics
 from flax import linen as nn
 
 
@@ -78,6 +98,76 @@ class BaseModel(abc.ABC):
   def get_config(self) -> dict:
     """JSON-serializable description that `model_from_config` rebuilds."""
     return to_config(self)
+
+  # --- trainer hooks for state not trained by gradients (see the module docstring) ---
+
+  def flax_mutables_axes(self, params_axes, flax_mutables):
+    """Logical axis names (a tuple per array, e.g. (None, 'batch', 'embed')) of the
+    flax_mutables; `params_axes` are the parameters' (tuples). None: all replicated."""
+    del params_axes, flax_mutables
+    return None
+
+  def after_update(self, params, flax_mutables, step: jax.Array):
+    """flax_mutables after optimizer update number `step` (1, 2, ...) gave `params`."""
+    del params, step
+    return flax_mutables
+
+  def derive_mutables(self, params, flax_mutables):
+    """flax_mutables for a run that starts from `params` (fresh or an initial checkpoint)."""
+    del params
+    return flax_mutables
+
+
+def averaged(metrics: Mapping[str, Any]) -> dict:
+  """Scalars -> clu Average metrics (averaged over the steps of a log period)."""
+  return {k: clu_metrics.Average.from_model_output(v) for k, v in metrics.items()}
+
+
+class SentenceEncoderModel(BaseModel):
+  """Base of vmx's methods: a module, its sentence vectors and its objective.
+
+  Subclasses implement
+    embed(params, tokens_BxL, lang_B, side) -> [B, D]   sentence vectors (not normalized)
+    compute_loss(params, batch, dropout_rng, flax_mutables)
+        -> (loss, {name: scalar}, new_flax_mutables)
+        (dropout_rng None: evaluation; flax_mutables None: evaluation without train state)
+    get_initial_variables(...)
+  and get t5x's loss_fn / eval_fn / score_batch / predict_batch_with_aux.
+  """
+
+  @abc.abstractmethod
+  def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
+    ...
+
+  @abc.abstractmethod
+  def compute_loss(self, params, batch, dropout_rng, flax_mutables):
+    ...
+
+  def loss_fn(self, params, batch, dropout_rng, flax_mutables=None):
+    loss, metrics, new = self.compute_loss(params, batch, dropout_rng, flax_mutables)
+    if self.HAS_MUTABLES:
+      return loss, (averaged(metrics), new)
+    return loss, averaged(metrics)
+
+  def eval_fn(self, params, batch):
+    loss, metrics, _ = self.compute_loss(params, batch, None, None)
+    return loss, averaged(metrics)
+
+  def score_batch(self, params, batch, return_intermediates: bool = False):
+    """Cosine similarity of each (left, right) pair's sentence vectors: [B]."""
+    from vmx.losses import l2_normalize
+    left = self.embed(params, batch["left_tokens"], batch.get("left_lang"), "left")
+    right = self.embed(params, batch["right_tokens"], batch.get("right_lang"), "right")
+    scores = jnp.sum(l2_normalize(left) * l2_normalize(right), axis=-1)
+    if return_intermediates:
+      return scores, {"left_encodings": left, "right_encodings": right}
+    return scores
+
+  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
+    """L2-normalized sentence vectors [B, D] of `{side}_tokens`; aux: the raw vectors."""
+    from vmx.losses import l2_normalize
+    emb = self.embed(params, batch[f"{side}_tokens"], batch.get(f"{side}_lang"), side)
+    return l2_normalize(emb), {"unnormalized": emb}
 
 
 # ----------------------------------------------------------------------------

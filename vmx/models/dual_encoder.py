@@ -13,11 +13,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax.numpy as jnp
-from clu import metrics as clu_metrics
 from flax import linen as nn
 
 from vmx import encoders, losses
-from vmx.models.base import BaseModel, _LazyClass
+from vmx.models.base import SentenceEncoderModel, _LazyClass
 
 
 class DualEncoder(nn.Module):
@@ -48,7 +47,7 @@ class DualEncoder(nn.Module):
             self.encode(right_tokens, right_lang, deterministic, "right"))
 
 
-class DualEncoderModel(BaseModel):
+class DualEncoderModel(SentenceEncoderModel):
   """t5x-style model for dual encoders trained with in-batch InfoNCE."""
   FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
   CONFIG_FIELDS = ("module", "temperature", "bidirectional")
@@ -70,26 +69,15 @@ class DualEncoderModel(BaseModel):
         batch.get("left_lang"), batch.get("right_lang"),
         deterministic=dropout_rng is None, rngs=rngs)
 
-  def loss_fn(self, params, batch, dropout_rng):
+  def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
     left, right = self._apply(params, batch, dropout_rng)
-    loss, m = losses.in_batch_softmax_loss(left, right, self.temperature, self.bidirectional)
-    metrics = {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
-    return loss, metrics
+    loss, metrics = losses.in_batch_softmax_loss(left, right, self.temperature,
+                                                 self.bidirectional)
+    return loss, metrics, flax_mutables
 
-  def score_batch(self, params, batch, return_intermediates: bool = False):
-    """Cosine similarity of each (left, right) pair: [B]."""
-    left, right = self._apply(params, batch, None)
-    scores = jnp.sum(losses.l2_normalize(left) * losses.l2_normalize(right), axis=-1)
-    if return_intermediates:
-      return scores, {"left_encodings": left, "right_encodings": right}
-    return scores
-
-  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
-    """L2-normalized embeddings [B, D] of `{side}_tokens`; aux: the raw vectors."""
-    emb = self.module.apply({"params": params}, batch[f"{side}_tokens"],
-                            batch.get(f"{side}_lang"), True, side,
-                            method=DualEncoder.encode)
-    return losses.l2_normalize(emb), {"unnormalized": emb}
+  def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
+    return self.module.apply({"params": params}, tokens_BxL, lang_B, True, side,
+                             method=DualEncoder.encode)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     input_types = input_types or {}

@@ -32,12 +32,11 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-from clu import metrics as clu_metrics
 from flax import linen as nn
 
 from vmx import encoders, layers, losses
 from vmx.errors import ConfigError
-from vmx.models.base import BaseModel, _LazyClass
+from vmx.models.base import SentenceEncoderModel, _LazyClass
 
 
 class EMS(nn.Module):
@@ -100,7 +99,7 @@ class EMS(nn.Module):
             "z_u": self.contrastive_head(u), "z_v": self.contrastive_head(v)}
 
 
-class EMSModel(BaseModel):
+class EMSModel(SentenceEncoderModel):
   """t5x-style model: XTR + contrastive, summed per pair, averaged over the batch."""
   # An imported (or CONTRASTIVE) dual encoder's `encoder/...` fills the sentence encoder
   # and the token table; the XTR and contrastive heads start fresh.
@@ -136,21 +135,13 @@ class EMSModel(BaseModel):
     return loss, {"loss": loss, "xtr": xtr, "contrastive": contrastive,
                   "in_batch_accuracy": m["in_batch_accuracy"]}
 
-  def loss_fn(self, params, batch, dropout_rng):
-    loss, m = self.objective(self._apply(params, batch, dropout_rng), batch)
-    return loss, {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
+  def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
+    loss, metrics = self.objective(self._apply(params, batch, dropout_rng), batch)
+    return loss, metrics, flax_mutables
 
-  def score_batch(self, params, batch, return_intermediates: bool = False):
-    """Cosine similarity of each (left, right) pair's sentence vectors u, v: [B]."""
-    out = self._apply(params, batch, None)
-    scores = jnp.sum(losses.l2_normalize(out["u"]) * losses.l2_normalize(out["v"]), axis=-1)
-    return (scores, out) if return_intermediates else scores
-
-  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
-    """L2-normalized sentence vectors u [B, D] of `{side}_tokens`; aux: the raw vectors."""
-    u = self.module.apply({"params": params}, batch[f"{side}_tokens"], True,
-                          method=EMS.encode)
-    return losses.l2_normalize(u), {"unnormalized": u}
+  def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
+    """u: the pooled encoder output (the encoder reads no language id)."""
+    return self.module.apply({"params": params}, tokens_BxL, True, method=EMS.encode)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     input_types = input_types or {}

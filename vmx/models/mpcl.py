@@ -24,15 +24,14 @@ from __future__ import annotations
 import functools
 
 import jax.numpy as jnp
-from clu import metrics as clu_metrics
 
 from vmx import losses
 from vmx.errors import ConfigError
-from vmx.models.base import BaseModel
+from vmx.models.base import SentenceEncoderModel
 from vmx.models.dual_encoder import DualEncoder
 
 
-class MPCLModel(BaseModel):
+class MPCLModel(SentenceEncoderModel):
   """t5x-style model: multi-positive InfoNCE over N-way groups."""
   CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps")
   HAS_MUTABLES = True
@@ -79,28 +78,27 @@ class MPCLModel(BaseModel):
                   "positive_accuracy": mm["positive_accuracy"],
                   "multi_positive_phase": multi.astype(jnp.float32)}
 
-  def loss_fn(self, params, batch, dropout_rng, flax_mutables):
+  def compute_loss(self, params, batch, dropout_rng, flax_mutables):
+    if flax_mutables is None:   # evaluation: the MPCL loss
+      loss, m = self.objective(self.embed_views(params, batch), jnp.bool_(True))
+      return loss, m, None
     updates = flax_mutables["phase"]["updates"]
     loss, m = self.objective(self.embed_views(params, batch, dropout_rng),
                              updates >= self.single_positive_steps)
-    metrics = {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
-    return loss, (metrics, {**flax_mutables, "phase": {"updates": updates + 1}})
-
-  def eval_fn(self, params, batch):
-    loss, m = self.objective(self.embed_views(params, batch), jnp.bool_(True))
-    return loss, {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
+    return loss, m, {**flax_mutables, "phase": {"updates": updates + 1}}
 
   def score_batch(self, params, batch, return_intermediates: bool = False):
-    """Cosine similarity of each example's anchor with each positive: [B, V - 1]."""
+    """Cosine similarity of each example's anchor with each positive: [B, V - 1]
+    (pair batches: left with right, [B])."""
+    if "views" not in batch:
+      return super().score_batch(params, batch, return_intermediates)
     emb = losses.l2_normalize(self.embed_views(params, batch))
     scores = jnp.einsum("bd,bkd->bk", emb[:, 0], emb[:, 1:])
     return (scores, {"embeddings": emb}) if return_intermediates else scores
 
-  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
-    """L2-normalized sentence vectors [B, D] of `{side}_tokens`; aux: the raw vectors."""
-    emb = self.module.apply({"params": params}, batch[f"{side}_tokens"], None, True, side,
-                            method=DualEncoder.encode)
-    return losses.l2_normalize(emb), {"unnormalized": emb}
+  def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
+    return self.module.apply({"params": params}, tokens_BxL, None, True, side,
+                             method=DualEncoder.encode)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     if "views" in input_shapes:

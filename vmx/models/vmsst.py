@@ -65,12 +65,11 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-from clu import metrics as clu_metrics
 from flax import linen as nn
 
 from vmx import decoders, encoders, layers, losses
 from vmx.errors import ConfigError
-from vmx.models.base import BaseModel, _LazyClass
+from vmx.models.base import SentenceEncoderModel, _LazyClass
 
 Array = jax.Array
 CONTRASTIVE_REDUCTIONS = ("sum", "mean")
@@ -243,7 +242,7 @@ class VMSST(nn.Module):
     return out
 
 
-class VMSSTModel(BaseModel):
+class VMSSTModel(SentenceEncoderModel):
   """t5x-style model for VMSST, VMSST-CONTRASTIVE, BITRANSLATION and the ablations.
 
   The KL annealing step is model state: `flax_mutables['annealing']['updates']`
@@ -320,31 +319,18 @@ class VMSSTModel(BaseModel):
     m["loss"] = loss
     return loss, m
 
-  def loss_fn(self, params, batch, dropout_rng, flax_mutables):
+  def compute_loss(self, params, batch, dropout_rng, flax_mutables):
+    if flax_mutables is None:   # evaluation: the fully annealed weight
+      loss, m = self.objective(params, batch, dropout_rng, jnp.ones((), jnp.float32))
+      return loss, m, None
     updates = flax_mutables["annealing"]["updates"]
     loss, m = self.objective(params, batch, dropout_rng,
                              losses.linear_anneal(updates, self.kl_anneal_steps))
-    metrics = {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
-    new = {**flax_mutables, "annealing": {"updates": updates + 1}}
-    return loss, (metrics, new)
+    return loss, m, {**flax_mutables, "annealing": {"updates": updates + 1}}
 
-  def eval_fn(self, params, batch):
-    loss, m = self.objective(params, batch, None, jnp.ones((), jnp.float32))
-    return loss, {k: clu_metrics.Average.from_model_output(v) for k, v in m.items()}
-
-  def score_batch(self, params, batch, return_intermediates: bool = False):
-    """Cosine similarity of mu_sem(left) and mu_sem(right): [B]."""
-    left = self.module.apply({"params": params}, batch["left_tokens"], method=VMSST.encode)
-    right = self.module.apply({"params": params}, batch["right_tokens"], method=VMSST.encode)
-    scores = jnp.sum(losses.l2_normalize(left) * losses.l2_normalize(right), axis=-1)
-    if return_intermediates:
-      return scores, {"left_encodings": left, "right_encodings": right}
-    return scores
-
-  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
-    """L2-normalized mu_sem [B, Z] of `{side}_tokens`; aux: the raw means."""
-    emb = self.module.apply({"params": params}, batch[f"{side}_tokens"], method=VMSST.encode)
-    return losses.l2_normalize(emb), {"unnormalized": emb}
+  def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
+    """mu_sem: the semantic encoder's mean (no language id)."""
+    return self.module.apply({"params": params}, tokens_BxL, method=VMSST.encode)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     input_types = input_types or {}

@@ -14,7 +14,8 @@ looked up under the name that the first matching rule of `assignment` gives
 its own name. Models declare their default rules in `INITIAL_CHECKPOINT_ASSIGNMENT`,
 so an imported dual encoder's `encoder/...` fills VMSST's semantic and language
 encoders and EMS's sentence encoder. Scanned and unscanned layer stacks convert
-both ways (`layers/x` [N, ...] <-> `layers_<i>/x`).
+both ways (`layers/x` [N, ...] <-> `layers_<i>/x`), and into scanned segments
+(`layers_from_<s>/x` [n, ...] <- `layers_<s..s+n-1>/x` or rows s..s+n-1 of `layers/x`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from flax import traverse_util
 from vmx.errors import CheckpointError, ConfigError
 
 _LAYER = re.compile(r"(^|/)layers_(\d+)(/|$)")
+_SEGMENT = re.compile(r"(^|/)layers_from_(\d+)(/|$)")
 
 
 def flatten(tree) -> dict:
@@ -101,6 +103,16 @@ def lookup(name: str, shape: tuple, source: dict) -> Optional[tuple[np.ndarray, 
              for i in range(shape[0])]
     if all(n in source for n in names):
       return np.stack([source[n] for n in names]), names
+  seg = _SEGMENT.search(name)
+  if seg:                     # target: a scanned segment (layers start .. start + n - 1)
+    start, n = int(seg.group(2)), shape[0]
+    names = [name[:seg.start()] + f"{seg.group(1)}layers_{start + i}{seg.group(3)}" +
+             name[seg.end():] for i in range(n)]
+    if all(x in source for x in names):
+      return np.stack([source[x] for x in names]), names
+    stacked = name[:seg.start()] + f"{seg.group(1)}layers{seg.group(3)}" + name[seg.end():]
+    if stacked in source and source[stacked].shape[0] >= start + n:
+      return source[stacked][start:start + n], [stacked]
   m = _LAYER.search(name)
   if m:                                                   # target per layer, source scanned
     stacked = name[:m.start()] + f"{m.group(1)}layers{m.group(3)}" + name[m.end():]

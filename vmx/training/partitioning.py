@@ -70,11 +70,19 @@ class Partitioner:
   def replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, P())
 
+  @staticmethod
+  def params_logical_axes(params_axes) -> Any:
+    """Tree of logical-axis PartitionSpecs from the `params_axes` collection."""
+    return flax.core.unfreeze(nnp.get_axis_names(params_axes))
+
+  def shardings_of(self, logical_axes) -> Any:
+    """Tree of NamedShardings from a tree of logical axes (PartitionSpecs or tuples)."""
+    return jax.tree.map(lambda s: self.sharding(tuple(s)), logical_axes,
+                        is_leaf=lambda x: isinstance(x, (P, tuple)))
+
   def params_shardings(self, params_axes) -> Any:
     """Tree of NamedShardings from the `params_axes` collection (param_with_axes)."""
-    specs = flax.core.unfreeze(nnp.get_axis_names(params_axes))
-    return jax.tree.map(lambda s: self.sharding(tuple(s)), specs,
-                        is_leaf=lambda x: isinstance(x, P))
+    return self.shardings_of(self.params_logical_axes(params_axes))
 
   def batch_sharding(self, batch_shapes) -> Any:
     """Leading (batch) dimension over 'data', the rest replicated."""

@@ -4,7 +4,11 @@
 
 State: `TrainState(step, params, opt_state, flax_mutables, rng)`, sharded over a
 ('data', 'model') mesh by logical axis rules; one jitted step does forward,
-backward and the optax update. The loss is computed on the global batch (the
+backward, the optax update and the model's `after_update` hook (flax_mutables that
+follow the new parameters: momentum encoders). The model's hooks also shard its
+flax_mutables (`flax_mutables_axes`) and derive them from starting parameters
+(`derive_mutables`); see vmx/models/base.py. A `MultiTaskConfig` feeds several tasks
+into every step. The loss is computed on the global batch (the
 sharding of every input and parameter is explicit, XLA inserts the collectives).
 Checkpoints (orbax) hold params, optimizer state, step, RNG and the data
 position; a run restarted with the same model_dir resumes from the newest intact
@@ -64,13 +68,10 @@ class TatoebaEvalConfig:
     self.english, self.batch_size = english, batch_size
 
 
-def input_shapes(dataset_cfg: pipeline.DatasetConfig, model: BaseModel,
-                 batch_size: Optional[int] = None) -> dict:
-  """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise."""
-  fc = model.FEATURE_CONVERTER_CLS(pack=False)
-  lengths = fc.get_model_feature_lengths(dataset_cfg.task_feature_lengths)
-  b = batch_size or dataset_cfg.batch_size
-  return {k: (b,) if fc.MODEL_FEATURES[k].rank == 0 else (b, n) for k, n in lengths.items()}
+def input_shapes(dataset_cfg, model: BaseModel) -> dict:
+  """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise
+  (`task/feature` names for a MultiTaskConfig)."""
+  return pipeline.model_feature_shapes(dataset_cfg, model.FEATURE_CONVERTER_CLS)
 
 
 class Trainer:
@@ -92,7 +93,8 @@ class Trainer:
       variables.pop("params_axes", None)
       mutables = {k: v for k, v in variables.items() if not k.endswith("_axes")}
       return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=self.tx.init(params), flax_mutables=mutables,
+                        opt_state=self.tx.init(params),
+                        flax_mutables=model.derive_mutables(params, mutables),
                         rng=jax.random.key_data(dropout_rng))
 
     self._init = init
@@ -100,7 +102,8 @@ class Trainer:
       variables_shape = jax.eval_shape(
           lambda: model.get_initial_variables(jax.random.PRNGKey(0), self.shapes))
       abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-    params_sh = partitioner.params_shardings(variables_shape["params_axes"])
+    params_axes = partitioner.params_logical_axes(variables_shape["params_axes"])
+    params_sh = partitioner.shardings_of(params_axes)
     repl = partitioner.replicated()
 
     def opt_leaf_sharding(leaf, param_sh, param):
@@ -109,9 +112,13 @@ class Trainer:
     opt_sh = optax.tree_map_params(self.tx, opt_leaf_sharding, abstract.opt_state, params_sh,
                                    abstract.params, transform_non_params=lambda _: repl,
                                    is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    # State not trained by gradients: sharded by the model's logical axes (a queue along
+    # 'data', a momentum encoder like its parameters), else replicated.
+    mutables_axes = model.flax_mutables_axes(params_axes, abstract.flax_mutables)
+    mutables_sh = (jax.tree.map(lambda _: repl, abstract.flax_mutables)
+                   if mutables_axes is None else partitioner.shardings_of(mutables_axes))
     self.state_shardings = TrainState(
-        step=repl, params=params_sh, opt_state=opt_sh,
-        flax_mutables=jax.tree.map(lambda _: repl, abstract.flax_mutables), rng=repl)
+        step=repl, params=params_sh, opt_state=opt_sh, flax_mutables=mutables_sh, rng=repl)
     self.abstract_state = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract,
         self.state_shardings)
@@ -139,6 +146,8 @@ class Trainer:
     loss, metrics, grads, mutables = self._loss_and_grads(state, batch, dropout_rng)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    # The model's post-update hook sees the NEW parameters (e.g. a momentum encoder).
+    mutables = self.model.after_update(params, mutables, state.step + 1)
     metrics = dict(metrics)
     metrics["grad_norm"] = clu_metrics.Average.from_model_output(optax.tree.norm(grads))
     if self.learning_rate is not None:
@@ -159,10 +168,14 @@ class Trainer:
       return self.init_state(jax.random.PRNGKey(seed))
 
   def replace_params(self, state: TrainState, params) -> TrainState:
-    """`state` with new parameters and the optimizer state initialized for them."""
+    """`state` with new parameters, the optimizer state initialized for them and the
+    model state derived from them (`derive_mutables`: a momentum encoder's copy)."""
     with self.partitioner.context():
       opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
-    return state.replace(params=params, opt_state=opt_state)
+      mutables = jax.jit(self.model.derive_mutables,
+                         out_shardings=self.state_shardings.flax_mutables)(
+                             params, state.flax_mutables)
+    return state.replace(params=params, opt_state=opt_state, flax_mutables=mutables)
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One update on the GLOBAL batch (numpy, identical on every process); the step's
@@ -235,13 +248,16 @@ def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_s
               eval_period, "a number of steps >= 0 (0: no evaluation)")
   check_range(stop_at_step is None or positive_int(stop_at_step), "train", "stop_at_step",
               stop_at_step, "None or a positive step")
-  check_range(batch_size % data_parallel_size == 0, "DatasetConfig", "batch_size", batch_size,
-              f"a multiple of the {data_parallel_size} data-parallel devices")
+  sizes = dict(batch_size) if isinstance(batch_size, Mapping) else {None: batch_size}
+  for key, size in sizes.items():
+    check_range(size % data_parallel_size == 0, "DatasetConfig" if key is None else
+                f"MultiTaskConfig.tasks[{key!r}] DatasetConfig", "batch_size", size,
+                f"a multiple of the {data_parallel_size} data-parallel devices")
 
 
 @gin.configurable
 def train(*, model: BaseModel = gin.REQUIRED,
-          train_dataset_cfg: pipeline.DatasetConfig = gin.REQUIRED,
+          train_dataset_cfg: pipeline.DatasetConfig | pipeline.MultiTaskConfig = gin.REQUIRED,
           optimizer: optax.GradientTransformation = gin.REQUIRED,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
           vocabulary: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
@@ -267,7 +283,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   partitioner = partitioner or partitioning.Partitioner()
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
   check_train_args(total_steps, log_period, eval_period, stop_at_step,
-                   train_dataset_cfg.batch_size, partitioner.data_parallel_size)
+                   {k: c.batch_size for k, c in pipeline.task_configs(train_dataset_cfg).items()},
+                   partitioner.data_parallel_size)
   Path(model_dir).mkdir(parents=True, exist_ok=True)
   shapes = input_shapes(train_dataset_cfg, model)
   trainer = Trainer(model, optimizer, partitioner, shapes, learning_rate)
@@ -369,7 +386,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
         scalars = compute_metrics(acc)
         dt = time.time() - t_log
         scalars["train/steps_per_sec"] = steps_since / dt
-        scalars["train/pairs_per_sec"] = steps_since * train_dataset_cfg.batch_size / dt
+        scalars["train/examples_per_sec"] = steps_since * train_dataset_cfg.batch_size / dt
         writer.write_scalars(done, scalars)
         last.update(scalars)
         if bar is not None:

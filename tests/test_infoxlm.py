@@ -1,0 +1,345 @@
+"""InfoXLM: MMLM/TLM/XLCO losses against NumPy, masking statistics, the queue, the
+momentum encoder, device-count equivalence, resume, and the start-up checks."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import toy_train
+from vmx import encoders, losses, masked_lm
+from vmx.errors import ConfigError
+from vmx.models.infoxlm import InfoXLM, InfoXLMModel, key_params, momentum_coefficient
+
+B, L, V = 8, 10, 50
+
+
+def _encoder(**kw):
+  args = dict(vocab_size=V, num_layers=3, emb_dim=16, num_heads=2, mlp_dim=32,
+              max_length=2 * L)
+  args.update(kw)
+  return encoders.TransformerEncoder(**args)
+
+
+def _model(**kw):
+  args = dict(mask_id=1, random_low=3, queue_size=2 * B, momentum=0.9, temperature=0.2)
+  args.update(kw)
+  universal = args.pop("universal_layer", 2)
+  return InfoXLMModel(InfoXLM(_encoder(), universal_layer=universal), **args)
+
+
+def _tokens(rng, b=B, length=L, low=3):
+  lens = rng.integers(2, length + 1, size=b)
+  t = rng.integers(low, V, size=(b, length))
+  t[np.arange(length)[None] >= lens[:, None]] = 0
+  return t.astype(np.int32)
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  out = {"mmlm/tokens": _tokens(rng)}
+  for task in ("tlm", "xlco"):
+    out.update({f"{task}/left_tokens": _tokens(rng), f"{task}/right_tokens": _tokens(rng),
+                f"{task}/left_lang": np.zeros(B, np.int32),
+                f"{task}/right_lang": np.ones(B, np.int32)})
+  return out
+
+
+def _init(model, batch):
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+  mutables = model.derive_mutables(v["params"], {k: v[k] for k in ("momentum", "queue")})
+  return v["params"], mutables
+
+
+# --- losses against NumPy ---
+
+def test_masked_lm_loss_matches_numpy():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 5, 7)).astype(np.float32)
+  targets = rng.integers(0, 7, size=(3, 5))
+  weights = (rng.random((3, 5)) < 0.4).astype(np.float32)
+  weights[0, 0] = 1.0
+  loss, m = losses.masked_lm_loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  nll = -np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(loss), (nll * weights).sum() / weights.sum(), rtol=1e-5)
+  acc = ((logits.argmax(-1) == targets) * weights).sum() / weights.sum()
+  np.testing.assert_allclose(float(m["accuracy"]), acc, rtol=1e-6)
+
+
+def test_queue_infonce_matches_numpy():
+  rng = np.random.default_rng(1)
+  q, k = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
+  queue = rng.normal(size=(10, 6))
+  valid = np.arange(10) < 7               # the last 3 slots are not filled yet
+  t = 0.3
+  loss, _ = losses.queue_infonce(jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32),
+                                 jnp.asarray(queue, jnp.float32), jnp.asarray(valid), t)
+  pos = (q * k).sum(1) / t
+  neg = q @ queue[valid].T / t
+  ref = -(pos - np.log(np.exp(pos) + np.exp(neg).sum(1)))
+  np.testing.assert_allclose(float(loss), ref.mean(), rtol=1e-5)
+
+
+# --- masking and joining ---
+
+def test_masking_statistics():
+  rng = np.random.default_rng(0)
+  tokens = _tokens(rng, b=512, length=64)
+  tokens[:, 0] = np.where(tokens[:, 0] > 0, 2, 0)     # id 2: a special token, never masked
+  inputs, targets, weights = jax.jit(lambda r, t: masked_lm.mask_tokens(
+      r, t, mask_id=1, vocab_size=V, special_ids=(2,), random_low=3))(
+          jax.random.PRNGKey(3), jnp.asarray(tokens))
+  inputs, targets, w = map(np.asarray, (inputs, targets, weights))
+  np.testing.assert_array_equal(targets, tokens)
+  picked = w > 0
+  maskable = (tokens > 0) & (tokens != 2)
+  assert not picked[~maskable].any()                  # padding and specials are never picked
+  n = maskable.sum(1)
+  count = picked.sum(1)
+  assert np.all((count >= np.floor(0.15 * n)) & (count <= np.floor(0.15 * n) + 1))
+  assert abs(count.sum() / n.sum() - 0.15) < 0.005
+  np.testing.assert_array_equal(inputs[~picked], tokens[~picked])
+  as_mask = (inputs == 1)[picked].mean()
+  as_self = (inputs == tokens)[picked].mean()
+  as_random = 1 - as_mask - as_self
+  assert abs(as_mask - 0.8) < 0.02 and abs(as_random - 0.1 * (1 - 1 / (V - 3))) < 0.015
+  assert abs(as_self - 0.1) < 0.015
+  assert inputs[picked].min() >= 1 and inputs.max() < V
+
+
+def test_join_padded():
+  a = np.array([[5, 6, 0, 0], [7, 8, 9, 4]], np.int32)
+  b = np.array([[3, 4, 4, 0], [3, 0, 0, 0]], np.int32)
+  np.testing.assert_array_equal(masked_lm.join_padded(jnp.asarray(a), jnp.asarray(b)),
+                                [[5, 6, 3, 4, 4, 0, 0, 0], [7, 8, 9, 4, 3, 0, 0, 0]])
+  np.testing.assert_array_equal(masked_lm.join_padded(jnp.asarray(a), jnp.asarray(b), True),
+                                [[5, 6, 4, 4, 0, 0, 0, 0], [7, 8, 9, 4, 0, 0, 0, 0]])
+
+
+# --- queue, momentum ---
+
+def test_queue_is_fifo_with_wrap_around_and_xlco_waits_until_full():
+  model, batch = _model(), _batch()
+  params, mutables = _init(model, batch)
+  assert mutables["queue"]["keys"].shape == (2, B, 16)
+  fn = jax.jit(lambda p, b, m, r: model.compute_loss(p, b, r, m))
+  seen = []
+  for step in range(3):
+    loss, m, new = fn(params, _batch(step), mutables, jax.random.PRNGKey(step))
+    # XLCO counts only once the queue is full (after 2 steps of keys)
+    assert float(m["xlco_active"]) == (1.0 if step >= 2 else 0.0)
+    rest = float(m["mmlm_loss"] + m["tlm_loss"])
+    np.testing.assert_allclose(float(loss), rest + float(m["xlco_active"] * m["xlco_loss"]),
+                               rtol=1e-5)
+    slot = step % 2
+    assert int(mutables["queue"]["next"]) == slot
+    others = np.delete(np.asarray(new["queue"]["keys"]), slot, axis=0)
+    np.testing.assert_array_equal(others, np.delete(np.asarray(mutables["queue"]["keys"]),
+                                                    slot, axis=0))
+    seen.append(np.asarray(new["queue"]["keys"][slot]))
+    mutables = new
+  assert int(mutables["queue"]["filled"]) == 2 and int(mutables["queue"]["next"]) == 1
+  np.testing.assert_array_equal(mutables["queue"]["keys"][0], seen[2])   # wrapped around
+  np.testing.assert_array_equal(mutables["queue"]["keys"][1], seen[1])
+
+
+def test_momentum_update_formula_and_no_gradient_to_keys():
+  model, batch = _model(), _batch()
+  params, mutables = _init(model, batch)
+  # the key encoder: the encoder up to the universal layer + the projection
+  assert sorted(k for k in mutables["momentum"]["params"]["encoder"] if "layers" in k) == \
+      ["layers_0", "layers_1"]
+  new_params = jax.tree.map(lambda x: x + 1.0, params)
+  out = model.after_update(new_params, mutables, jnp.int32(5))
+  jax.tree.map(lambda k, k0, q: np.testing.assert_allclose(k, 0.9 * k0 + 0.1 * q, atol=1e-7),
+               out["momentum"]["params"], mutables["momentum"]["params"],
+               key_params(new_params, 2))
+  for t in (1, 10, 1000, 10 ** 7):
+    np.testing.assert_allclose(momentum_coefficient("infoxlm15", 0.0, t),
+                               min(1 - t ** -0.51, 0.9995), rtol=1e-6)
+  # the loss has no gradient with respect to the key encoder (and the queue)
+  full = dict(mutables, queue=dict(mutables["queue"], filled=jnp.int32(2)))
+  g = jax.jit(jax.grad(lambda m: model.compute_loss(params, batch, jax.random.PRNGKey(0), m)[0],
+                       allow_int=True))(full)
+  assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree.leaves(g["momentum"]))
+  assert float(jnp.abs(g["queue"]["keys"]).max()) == 0.0
+
+
+def test_trainer_step_updates_the_key_encoder_with_the_new_parameters():
+  from vmx.training import optimizers, partitioning
+  from vmx.training.trainer import Trainer
+  model, batch = _model(), _batch()
+  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), partitioning.Partitioner(
+      num_devices=1), {k: v.shape for k, v in batch.items()})
+  s0 = jax.device_get(tr.create_state(0))
+  # the key encoder starts as a copy of the query encoder
+  jax.tree.map(np.testing.assert_array_equal, s0.flax_mutables["momentum"]["params"],
+               key_params(s0.params, 2))
+  s1, _ = tr.step(tr.create_state(0), batch)
+  s1 = jax.device_get(s1)
+  jax.tree.map(lambda k, k0, q: np.testing.assert_allclose(k, 0.9 * k0 + 0.1 * q, rtol=1e-5,
+                                                           atol=1e-7),
+               s1.flax_mutables["momentum"]["params"], s0.flax_mutables["momentum"]["params"],
+               key_params(s1.params, 2))
+  assert int(s1.flax_mutables["queue"]["filled"]) == 1
+
+
+# --- devices, resume ---
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_loss_and_state_equal_on_1_and_8_devices():
+  from conftest import assert_same_loss_and_grads_on_1_and_8_devices
+  from vmx.training import optimizers, partitioning
+  from vmx.training.trainer import Trainer
+  model, batch = _model(), _batch()
+  params, mutables = _init(model, batch)
+  full = dict(mutables, queue=dict(mutables["queue"], filled=jnp.int32(2),
+                                   keys=jax.random.normal(jax.random.PRNGKey(1), (2, B, 16))))
+  rng = jax.random.PRNGKey(4)
+  assert_same_loss_and_grads_on_1_and_8_devices(
+      model, batch, lambda p, b: model.compute_loss(p, b, rng, full)[0])
+  # a whole train step: the queue is split along 'data', the result does not depend on it
+  out = []
+  for n in (1, 8):
+    part = partitioning.Partitioner(num_devices=n)
+    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), part,
+                 {k: v.shape for k, v in batch.items()})
+    state = tr.create_state(0)
+    for _ in range(3):
+      state, _ = tr.step(state, batch)
+    if n == 8:
+      spec = tr.state_shardings.flax_mutables["queue"]["keys"].spec
+      assert tuple(spec)[:2] == (None, "data")
+      assert state.flax_mutables["queue"]["keys"].addressable_shards[0].data.shape[1] == B // 8
+    out.append(jax.device_get(state))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5),
+               out[0].flax_mutables, out[1].flax_mutables)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5),
+               out[0].params, out[1].params)
+
+
+def test_resume_with_a_non_empty_queue_equals_uninterrupted(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  full = toy_train(tmp_path / "full", name, vp, kind="infoxlm")
+  first = toy_train(tmp_path / "split", name, vp, kind="infoxlm", stop_at_step=3)
+  assert int(first.flax_mutables["queue"]["filled"]) == 2     # queue full at the stop
+  resumed = toy_train(tmp_path / "split", name, vp, kind="infoxlm")
+  assert int(resumed.step) == 6 and int(resumed.flax_mutables["queue"]["next"]) == 0
+  for part in ("params", "opt_state", "flax_mutables"):
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 getattr(full, part), getattr(resumed, part))
+  from vmx.inference import Encoder
+  v = Encoder.from_checkpoint(tmp_path / "split").encode(["alpha beta", "GAMMA"])
+  assert v.shape == (2, 16)
+
+
+# --- start-up checks ---
+
+def test_bad_settings_fail_at_start_up():
+  batch = _batch()
+  shapes = {k: v.shape for k, v in batch.items()}
+  with pytest.raises(ConfigError, match="queue_size=20 is not a multiple of the global XLCO "
+                                        "batch 8"):
+    _model(queue_size=20).get_initial_variables(jax.random.PRNGKey(0), shapes)
+  with pytest.raises(ConfigError, match="universal_layer=4: the encoder has 3 layers"):
+    _model(universal_layer=4)
+  with pytest.raises(ConfigError, match="needs TransformerEncoder.scan_boundaries = \\[2\\]"):
+    InfoXLMModel(InfoXLM(_encoder(scan_layers=True), universal_layer=2))
+  with pytest.raises(ConfigError, match="max_length=10 must be at least 20"):
+    InfoXLMModel(InfoXLM(_encoder(max_length=L), universal_layer=2)).get_initial_variables(
+        jax.random.PRNGKey(0), shapes)
+
+
+def test_a_task_mix_without_monolingual_data_is_refused():
+  from vmx.data import pipeline
+  model = _model()
+  pair = pipeline.DatasetConfig("any", {"inputs": L, "targets": L}, batch_size=B)
+  cfg = pipeline.MultiTaskConfig({"tlm": pair, "xlco": pair})
+  with pytest.raises(ConfigError, match=r"missing: \['mmlm'\]"):
+    pipeline.model_feature_shapes(cfg, model.FEATURE_CONVERTER_CLS)
+  with pytest.raises(ConfigError, match="use MultiTaskConfig"):
+    pipeline.model_feature_shapes(pair, model.FEATURE_CONVERTER_CLS)
+  # the MMLM-only control reads one task: mmlm
+  assert list(_model(tlm_weight=0.0, xlco_weight=0.0).FEATURE_CONVERTER_CLS) == ["mmlm"]
+
+
+def test_infoxlm_base_config_builds_and_steps_from_xlmr_ids():
+  """infoxlm_base.gin (bert family, XLM-R ids, joined `<s> x </s> y </s>`) at tiny sizes."""
+  from conftest import build_and_step
+  from vmx.data import pipeline
+  from vmx.training.trainer import input_shapes
+
+  def make_batch(model, b):
+    rng = np.random.default_rng(0)
+    shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, 6), model)
+    out = {}
+    for k, s in shapes.items():
+      if len(s) == 1:
+        out[k] = np.zeros(s, np.int32)
+        continue
+      t = rng.integers(4, 300, size=s)
+      t[:, 0], t[:, -1], t[:, -2:] = 1, 2, 0     # <s> ... </s>, padding
+      t[:, -3] = 2
+      out[k] = t.astype(np.int32)
+    return out
+
+  model, state, metrics = build_and_step(
+      "infoxlm_base.gin", ["NUM_LAYERS = 3", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
+                           "VOCAB_SIZE = 300", "MASK_ID = 299", "MAX_POSITIONS = 16",
+                           "MAX_LENGTH = 6", "BATCH_SIZE = 4", "QUEUE_SIZE = 8",
+                           "UNIVERSAL_LAYER = 2", "SCAN_BOUNDARIES = [2]"], make_batch)
+  assert model.module.encoder.family == "bert" and model.joined_drops_first
+  assert model.module.encoder.scan_layers       # two scanned segments: layers 0-1, 2
+  assert sorted(model.FEATURE_CONVERTER_CLS) == ["mmlm", "tlm", "xlco"]
+  assert all(np.isfinite(float(v.compute())) for v in metrics.values())
+  assert int(state.flax_mutables["queue"]["filled"]) == 1
+
+
+def test_scanned_segments_equal_unscanned_layers_and_load_from_them():
+  """scan_boundaries=[2]: layers 0-1 and 2 as two scans; per-layer parameters (an imported
+  XLM-R) load into the segments, and every depth gives the unscanned encoder's output."""
+  from flax import traverse_util
+  from vmx.training import initial_checkpoint
+  plain = _encoder()
+  scanned = _encoder(scan_layers=True, scan_boundaries=(2,))
+  tokens = jnp.asarray(_tokens(np.random.default_rng(0)))
+  p_plain = plain.init(jax.random.PRNGKey(0), tokens)["params"]
+  shapes = jax.eval_shape(lambda: scanned.init(jax.random.PRNGKey(1), tokens))["params"]
+  target = {k: v.shape for k, v in initial_checkpoint.flatten(shapes).items()}
+  assert target["layers_from_0/attention/key"][0] == 2 and \
+      target["layers_from_2/attention/key"][0] == 1
+  loaded, new, ignored = initial_checkpoint.assign(target, initial_checkpoint.flatten(p_plain))
+  assert not new and not ignored
+  p_scanned = traverse_util.unflatten_dict(loaded, sep="/")
+  for depth in (2, 3):
+    a, _ = plain.apply({"params": p_plain}, tokens, depth=depth)
+    b, _ = scanned.apply({"params": p_scanned}, tokens, depth=depth)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ConfigError, match="scan_boundaries to include 1"):
+    scanned.apply({"params": p_scanned}, tokens, depth=1)
+  # the key encoder of a scanned InfoXLM keeps the segment below the universal layer
+  assert sorted(k for k in key_params({"encoder": p_scanned}, 2)["encoder"]
+                if k.startswith("layers")) == ["layers_from_0"]
+
+
+def test_multi_task_batches_have_each_tasks_share_and_resume(toy_task):
+  """Several tasks a step: `task/feature` names, each task's own batch size (the mix
+  proportions) and converter; a restored position gives the same next batch."""
+  from conftest import toy_text_task
+  from vmx.data import feature_converters as fcs, pipeline
+  name, vp, _, _ = toy_task
+  cfg = pipeline.MultiTaskConfig({
+      "mono": pipeline.DatasetConfig(toy_text_task(vp), {"inputs": 6}, batch_size=4),
+      "pair": pipeline.DatasetConfig(name, {"inputs": 5, "targets": 7}, batch_size=2)})
+  converters = {"mono": fcs.MonolingualFeatureConverter, "pair": fcs.PairFeatureConverter}
+  assert pipeline.model_feature_shapes(cfg, converters) == {
+      "mono/tokens": (4, 6), "pair/left_tokens": (2, 5), "pair/right_tokens": (2, 7),
+      "pair/left_lang": (2,), "pair/right_lang": (2,)}
+  it = pipeline.train_iterator(cfg, converters, seed=3)
+  batches = [next(it) for _ in range(3)]
+  assert {k: v.shape for k, v in batches[0].items()} == pipeline.model_feature_shapes(
+      cfg, converters)
+  again = pipeline.train_iterator(cfg, converters, seed=3)
+  again.restore({"position": 2})
+  for k, v in next(again).items():
+    np.testing.assert_array_equal(v, batches[2][k])
