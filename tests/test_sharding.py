@@ -114,3 +114,34 @@ def test_remat_with_dropout_gives_the_same_loss_and_grads(scan, policy):
     l1, g1 = jax.value_and_grad(lambda p: loss(rematted, p))(params)
     np.testing.assert_allclose(l0, l1, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), g0, g1)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_parameter_subset_optimizers_leave_the_other_subset_untouched():
+  """multi_optimizer: the projection head trains with its own optimizer, the 'frozen'
+  encoder never changes; the state is sharded like the parameters on 8 devices."""
+  from vmx.errors import ConfigError
+  tx = optimizers.multi_optimizer({"head": optimizers.create_optimizer("adam", 1e-2)},
+                                  [("^projection/", "head"), ("^encoder/", "frozen")])
+  model = _model()
+  part = partitioning.Partitioner(num_partitions=2, num_devices=8)
+  tr = Trainer(model, tx, part, {k: v.shape for k, v in _batch().items()})
+  state = tr.create_state(0)
+  before = jax.device_get(state.params)
+  for _ in range(2):
+    state, metrics = tr.step(state, _batch())
+  after = jax.device_get(state.params)
+  jax.tree.map(np.testing.assert_array_equal, before["encoder"], after["encoder"])
+  assert not np.allclose(before["projection"]["dense_0"]["kernel"],
+                         after["projection"]["dense_0"]["kernel"])
+  assert float(metrics["grad_norm"].compute()) > 0
+  with pytest.raises(ConfigError, match="match no rule .*encoder/"):
+    Trainer(model, optimizers.multi_optimizer({"head": optax_sgd()}, [("^projection/", "head")]),
+            part, {k: v.shape for k, v in _batch().items()})
+  with pytest.raises(ConfigError, match=r"subsets \['other'\]"):
+    optimizers.multi_optimizer({"head": optax_sgd()}, [(".*", "other")])
+
+
+def optax_sgd():
+  import optax
+  return optax.sgd(0.1)

@@ -1,7 +1,8 @@
 """Optimizers and learning-rate schedules (optax), gin-configurable."""
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional
+import re
+from typing import Callable, Mapping, Optional, Sequence
 
 import gin
 import jax.numpy as jnp
@@ -83,3 +84,46 @@ def create_optimizer(name: str = "adafactor",
   if clip_grad_norm:
     opt = optax.chain(optax.clip_by_global_norm(clip_grad_norm), opt)
   return opt
+
+
+@gin.configurable
+def multi_optimizer(optimizers: Mapping[str, optax.GradientTransformation] = gin.REQUIRED,
+                    labels: Sequence[tuple[str, str]] = gin.REQUIRED
+                    ) -> optax.GradientTransformation:
+  """One optimizer per parameter subset (`optax.multi_transform`), e.g. a classifier and
+  an encoder with their own learning rates and schedules:
+
+    train.optimizer = @multi_optimizer()
+    multi_optimizer.optimizers = {'classifier': @classifier/create_optimizer(),
+                                  'encoder': @create_optimizer()}
+    multi_optimizer.labels = [('^classifier/', 'classifier'), ('.*', 'encoder')]
+
+  `labels`: (regex, subset) rules over parameter paths ('encoder/layers_0/mlp/wi/kernel'),
+  the first `re.search` match wins. A subset named 'frozen' that `optimizers` does not
+  define gets `optax.set_to_zero()` (its parameters never change). Every parameter must
+  match a rule: the unmatched ones are a ConfigError naming them, at start-up.
+  """
+  optimizers = dict(optimizers)
+  rules = [(re.compile(pattern), name) for pattern, name in labels]
+  unknown = sorted({name for _, name in rules} - set(optimizers) - {"frozen"})
+  if unknown:
+    raise ConfigError(f"multi_optimizer.labels name subsets {unknown} that "
+                      f"multi_optimizer.optimizers does not define ({sorted(optimizers)})")
+  if any(name == "frozen" for _, name in rules) and "frozen" not in optimizers:
+    optimizers["frozen"] = optax.set_to_zero()
+
+  def label_tree(params):
+    from flax import traverse_util
+    flat = traverse_util.flatten_dict(params, sep="/")
+    out, unmatched = {}, []
+    for path in flat:
+      name = next((n for r, n in rules if r.search(path)), None)
+      if name is None:
+        unmatched.append(path)
+      out[path] = name
+    if unmatched:
+      raise ConfigError(f"multi_optimizer.labels: {len(unmatched)} parameters match no rule "
+                        f"(e.g. {', '.join(unmatched[:4])}); add a rule such as ('.*', NAME)")
+    return traverse_util.unflatten_dict(out, sep="/")
+
+  return optax.multi_transform(optimizers, label_tree)

@@ -106,12 +106,7 @@ class Trainer:
     params_sh = partitioner.shardings_of(params_axes)
     repl = partitioner.replicated()
 
-    def opt_leaf_sharding(leaf, param_sh, param):
-      return param_sh if leaf.shape == param.shape else repl
-
-    opt_sh = optax.tree_map_params(self.tx, opt_leaf_sharding, abstract.opt_state, params_sh,
-                                   abstract.params, transform_non_params=lambda _: repl,
-                                   is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    opt_sh = opt_state_shardings(abstract.opt_state, abstract.params, params_sh, repl)
     # State not trained by gradients: sharded by the model's logical axes (a queue along
     # 'data', a momentum encoder like its parameters), else replicated.
     mutables_axes = model.flax_mutables_axes(params_axes, abstract.flax_mutables)
@@ -190,6 +185,27 @@ class Trainer:
     """Names of the non-finite terms in a step's flags ([] if all are finite)."""
     flags = np.asarray(local_value(flags))
     return [n for n, f in zip(self.nonfinite_names, flags) if f]
+
+
+def opt_state_shardings(opt_state, params, params_sh, repl):
+  """Each optimizer-state leaf sharded like the parameter it belongs to (same shape),
+  else replicated: a leaf belongs to the parameter whose dict path ends its own path
+  (optax states keep the parameter tree inside: `mu['encoder']['layers_0']...`), which
+  also covers `multi_optimizer`'s per-subset states."""
+  def keys(path):
+    return tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
+  by_path = {keys(p): (x.shape, sh) for (p, x), sh in zip(
+      jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(params_sh))}
+  longest = max((len(k) for k in by_path), default=0)
+
+  def leaf_sharding(path, leaf):
+    path = keys(path)
+    for n in range(min(longest, len(path)), 0, -1):
+      hit = by_path.get(path[-n:])
+      if hit is not None:
+        return hit[1] if hit[0] == leaf.shape else repl
+    return repl
+  return jax.tree_util.tree_map_with_path(leaf_sharding, opt_state)
 
 
 def local_value(x):
