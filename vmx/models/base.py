@@ -26,8 +26,8 @@ all optional:
       the optimizer update, with the NEW parameters (a momentum update `k = m k +
       (1 - m) q`: the next step's keys come from it, no one-step lag);
   derive_mutables(params, flax_mutables)  state that follows from the starting
-      parameters, redone when a run starts from an initial checkpoint (a momentum
-      encoder starts as a copy of its query encoder).
+      parameters (`get_initial_variables` already makes it for fresh ones), redone when
+      a run starts from an initial checkpoint (the momentum encoder copies the import).
 A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
 {task: converter class}; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
@@ -113,7 +113,7 @@ class BaseModel(abc.ABC):
     return flax_mutables
 
   def derive_mutables(self, params, flax_mutables):
-    """flax_mutables for a run that starts from `params` (fresh or an initial checkpoint)."""
+    """flax_mutables for a run that starts from `params` (an initial checkpoint's)."""
     del params
     return flax_mutables
 

@@ -203,19 +203,22 @@ class InfoXLMModel(SentenceEncoderModel):
                                  vocab_size=self.module.encoder.vocab_size,
                                  special_ids=self.special_ids, random_low=self.random_low)
 
+  @staticmethod
+  def _swap(rng, a_BxL, b_BxL):
+    """(a, b) or (b, a), drawn per row."""
+    swap = jax.random.bernoulli(rng, 0.5, a_BxL.shape[:1])[:, None]
+    return jnp.where(swap, b_BxL, a_BxL), jnp.where(swap, a_BxL, b_BxL)
+
   def _join(self, rng, a_BxL, b_BxL):
     """a b or b a (drawn per row), padding between them removed: [B, 2L]."""
-    swap = jax.random.bernoulli(rng, 0.5, a_BxL.shape[:1])[:, None]
-    first, second = jnp.where(swap, b_BxL, a_BxL), jnp.where(swap, a_BxL, b_BxL)
-    return masked_lm.join_padded(first, second, self.joined_drops_first)
+    return masked_lm.join_padded(*self._swap(rng, a_BxL, b_BxL), self.joined_drops_first)
 
   def xlco_inputs(self, rng, left_BxL, right_BxL):
     """(query tokens, key tokens): one side of each pair as the query (drawn per row);
     with mixup, row i joins pair i with pair i+1 (mod B) on both sides, each side in
     its own random order."""
     k_dir, k_q, k_k = jax.random.split(rng, 3)
-    swap = jax.random.bernoulli(k_dir, 0.5, left_BxL.shape[:1])[:, None]
-    src, tgt = jnp.where(swap, right_BxL, left_BxL), jnp.where(swap, left_BxL, right_BxL)
+    src, tgt = self._swap(k_dir, left_BxL, right_BxL)
     if not self.mixup:
       return src, tgt
     return (self._join(k_q, src, jnp.roll(src, -1, axis=0)),

@@ -93,8 +93,7 @@ class Trainer:
       variables.pop("params_axes", None)
       mutables = {k: v for k, v in variables.items() if not k.endswith("_axes")}
       return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=self.tx.init(params),
-                        flax_mutables=model.derive_mutables(params, mutables),
+                        opt_state=self.tx.init(params), flax_mutables=mutables,
                         rng=jax.random.key_data(dropout_rng))
 
     self._init = init
