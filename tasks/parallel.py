@@ -107,11 +107,14 @@ def tsv_task(name: str, path: str, source_language: str, target_language: str,
 def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
                         vocabulary: str = gin.REQUIRED, alpha: float = 0.7,
                         data_dir: Optional[str] = None, pivot: bool = True,
+                        disjoint_pairs: bool = False,
                         shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER) -> str:
   """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
   task per language (its side of the xx-pivot pairs) and, with `pivot`, one for the
   pivot language (the pivot side of every pair); languages sampled with p ∝ n^alpha
-  (n = lines). Returns the mixture name."""
+  (n = lines). `disjoint_pairs` (EMMA-X's non-parallel text): the xx side of the even
+  pairs and the pivot side of the odd ones, so that no pair gives both of its sides.
+  Returns the mixture name."""
   c = _corpus(corpus)
   key = vtasks.short_hash(vocabulary)
   prefix = corpus.replace("-", "_")
@@ -119,8 +122,13 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
   sides = [(lang, [src]) for lang, src, _ in files]
   if pivot:
     sides.append((c.pivot, [piv for _, _, piv in files]))
+  parity = {lang: (None if not disjoint_pairs else int(lang == c.pivot and pivot))
+            for lang, _ in sides}
   names = [vtasks.register_text_task(
-      f"{prefix}.mono_{lang}_{vtasks.short_hash(','.join(paths))}.{key}",
-      vtasks.text_source(paths), vocabulary, shuffle_buffer_size) for lang, paths in sides]
-  lang_key = vtasks.short_hash(",".join(languages) + f"|pivot={pivot}")
+      f"{prefix}.mono_{lang}_{vtasks.short_hash(','.join(paths))}"
+      f"{'' if parity[lang] is None else f'_p{parity[lang]}'}.{key}",
+      vtasks.text_source(paths, parity[lang]), vocabulary, shuffle_buffer_size)
+      for lang, paths in sides]
+  lang_key = vtasks.short_hash(",".join(languages) + f"|pivot={pivot}"
+                               + ("|disjoint" if disjoint_pairs else ""))
   return vtasks.register_mixture(f"{prefix}.mono_mix_{lang_key}_a{alpha}.{key}", names, alpha)

@@ -156,7 +156,15 @@ EMS_FILES = ["ems_tiny.gin", "ems.gin", "ablations/ems_no_language_token.gin",
              "ablations/ems_no_mlp.gin", "ablations/ems_xtr_shared_embedding.gin"]
 
 
-@pytest.mark.parametrize("name", EMS_FILES)
+# ems_tiny.gin is ems.gin at other sizes, and the switches of these three ablations are
+# checked on the module (test_xtr_conditions_on_the_target_language_and_ablations_change_
+# structure): their builds are the slow tier's.
+SLOW_EMS_FILES = ("ems_tiny.gin", "ablations/ems_no_language_token.gin", "ablations/ems_no_mlp.gin",
+                  "ablations/ems_xtr_shared_embedding.gin")
+
+
+@pytest.mark.parametrize("name", [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_EMS_FILES
+                                  else f for f in EMS_FILES])
 def test_every_ems_file_builds_and_takes_a_step(name):
   from conftest import build_and_step
   model, _, metrics = build_and_step(

@@ -63,9 +63,17 @@ SLOW_VARIANTS = ("vmsst_24l_mt5.gin", "vmsst_6l.gin", "vmsst_contrastive_6l.gin"
                  "ablations/vmsst_no_kl.gin")
 
 
+# The fast tier takes a train step with these (the distinct code paths: plain, bfloat16,
+# scanned + rematerialized + Adafactor, the contrastive term, the factorized output) and
+# checks only the parameter tree (no compile) of the other fast-tier files, whose
+# switches change the tree; the slow tier steps every file.
+STEP_IN_FAST_TIER = ("vmsst_tiny.gin", BF16, "vmsst_24l.gin", "vmsst_contrastive_tiny.gin",
+                     "ablations/vmsst_factorized_output.gin")
+
+
 @pytest.mark.parametrize("name", [pytest.param(v, marks=pytest.mark.slow) if v in SLOW_VARIANTS
                                   else v for v in VARIANTS] + [BF16])
-def test_every_variant_builds_and_takes_a_step(name):
+def test_every_variant_builds_and_takes_a_step(name, request):
   import gin
   from vmx import gin_utils
   from vmx.training import partitioning
@@ -82,6 +90,11 @@ def test_every_variant_builds_and_takes_a_step(name):
   if bf16:
     assert model.module.encoder.dtype == model.module.decoder.dtype == "bfloat16"
   batch = _step_batch(b, length)
+  if name not in STEP_IN_FAST_TIER and not bf16 and not request.config.getoption("--run-slow"):
+    shapes = jax.eval_shape(lambda: model.get_initial_variables(
+        jax.random.PRNGKey(0), {k: v.shape for k, v in batch.items()}))
+    assert STRUCTURE.get(name, lambda p: True)(shapes["params"]), name
+    return
   trainer = Trainer(model, tx, partitioning.Partitioner(num_devices=1),
                     {k: v.shape for k, v in batch.items()})
   state = trainer.create_state(0)

@@ -7,7 +7,7 @@ import gin
 
 from vmx import decoders, encoders
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
-from vmx.models import dual_encoder, ems, infoxlm, mpcl, vmsst
+from vmx.models import dual_encoder, emmax, ems, infoxlm, mpcl, vmsst
 from vmx.training import checkpoints, optimizers, partitioning, trainer  # noqa: F401
 import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
 
@@ -24,6 +24,8 @@ gin.external_configurable(ems.EMSModel, module="vmx.models")
 gin.external_configurable(mpcl.MPCLModel, module="vmx.models")
 gin.external_configurable(infoxlm.InfoXLM, module="vmx.models")
 gin.external_configurable(infoxlm.InfoXLMModel, module="vmx.models")
+gin.external_configurable(emmax.EmmaX, module="vmx.models")
+gin.external_configurable(emmax.EmmaXModel, module="vmx.models")
 
 
 @gin.configurable

@@ -362,8 +362,9 @@ def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
   parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
                         *bindings,
                         "experiment_objects.model = %MODEL",
-                        "experiment_objects.optimizer = @create_optimizer()",
                         "experiment_objects.batch_size = %BATCH_SIZE",
                         "experiment_objects.max_length = %MAX_LENGTH",
                         "experiment_objects.partitioner = @Partitioner()"], search_paths_flag)
+  # The run's optimizer binding (create_optimizer, or multi_optimizer over subsets).
+  gin.bind_parameter("experiment_objects.optimizer", gin.query_parameter("train.optimizer"))
   return experiment_objects()

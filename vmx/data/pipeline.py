@@ -103,6 +103,18 @@ def model_feature_shapes(cfg, feature_converter_cls) -> dict:
   return shapes
 
 
+def num_examples(cfg) -> dict:
+  """{task key: training examples in its source(s), or None where a source does not say}
+  (a mixture: the sum over its tasks)."""
+  out = {}
+  for key, c in task_configs(cfg).items():
+    provider = seqio.get_mixture_or_task(c.mixture_or_task_name)
+    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+    counts = [t.num_input_examples(c.split) for t in tasks]
+    out[key] = None if any(n is None for n in counts) else int(sum(counts))
+  return out
+
+
 def uniform_config(feature_converter_cls, batch_size: int, length: int):
   """A placeholder dataset config (task names unset) giving every sequence feature of
   every task `length` and every task `batch_size`: shapes for benchmarks without data."""

@@ -81,19 +81,30 @@ def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "e
                                   num_input_examples={"train": n})
 
 
-def text_source(paths: Sequence[str]) -> seqio.FunctionDataSource:
+def text_source(paths: Sequence[str], line_parity: int | None = None
+                ) -> seqio.FunctionDataSource:
   """Monolingual text: the non-empty lines of one or more files as `inputs` (validated
-  before use: UTF-8, at least one line per file)."""
+  before use: UTF-8, at least one line per file). `line_parity` 0 or 1 keeps only the
+  even or odd lines of each file (line numbers from 0, empty lines counted): two sides
+  of a parallel corpus read with different parities never yield both sides of a pair."""
   paths = [str(p) for p in paths]
+  if line_parity not in (None, 0, 1):
+    raise ValueError(f"text_source: line_parity={line_parity!r}; expected None, 0 or 1")
   n = sum(readers.validate_text(p) for p in paths)
+  if line_parity is not None:
+    n = max(1, n // 2)   # the mixing rate's count: about half of the lines
+
+  def one(path):
+    ds = _text_lines(path)
+    if line_parity is not None:
+      ds = ds.enumerate().filter(lambda i, _: i % 2 == line_parity).map(lambda _, line: line)
+    return ds
 
   def dataset_fn(split, shuffle_files, seed=None):
     del split, shuffle_files, seed
-    gz = [p for p in paths if p.endswith(".gz")]
-    plain = [p for p in paths if not p.endswith(".gz")]
-    parts = ([tf.data.TextLineDataset(gz, compression_type="GZIP")] if gz else []) + \
-        ([tf.data.TextLineDataset(plain)] if plain else [])
-    ds = parts[0] if len(parts) == 1 else parts[0].concatenate(parts[1])
+    ds = one(paths[0])
+    for path in paths[1:]:
+      ds = ds.concatenate(one(path))
     ds = ds.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
     return ds.map(lambda line: {"inputs": line})
 

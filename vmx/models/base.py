@@ -28,6 +28,8 @@ all optional:
   derive_mutables(params, flax_mutables)  state that follows from the starting
       parameters (`get_initial_variables` already makes it for fresh ones), redone when
       a run starts from an initial checkpoint (the momentum encoder copies the import).
+and one start-up check, `validate_data(examples, batch_sizes)`: the model's demands on
+its data (a queue larger than the corpus) before anything is compiled.
 A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
 {task: converter class}; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
@@ -116,6 +118,12 @@ class BaseModel(abc.ABC):
     """flax_mutables for a run that starts from `params` (an initial checkpoint's)."""
     del params
     return flax_mutables
+
+  def validate_data(self, examples: Mapping[Any, Any], batch_sizes: Mapping[Any, int]):
+    """Raises ConfigError if the data cannot feed this model: `examples` {task key: number
+    of training examples, or None if unknown}, `batch_sizes` {task key: global batch}
+    (key None for a single DatasetConfig)."""
+    del examples, batch_sizes
 
 
 def averaged(metrics: Mapping[str, Any]) -> dict:

@@ -194,12 +194,16 @@ class Checkpointer:
 
   def restore_latest(self, abstract_state) -> Optional[tuple[int, Any, dict]]:
     """(step, state, data_state) of the newest intact checkpoint, or None if there is none
-    at all. Damaged ones are moved to MODEL_DIR/damaged/ (process 0) and reported."""
+    at all. Damaged ones are moved to MODEL_DIR/damaged/ (process 0) and reported.
+    `abstract_state`: the TrainState to restore into, or a function of the step giving it
+    (a phased run's state depends on the phase)."""
     steps = self.manager.all_steps()
     if not steps:
       return None
     step, (state, data) = restore_intact(self.model_dir, steps,
-                                         lambda s: self.restore(s, abstract_state),
+                                         lambda s: self.restore(
+                                             s, abstract_state(s) if callable(abstract_state)
+                                             else abstract_state),
                                          quarantine=self._primary)
     self.manager.reload()
     return step, state, data

@@ -30,6 +30,7 @@ STANDARD_LOGICAL_AXIS_RULES = (
     ("layers", None),
     ("languages", None),
     ("relpos_buckets", None),
+    ("ranks", None),
 )
 
 

@@ -39,7 +39,7 @@ from clu import metrics as clu_metrics
 
 from vmx.data import pipeline
 from vmx.data.vocab import copy_any_vocabulary, load_tokenizer
-from vmx.errors import NonFiniteError
+from vmx.errors import ConfigError, NonFiniteError
 from vmx.gin_utils import check_range, positive_int
 from vmx.inference import Encoder, write_model_info
 from vmx.models.base import BaseModel
@@ -66,6 +66,74 @@ class TatoebaEvalConfig:
                 "a positive integer")
     self.languages, self.data_dir = list(languages), data_dir
     self.english, self.batch_size = english, batch_size
+
+
+@gin.configurable
+class Phase:
+  """One phase of a run: `steps` optimizer steps on its own data, with its own model
+  (objective; default: train's `model`) and optimizer (default: train's `optimizer`).
+
+  A run is a list of phases (`train(phases=[...])`, EMMA-X's warm-up then EM). All phases
+  share the parameters and flax_mutables (their models must build the same trees); the
+  optimizer state carries over between phases with the same optimizer and starts anew for
+  a phase with its own. The switch happens at a step boundary (logged, with a checkpoint);
+  a checkpoint at step s belongs to the phase containing s (a phase's last step included),
+  so a run killed inside any phase resumes in it, bit-exactly. Phase i reads its data
+  with seed random_seed + 1000 i.
+  """
+
+  def __init__(self, name: str = gin.REQUIRED, steps: int = gin.REQUIRED,
+               train_dataset_cfg=gin.REQUIRED, model: Optional[BaseModel] = None,
+               optimizer: Optional[optax.GradientTransformation] = None,
+               learning_rate: Optional[Callable] = None):
+    check_range(isinstance(name, str) and bool(name), "Phase", "name", name, "a non-empty name")
+    check_range(positive_int(steps), f"Phase({name!r})", "steps", steps,
+                "a positive number of steps")
+    check_range(isinstance(train_dataset_cfg, (pipeline.DatasetConfig, pipeline.MultiTaskConfig)),
+                f"Phase({name!r})", "train_dataset_cfg", train_dataset_cfg,
+                "a DatasetConfig or MultiTaskConfig (every phase needs data)")
+    self.name, self.steps, self.train_dataset_cfg = name, steps, train_dataset_cfg
+    self.model, self.optimizer, self.learning_rate = model, optimizer, learning_rate
+    self.start = self.end = 0   # steps (start, end] of the run, set by `resolve_phases`
+
+
+def resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
+                   total_steps) -> list:
+  """The run's phases with defaults filled in and their step ranges; a run without
+  `phases` is one phase 'train'. ConfigError for inconsistent settings."""
+  if phases is None:
+    if train_dataset_cfg is None:
+      raise ConfigError("train: set train_dataset_cfg (or phases=[Phase(...), ...])")
+    phases = [Phase("train", total_steps, train_dataset_cfg)]
+  else:
+    phases = list(phases)
+    if train_dataset_cfg is not None:
+      raise ConfigError("train: both train_dataset_cfg and phases are set; a phased run "
+                        "reads each phase's own Phase.train_dataset_cfg (set "
+                        "train.train_dataset_cfg = None)")
+    if not phases or not all(isinstance(p, Phase) for p in phases):
+      raise ConfigError(f"train.phases={phases!r}: expected a non-empty list of Phase(...)")
+    names = [p.name for p in phases]
+    if len(set(names)) != len(names):
+      raise ConfigError(f"train.phases: phase names {names} repeat")
+    if sum(p.steps for p in phases) != total_steps:
+      raise ConfigError(f"train.total_steps={total_steps} but the phases' steps add up to "
+                        f"{sum(p.steps for p in phases)} ("
+                        + ", ".join(f"{p.name} {p.steps}" for p in phases) + ")")
+  end = 0
+  for p in phases:
+    p.model = p.model or model
+    p.optimizer = p.optimizer or optimizer
+    p.learning_rate = p.learning_rate or learning_rate
+    p.start, end = end, end + p.steps
+    p.end = end
+  return phases
+
+
+def phase_index(phases, step: int) -> int:
+  """The phase a state at `step` belongs to: the first whose range (start, end] holds
+  it (step 0: the first)."""
+  return next((i for i, p in enumerate(phases) if step <= p.end), len(phases) - 1)
 
 
 def input_shapes(dataset_cfg, model: BaseModel) -> dict:
@@ -272,7 +340,7 @@ def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_s
 
 @gin.configurable
 def train(*, model: BaseModel = gin.REQUIRED,
-          train_dataset_cfg: pipeline.DatasetConfig | pipeline.MultiTaskConfig = gin.REQUIRED,
+          train_dataset_cfg: pipeline.DatasetConfig | pipeline.MultiTaskConfig | None = None,
           optimizer: optax.GradientTransformation = gin.REQUIRED,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
           vocabulary: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
@@ -282,8 +350,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           eval_cfg: Optional[TatoebaEvalConfig] = None, eval_period: int = 1000,
           log_period: int = 50, random_seed: int = 0, progress: bool = True,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
-          initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None
-          ) -> tuple[TrainState, dict]:
+          initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None,
+          phases: Optional[Sequence[Phase]] = None) -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
@@ -291,36 +359,69 @@ def train(*, model: BaseModel = gin.REQUIRED,
   in model_dir) with `initial_checkpoint_path` starts from that model directory's
   parameters, renamed by `initial_checkpoint_assignment` (default: the model's
   INITIAL_CHECKPOINT_ASSIGNMENT); see vmx/training/initial_checkpoint.py.
+  `phases` (instead of `train_dataset_cfg`): a list of `Phase`s run one after the
+  other, their steps adding up to `total_steps`; `model` is then the default objective
+  and the model written for inference.
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
   model_dir = str(model_dir)
   partitioner = partitioner or partitioning.Partitioner()
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
-  check_train_args(total_steps, log_period, eval_period, stop_at_step,
-                   {k: c.batch_size for k, c in pipeline.task_configs(train_dataset_cfg).items()},
-                   partitioner.data_parallel_size)
-  Path(model_dir).mkdir(parents=True, exist_ok=True)
-  shapes = input_shapes(train_dataset_cfg, model)
-  trainer = Trainer(model, optimizer, partitioner, shapes, learning_rate)
+  check_train_args(total_steps, log_period, eval_period, stop_at_step, {}, 1)
+  phases = resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
+                          total_steps)
+  trainers = []
+  for i, ph in enumerate(phases):
+    where = f"Phase({ph.name!r}) " if len(phases) > 1 else ""
+    batch_sizes = {k: c.batch_size for k, c in pipeline.task_configs(ph.train_dataset_cfg).items()}
+    try:
+      check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_sizes,
+                       partitioner.data_parallel_size)
+      examples = pipeline.num_examples(ph.train_dataset_cfg)
+      empty = sorted(str(k) for k, n in examples.items() if n == 0)
+      if empty:
+        raise ConfigError(f"the data of task(s) {empty} have no examples")
+      ph.model.validate_data(examples, batch_sizes)
+      trainers.append(Trainer(ph.model, ph.optimizer, partitioner,
+                              input_shapes(ph.train_dataset_cfg, ph.model), ph.learning_rate))
+    except ConfigError as e:
+      if not where:
+        raise
+      raise ConfigError(f"{where}{e}") from None
+    if i:
+      check_same_state(phases[0], trainers[0], ph, trainers[i])
+  trainer = trainers[0]
 
   check_vocabulary_fits(model, vocabulary)
   # Self-contained model_dir for inference: vocabulary + model config.
-  max_length = max(train_dataset_cfg.task_feature_lengths.values())
+  max_length = max(n for ph in phases for n in ph.train_dataset_cfg.task_feature_lengths.values())
+  Path(model_dir).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
     vocab_name = copy_any_vocabulary(vocabulary, model_dir)
     write_model_info(model_dir, model, languages, max_length, vocab_name)
     (Path(model_dir) / "config.gin").write_text(gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
-  data = pipeline.train_iterator(train_dataset_cfg, model.FEATURE_CONVERTER_CLS, random_seed)
-  restored = ckpt.restore_latest(trainer.abstract_state) if checkpoint_cfg.restore else None
+
+  def phase_data(i):
+    ph = phases[i]
+    return pipeline.train_iterator(ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS,
+                                   random_seed + 1000 * i)
+
+  restored = (ckpt.restore_latest(lambda s: trainers[phase_index(phases, s)].abstract_state)
+              if checkpoint_cfg.restore else None)
   if restored is not None:
     latest, state, data_state = restored
+    p = phase_index(phases, latest)
+    data = phase_data(p)
     data.restore(data_state)
     print(f"[vmx] resumed from {model_dir}/checkpoint_{latest} (data position "
-          f"{data.position})", flush=True)
+          f"{data.position}" + (f", phase {phases[p].name!r}" if len(phases) > 1 else "") + ")",
+          flush=True)
   else:
+    p = 0
+    data = phase_data(0)
     state = trainer.create_state(random_seed)
     if initial_checkpoint_path:
       rules = (model.INITIAL_CHECKPOINT_ASSIGNMENT if initial_checkpoint_assignment is None
@@ -356,8 +457,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   def eval_due(step):
     return eval_cfg is not None and eval_period and (step % eval_period == 0 or step == end)
 
-  def check_finite(step, flags):
-    bad = trainer.nonfinite_terms(flags)
+  def check_finite(step, flags, tr):
+    bad = tr.nonfinite_terms(flags)
     if bad:
       good = ckpt.latest_step()
       kept = f"last checkpoint: checkpoint_{good}" if good is not None else \
@@ -365,6 +466,20 @@ def train(*, model: BaseModel = gin.REQUIRED,
       raise NonFiniteError(
           f"non-finite values at step {step}: {', '.join(bad)}; stopped without logging or "
           f"saving them ({kept}, unchanged). Lower the learning rate or set CLIP_GRAD_NORM")
+
+  def enter_phase(state, i):
+    """Switch to phase i at its first step: new data, a new optimizer state if the
+    phase brings its own optimizer."""
+    ph, prev = phases[i], phases[i - 1]
+    if ph.optimizer is not prev.optimizer:
+      with partitioner.context():
+        opt_state = jax.jit(ph.optimizer.init,
+                            out_shardings=trainers[i].state_shardings.opt_state)(state.params)
+      state = state.replace(opt_state=opt_state)
+    _print(f"[vmx] step {ph.start}: phase {ph.name!r} ({ph.steps} steps, to step {ph.end})"
+           + (", new optimizer state" if ph.optimizer is not prev.optimizer else ""))
+    writer.write_scalars(ph.start, {"train/phase": float(i)})
+    return state, phase_data(i)
 
   bar = None
   if progress and jax.process_index() == 0:
@@ -378,30 +493,43 @@ def train(*, model: BaseModel = gin.REQUIRED,
     if eval_due(start) and (start == 0 or (jax.process_count() == 1 and not metrics_lib.has_row(
         model_dir, start, "tatoeba/mean"))):
       last.update(evaluate(start))
-    pending = None  # (step, flags) of the previous step, checked while this one runs
+    if len(phases) > 1 and start == 0:
+      _print(f"[vmx] phase {phases[0].name!r} ({phases[0].steps} steps, to step "
+             f"{phases[0].end})")
+    pending = None  # (step, flags, trainer) of the previous step, checked while this one runs
     for step in range(start, end):
+      if step == phases[p].end:
+        if pending is not None:
+          check_finite(*pending)
+          pending = None
+        p += 1
+        state, data = enter_phase(state, p)
+      tr = trainers[p]
       try:
         batch = next(data)
       except StopIteration:
         raise RuntimeError(f"training data ran out at step {step}") from None
-      state, m = trainer.step(state, batch)
+      state, m = tr.step(state, batch)
       done = step + 1
       if pending is not None:
         check_finite(*pending)
-      pending = (done, trainer.nonfinite)
+      pending = (done, tr.nonfinite, tr)
       acc = merge_metrics(acc, jax.tree.map(local_value, m))
       steps_since += 1
       if bar is not None:
         bar.update(1)
-      log_due = done % log_period == 0 or done == end
-      if log_due or ckpt.due(done, force=done == end) or eval_due(done):
+      phase_end = done == phases[p].end
+      log_due = done % log_period == 0 or done == end or phase_end
+      save_due = ckpt.due(done, force=done == end or (phase_end and len(phases) > 1))
+      if log_due or save_due or eval_due(done):
         check_finite(*pending)
         pending = None
       if log_due:
         scalars = compute_metrics(acc)
         dt = time.time() - t_log
         scalars["train/steps_per_sec"] = steps_since / dt
-        scalars["train/examples_per_sec"] = steps_since * train_dataset_cfg.batch_size / dt
+        scalars["train/examples_per_sec"] = (steps_since * phases[p].train_dataset_cfg.batch_size
+                                             / dt)
         writer.write_scalars(done, scalars)
         last.update(scalars)
         if bar is not None:
@@ -409,7 +537,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
         _print(f"[vmx] step {done}: " + ", ".join(
             f"{k.split('/')[-1]} {v:.4g}" for k, v in scalars.items()))
         acc, t_log, steps_since = None, time.time(), 0
-      ckpt.save(done, state, data.state(), force=done == end)
+      ckpt.save(done, state, data.state(),
+                force=done == end or (phase_end and len(phases) > 1))
       if eval_due(done):
         last.update(evaluate(done))
   finally:
@@ -418,3 +547,19 @@ def train(*, model: BaseModel = gin.REQUIRED,
     ckpt.close()
     writer.flush()
   return state, last
+
+
+def check_same_state(first: Phase, first_trainer: Trainer, phase: Phase, trainer: Trainer):
+  """Every phase trains the same parameters and flax_mutables (names and shapes)."""
+  def shapes(tree):
+    from flax import traverse_util
+    return {"/".join(map(str, k)): tuple(v.shape)
+            for k, v in traverse_util.flatten_dict(flax.core.unfreeze(tree)).items()}
+  for what in ("params", "flax_mutables"):
+    a = shapes(getattr(first_trainer.abstract_state, what))
+    b = shapes(getattr(trainer.abstract_state, what))
+    if a != b:
+      diff = sorted(set(a.items()) ^ set(b.items()))[:4]
+      raise ConfigError(f"Phase({phase.name!r}) builds other {what} than Phase({first.name!r}) "
+                        f"(e.g. {diff}); the phases of a run share one train state: give "
+                        "them models of the same architecture")

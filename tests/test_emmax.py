@@ -1,0 +1,331 @@
+"""EMMA-X: GMM posterior, mixup ranks, ranking InfoNCE, s_r EMA (NumPy references), the
+EM loop recovering planted ranks, phased training (switch, kill/resume), 1 vs 8 devices,
+bad settings."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vmx import encoders, losses
+from vmx.errors import ConfigError
+from vmx.models.emmax import EmmaX, EmmaXModel
+
+
+def np_gmm_log_posterior(rel, prior_logits, mean, log_var):
+  d = rel.shape[1]
+  log_prior = prior_logits - np.log(np.exp(prior_logits - prior_logits.max()).sum()) \
+      - prior_logits.max()
+  var = np.exp(log_var)
+  out = np.zeros((rel.shape[0], mean.shape[0]))
+  for m in range(rel.shape[0]):
+    for r in range(mean.shape[0]):
+      out[m, r] = (log_prior[r] - 0.5 * d * math.log(2 * math.pi) - 0.5 * log_var[r].sum()
+                   - 0.5 * (((rel[m] - mean[r]) ** 2) / var[r]).sum())
+    mx = out[m].max()
+    out[m] -= mx + math.log(np.exp(out[m] - mx).sum())
+  return out
+
+
+def test_gmm_posterior_matches_numpy_and_stays_finite_far_away():
+  rng = np.random.default_rng(0)
+  r, d = 4, 6
+  prior, mean = rng.normal(size=r), rng.normal(size=(r, d))
+  log_var = rng.normal(size=(r, d))
+  rel = rng.normal(size=(5, d))
+  rel[3] *= 1e4            # far from every mean: densities underflow in linear space
+  rel[4] = mean[2]         # on a mean
+  got = np.asarray(losses.gmm_log_posterior(jnp.asarray(rel), jnp.asarray(prior),
+                                            jnp.asarray(mean), jnp.asarray(log_var)))
+  want = np_gmm_log_posterior(rel, prior, mean, log_var)
+  assert np.all(np.isfinite(got))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(np.exp(got).sum(1), 1.0, rtol=1e-5)
+  # The pairwise form (no [B, K, D] relations) equals the direct one.
+  a, o = rng.normal(size=(3, d)), rng.normal(size=(4, d))
+  pair = np.asarray(losses.gmm_pairwise_log_posterior(
+      jnp.asarray(a), jnp.asarray(o), jnp.asarray(prior), jnp.asarray(mean), jnp.asarray(log_var)))
+  direct = np_gmm_log_posterior((a[:, None] - o[None]).reshape(12, d), prior, mean, log_var)
+  np.testing.assert_allclose(pair.reshape(12, r), direct, rtol=1e-4, atol=1e-3)
+
+
+def test_mixup_ranks_follow_the_ceiling_rule():
+  lam = jnp.asarray([1.0, 0.99, 0.76, 0.75, 0.5, 0.26, 0.25, 0.01, 0.0])
+  # rank ceil((1 - lam) N), N = 4, clipped to [1, N]; 0-based here.
+  want = [max(1, math.ceil((1 - float(l)) * 4)) - 1 for l in np.asarray(lam)]
+  assert list(np.asarray(losses.mixup_rank(lam, 4))) == want
+  assert want[0] == 0 and want[-1] == 3
+
+
+def np_ranking_infonce(sim, ranks, valid, taus):
+  total = 0.0
+  for r, tau in enumerate(taus):
+    terms = []
+    for b in range(sim.shape[0]):
+      pos = valid[b] & (ranks[b] == r)
+      if not pos.any():
+        continue
+      den = valid[b] & (ranks[b] >= r)
+      terms.append(-math.log(np.exp(sim[b][pos] / tau).sum() / np.exp(sim[b][den] / tau).sum()))
+    total += np.mean(terms) if terms else 0.0
+  return total
+
+
+def test_ranking_infonce_matches_numpy():
+  rng = np.random.default_rng(1)
+  sim = rng.uniform(-1, 1, size=(5, 9))
+  ranks = rng.integers(0, 4, size=(5, 9))
+  valid = rng.uniform(size=(5, 9)) > 0.2
+  taus = np.asarray([0.04, 0.06, 0.08])
+  got, _ = losses.ranking_infonce_loss(jnp.asarray(sim), jnp.asarray(ranks), jnp.asarray(valid),
+                                       jnp.asarray(taus, jnp.float32))
+  np.testing.assert_allclose(float(got), np_ranking_infonce(sim, ranks, valid, taus), rtol=1e-4)
+  # Gradients flow only through the similarities and are finite with empty ranks.
+  g = jax.grad(lambda s: losses.ranking_infonce_loss(s, jnp.zeros((5, 9), jnp.int32),
+                                                     jnp.asarray(valid), jnp.asarray(taus))[0])(
+      jnp.asarray(sim))
+  assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_rank_similarity_ema_and_nearest_rank():
+  s = jnp.asarray([1.0, 0.75, 0.5, 0.25])
+  sims = jnp.asarray([0.9, 0.7, 0.2, 0.3, 0.1])
+  ranks = jnp.asarray([0, 0, 3, 3, 2])
+  valid = jnp.asarray([1.0, 1.0, 1.0, 1.0, 0.0])     # the last pair is dropped
+  new = np.asarray(losses.rank_similarity_ema(s, sims, ranks, valid, 0.1))
+  np.testing.assert_allclose(new, [0.9 * 1.0 + 0.1 * 0.8, 0.75, 0.5, 0.9 * 0.25 + 0.1 * 0.25],
+                             rtol=1e-6)
+  got = np.asarray(losses.nearest_rank(jnp.asarray([[0.95, 0.65, 0.3, -0.4]]), s))
+  assert list(got[0]) == [0, 1, 3, 3]
+
+
+def _planted(rng, n_anchor, per_rank, d, num_ranks):
+  """Unit anchors and, per anchor, candidates at planted ranks: rank r has cosine
+  cos_r with the anchor (1 for rank 1 down to ~0 for rank N)."""
+  cosines = np.linspace(0.95, 0.0, num_ranks)
+  x = rng.normal(size=(n_anchor, d))
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  ys, ranks = [], []
+  for r, c in enumerate(cosines):
+    for _ in range(per_rank):
+      noise = rng.normal(size=(n_anchor, d))
+      noise -= (noise * x).sum(1, keepdims=True) * x
+      noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+      ys.append(c * x + math.sqrt(1 - c * c) * noise)
+      ranks.append(np.full(n_anchor, r))
+  return x, np.stack(ys, 1), np.stack(ranks, 1)          # [A, D], [A, C, D], [A, C]
+
+
+def test_em_on_planted_ranks_recovers_them():
+  """Phase 2's G side of the EM on fixed embeddings with planted rank structure: G learns
+  from c*_M (nearest s_r), s_r follows c*_G (Eq. 11); G's argmax must then agree with
+  the planted ranks far above chance (1/N)."""
+  import optax
+  from vmx.models.emmax import GmmClassifier
+  rng = np.random.default_rng(0)
+  n, d = 4, 16
+  x, y, planted = _planted(rng, 64, 8, d, n)
+  rel = jnp.asarray((x[:, None] - y).reshape(-1, d), jnp.float32)
+  sim = jnp.asarray(np.einsum("ad,acd->ac", x, y).reshape(-1), jnp.float32)
+  planted = planted.reshape(-1)
+  g = GmmClassifier(n, d)
+  params = g.init(jax.random.PRNGKey(0), rel[:2])["params"]
+  tx = optax.adam(3e-2)
+  opt = tx.init(params)
+  s = jnp.asarray((n - np.arange(n)) / n, jnp.float32)        # s_r at (N - r + 1) / N
+
+  @jax.jit
+  def step(params, opt, s):
+    c_m = losses.nearest_rank(sim, s)
+    def loss(p):
+      logp = g.apply({"params": p}, rel)
+      return -jnp.mean(jnp.take_along_axis(logp, c_m[:, None], axis=1))
+    grads = jax.grad(loss)(params)
+    upd, opt = tx.update(grads, opt)
+    params = optax.apply_updates(params, upd)
+    c_g = jnp.argmax(g.apply({"params": params}, rel), axis=1)
+    s = losses.rank_similarity_ema(s, sim, c_g, jnp.ones_like(sim), 0.05)
+    return params, opt, s
+  for _ in range(300):
+    params, opt, s = step(params, opt, s)
+  pred = np.asarray(jnp.argmax(g.apply({"params": params}, rel), axis=1))
+  agreement = float(np.mean(pred == planted))
+  assert agreement > 0.8, agreement                    # chance: 0.25
+  assert np.all(np.diff(np.asarray(s)) < 0)            # s_1 > s_2 > ... > s_N
+
+
+def tiny_model(stage="em", **kw):
+  enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8, dropout_rate=0.1)
+  kw = {"queue_size": 16, "classifier_batch_size": 24, "rank_ema": 0.05, **kw}
+  return EmmaXModel(EmmaX(enc, num_ranks=4, pooling="mean"), stage=stage, **kw)
+
+
+def _batch(stage, b=8, rng=0):
+  r = np.random.default_rng(rng)
+  t = lambda: r.integers(3, 60, size=(b, 8)).astype(np.int32)
+  return {"left_tokens": t(), "right_tokens": t()} if stage == "warmup" else {"tokens": t()}
+
+
+def test_classifier_term_does_not_train_the_encoder_and_ranks_are_targets():
+  model = tiny_model("em")
+  shapes = {"tokens": (8, 8)}
+  v = model.get_initial_variables(jax.random.PRNGKey(0), shapes)
+  mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
+  mut["queue"] = {"keys": losses.l2_normalize(jax.random.normal(jax.random.PRNGKey(1), (16, 16))),
+                  "next": jnp.int32(0), "filled": jnp.int32(16)}
+  batch = _batch("em")
+  for term in ("classifier_loss", "ranking_loss"):
+    def f(p):
+      return model.compute_loss(p, batch, jax.random.PRNGKey(2), mut)[1][term]
+    g = jax.grad(f)(v["params"])
+    enc_norm = optax_norm(g["encoder"])
+    cls_norm = optax_norm(g["classifier"])
+    if term == "classifier_loss":
+      assert enc_norm == 0.0 and cls_norm > 0
+    else:
+      assert enc_norm > 0 and cls_norm == 0.0
+
+
+def optax_norm(tree):
+  return float(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
+
+
+def test_queue_and_state_after_steps_and_1_vs_8_devices():
+  from conftest import assert_same_loss_and_grads_on_1_and_8_devices
+  model = tiny_model("em")
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 8)})
+  mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
+  batch = _batch("em")
+  _, m, new = model.compute_loss(v["params"], batch, jax.random.PRNGKey(3), mut)
+  assert int(new["queue"]["filled"]) == 8 and int(new["queue"]["next"]) == 8
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(new["queue"]["keys"][:8]), axis=1), 1.0,
+                             rtol=1e-5)
+  _, _, new2 = model.compute_loss(v["params"], _batch("em", rng=1), jax.random.PRNGKey(4), new)
+  _, _, new3 = model.compute_loss(v["params"], _batch("em", rng=2), jax.random.PRNGKey(5), new2)
+  assert int(new3["queue"]["filled"]) == 16 and int(new3["queue"]["next"]) == 8   # wrapped
+  full = {**mut, "queue": new2["queue"], "rank_sims": new2["rank_sims"]}
+
+  def loss_of(params, batch):
+    return model.compute_loss(params, batch, jax.random.PRNGKey(7), full)[0]
+  assert_same_loss_and_grads_on_1_and_8_devices(model, batch, loss_of)
+  wm = tiny_model("warmup")
+  assert_same_loss_and_grads_on_1_and_8_devices(
+      wm, _batch("warmup"),
+      lambda p, b: wm.compute_loss(p, b, jax.random.PRNGKey(7), full)[0])
+
+
+def test_bad_settings_fail_at_start_up():
+  enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8)
+  with pytest.raises(ConfigError, match="N >= 2"):
+    EmmaXModel(EmmaX(enc, num_ranks=1))
+  with pytest.raises(ConfigError, match="stage"):
+    EmmaXModel(EmmaX(enc), stage="phase3")
+  with pytest.raises(ConfigError, match="max_temperature"):
+    EmmaXModel(EmmaX(enc), temperature=0.1, max_temperature=0.05)
+  model = tiny_model("em", queue_size=256)
+  with pytest.raises(ConfigError, match="larger than the 100 sentences"):
+    model.validate_data({None: 100}, {None: 8})
+  with pytest.raises(ConfigError, match="not a multiple"):
+    model.validate_data({None: 1000}, {None: 24})
+  from vmx.training.trainer import Phase
+  with pytest.raises(ConfigError, match="every phase needs data"):
+    Phase("em", 10, None)
+
+
+def phased_train(model_dir, toy_task, *, total=(4, 4), stop_at_step=None, queue_size=16,
+                 text_task=None):
+  from conftest import toy_text_task
+  from vmx.data import pipeline
+  from vmx.training import checkpoints, optimizers, partitioning
+  from vmx.training.trainer import Phase, train
+  name, vp, _, _ = toy_task
+  lr = optimizers.learning_rate_schedule("linear", 1e-2, 2, total_steps=sum(total))
+  tx = optimizers.multi_optimizer(
+      {"classifier": optimizers.create_optimizer("adam", 1e-3),
+       "encoder": optimizers.create_optimizer("adam", lr)},
+      [("^classifier/", "classifier"), (".*", "encoder")])
+  phases = [
+      Phase("warmup", total[0], pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, 8),
+            model=tiny_model("warmup", queue_size=queue_size)),
+      Phase("em", total[1], pipeline.DatasetConfig(text_task or toy_text_task(vp),
+                                                   {"inputs": 8}, 8)),
+  ]
+  state, _ = train(model=tiny_model("em", queue_size=queue_size), phases=phases, optimizer=tx,
+                   learning_rate=lr, model_dir=str(model_dir), total_steps=sum(total),
+                   vocabulary=vp, languages=["xx", "en"],
+                   partitioner=partitioning.Partitioner(num_devices=2),
+                   checkpoint_cfg=checkpoints.CheckpointConfig(period=3, keep=3),
+                   log_period=2, random_seed=1, progress=False, stop_at_step=stop_at_step)
+  return state
+
+
+def test_phase_switch_and_kill_resume_are_bit_exact(tmp_path, toy_task, capsys):
+  import json
+  full = jax.device_get(phased_train(tmp_path / "full", toy_task))
+  out = capsys.readouterr().out
+  assert "phase 'em' (4 steps, to step 8)" in out
+  rows = [json.loads(l) for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+  # The phases log their own terms; the switch is logged at the boundary.
+  assert any("train/infonce_loss" in r and r["step"] == 4 for r in rows)
+  assert any("train/ranking_loss" in r for r in rows)
+  assert any(r.get("train/phase") == 1.0 and r["step"] == 4 for r in rows)
+  # Killed inside phase 1 (step 2: a stopped run saves its last step),
+  # then inside phase 2 (step 7), then finished.
+  parts = tmp_path / "parts"
+  phased_train(parts, toy_task, stop_at_step=2)
+  phased_train(parts, toy_task, stop_at_step=7)
+  resumed = jax.device_get(phased_train(parts, toy_task))
+  jax.tree.map(np.testing.assert_array_equal, full.params, resumed.params)
+  jax.tree.map(np.testing.assert_array_equal, full.flax_mutables, resumed.flax_mutables)
+  jax.tree.map(np.testing.assert_array_equal, full.opt_state, resumed.opt_state)
+  # Phase 1 filled the queue and moved s_r; s_r stays ordered.
+  assert int(full.flax_mutables["queue"]["filled"]) == 16
+
+
+def test_phased_run_checks(tmp_path, toy_task):
+  with pytest.raises(ConfigError, match="add up to"):
+    from vmx.training.trainer import Phase, train
+    from vmx.data import pipeline
+    name, vp, _, _ = toy_task
+    train(model=tiny_model(), phases=[Phase("a", 3, pipeline.DatasetConfig(
+        name, {"inputs": 8, "targets": 8}, 8), model=tiny_model("warmup"))],
+        optimizer=None, model_dir=str(tmp_path), total_steps=5, vocabulary=vp,
+        languages=["xx", "en"])
+  with pytest.raises(ConfigError, match="larger than the"):
+    phased_train(tmp_path / "q", toy_task, queue_size=512)
+
+
+def test_emmax_large_config_builds_and_steps_with_two_optimizers():
+  """emmax_large.gin (shrunk) builds and takes a phase-2 step; the classifier subset moves
+  by one Adam step of 3e-5 (its means start at 0)."""
+  from conftest import build_and_step
+  bindings = ["NUM_LAYERS = 1", "EMB_DIM = 32", "NUM_HEADS = 2", "MLP_DIM = 64",
+              "MAX_LENGTH = 16", "BATCH_SIZE = 8", "QUEUE_SIZE = 16",
+              "CLASSIFIER_BATCH_SIZE = 32", "VOCAB_SIZE = 1000", "DROPOUT_RATE = 0.0"]
+
+  def make_batch(model, b):
+    assert model.stage == "em" and model.num_ranks == 4 and model.queue_size == 16
+    assert model.temperature == 0.04 and model.momentum == 0.999
+    return {"tokens": np.random.default_rng(0).integers(5, 900, (b, 16)).astype(np.int32)}
+  model, state, metrics = build_and_step("emmax_large.gin", bindings, make_batch)
+  assert np.isfinite(float(metrics["loss"].compute()))
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 16)})
+  moved = np.abs(np.asarray(state.params["classifier"]["mean"])
+                 - np.asarray(v["params"]["classifier"]["mean"])).max()
+  assert 0 < moved <= 3e-5 * 1.01      # one Adam step of lr 3e-5 moves a weight by <= lr
+  assert int(state.flax_mutables["queue"]["filled"]) == 8
+
+
+def test_non_parallel_text_never_holds_both_sides_of_a_pair(tmp_path):
+  from conftest import write_lines
+  from vmx.data import tasks as vtasks
+  xx = write_lines(tmp_path / "a.xx", [f"x{i}" for i in range(9)])
+  en = write_lines(tmp_path / "a.en", [f"e{i}" for i in range(9)], gz=True)
+  read = lambda src: [ex["inputs"].decode() for ex in
+                      src.get_dataset("train", shuffle=False).as_numpy_iterator()]
+  assert read(vtasks.text_source([xx], 0)) == [f"x{i}" for i in range(0, 9, 2)]
+  assert read(vtasks.text_source([en], 1)) == [f"e{i}" for i in range(1, 9, 2)]
+  assert len(read(vtasks.text_source([xx, en]))) == 18
