@@ -323,7 +323,7 @@ def test_non_parallel_text_never_holds_both_sides_of_a_pair(tmp_path):
   from conftest import write_lines
   from vmx.data import tasks as vtasks
   xx = write_lines(tmp_path / "a.xx", [f"x{i}" for i in range(9)])
-  en = write_lines(tmp_path / "a.en", [f"e{i}" for i in range(9)], gz=True)
+  en = write_lines(tmp_path / "a.en.gz", [f"e{i}" for i in range(9)], gz=True)
   read = lambda src: [ex["inputs"].decode() for ex in
                       src.get_dataset("train", shuffle=False).as_numpy_iterator()]
   assert read(vtasks.text_source([xx], 0)) == [f"x{i}" for i in range(0, 9, 2)]
