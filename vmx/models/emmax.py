@@ -56,6 +56,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import linen as nn
 
 from vmx import encoders, layers, losses
@@ -143,13 +144,12 @@ class EmmaXModel(SentenceEncoderModel):
   """t5x-style model of one EMMA-X phase (`stage`); see the module docstring."""
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"encoder/(.*)", r"encoder/\1"),)
   CONFIG_FIELDS = ("module", "stage", "temperature", "max_temperature", "queue_size",
-                   "momentum", "rank_ema", "classifier_batch_size", "classifier_weight")
+                   "momentum", "rank_ema", "classifier_batch_size")
   HAS_MUTABLES = True
 
   def __init__(self, module: EmmaX, stage: str = "em", temperature: float = 0.04,
                max_temperature: float = 0.08, queue_size: int = 256, momentum: float = 0.999,
-               rank_ema: float = 0.001, classifier_batch_size: int = 1024,
-               classifier_weight: float = 1.0):
+               rank_ema: float = 0.001, classifier_batch_size: int = 1024):
     super().__init__(module)
     if not isinstance(module.num_ranks, int) or module.num_ranks < 2:
       raise ConfigError(f"EmmaX.num_ranks={module.num_ranks!r}: EMMA-X needs N >= 2 semantic "
@@ -171,7 +171,7 @@ class EmmaXModel(SentenceEncoderModel):
                         "a positive integer")
     self.stage, self.temperature, self.max_temperature = stage, temperature, max_temperature
     self.queue_size, self.momentum, self.rank_ema = queue_size, momentum, rank_ema
-    self.classifier_batch_size, self.classifier_weight = classifier_batch_size, classifier_weight
+    self.classifier_batch_size = classifier_batch_size
 
   @property
   def num_ranks(self) -> int:
@@ -307,7 +307,7 @@ class EmmaXModel(SentenceEncoderModel):
     term = self._warmup_loss if self.stage == "warmup" else self._em_loss
     l_m, l_g, metrics, new = term(params, batch, rng, drop if training else None,
                                   flax_mutables)
-    loss = l_m + self.classifier_weight * l_g
+    loss = l_m + l_g   # disjoint parameters: each term trains its own subset
     metrics["loss"] = loss
     return loss, metrics, new
 
@@ -317,9 +317,8 @@ class EmmaXModel(SentenceEncoderModel):
     return {**flax_mutables, "momentum": {"params": {"encoder": params["encoder"]}}}
 
   def after_update(self, params, flax_mutables, step):
-    m = jnp.float32(self.momentum)
-    key = jax.tree.map(lambda k, q: m * k + (1.0 - m) * q, flax_mutables["momentum"]["params"],
-                       {"encoder": params["encoder"]})
+    key = optax.incremental_update({"encoder": params["encoder"]},
+                                   flax_mutables["momentum"]["params"], 1.0 - self.momentum)
     return {**flax_mutables, "momentum": {"params": key}}
 
   def flax_mutables_axes(self, params_axes, flax_mutables):

@@ -52,6 +52,7 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import linen as nn
 
 from vmx import encoders, layers, losses, masked_lm
@@ -301,9 +302,8 @@ class InfoXLMModel(SentenceEncoderModel):
     if "momentum" not in flax_mutables:
       return flax_mutables
     m = momentum_coefficient(self.momentum_schedule, self.momentum, step)
-    key = jax.tree.map(lambda k, q: m * k + (1.0 - m) * q,
-                       flax_mutables["momentum"]["params"],
-                       key_params(params, self.module.xlco_layer))
+    key = optax.incremental_update(key_params(params, self.module.xlco_layer),
+                                   flax_mutables["momentum"]["params"], 1.0 - m)
     return {**flax_mutables, "momentum": {"params": key}}
 
   def flax_mutables_axes(self, params_axes, flax_mutables):
