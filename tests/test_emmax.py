@@ -88,6 +88,33 @@ def test_ranking_infonce_matches_numpy():
   assert np.all(np.isfinite(np.asarray(g)))
 
 
+def test_paired_batch_infonce_matches_numpy():
+  rng = np.random.default_rng(4)
+  x, y = rng.normal(size=(5, 6)), rng.normal(size=(5, 6))
+  got, m = losses.paired_batch_infonce(jnp.asarray(x), jnp.asarray(y), 0.5)
+  z = np.concatenate([x, y])
+  terms, hits = [], []
+  for i in range(10):
+    p = (i + 5) % 10
+    others = [j for j in range(10) if j != i]
+    s = {j: z[i] @ z[j] / 0.5 for j in others}
+    terms.append(-(s[p] - math.log(sum(np.exp(v) for v in s.values()))))
+    hits.append(max(others, key=s.get) == p)
+  np.testing.assert_allclose(float(got), np.mean(terms), rtol=1e-5)
+  np.testing.assert_allclose(float(m["in_batch_accuracy"]), np.mean(hits))
+
+
+def test_random_partners_skip_the_anchor_and_its_translation():
+  from vmx.models.emmax import _draw_excluding
+  a = jnp.asarray(np.arange(4000) % 6)
+  p = (a + 3) % 6
+  o = np.asarray(_draw_excluding(jax.random.PRNGKey(0), a, p, 6))
+  assert not np.any(o == np.asarray(a)) and not np.any(o == np.asarray(p))
+  assert o.min() >= 0 and o.max() < 6
+  counts = np.bincount(o[np.asarray(a) == 0], minlength=6)     # 4 allowed, ~1/4 each
+  assert counts[0] == counts[3] == 0 and counts[[1, 2, 4, 5]].min() > 120
+
+
 def test_rank_similarity_ema_and_nearest_rank():
   s = jnp.asarray([1.0, 0.75, 0.5, 0.25])
   sims = jnp.asarray([0.9, 0.7, 0.2, 0.3, 0.1])
@@ -216,6 +243,46 @@ def test_queue_and_state_after_steps_and_1_vs_8_devices():
       lambda p, b: wm.compute_loss(p, b, jax.random.PRNGKey(7), full)[0])
 
 
+def _parallel_batch(n_t=4, n_p=2, rng=0):
+  r = np.random.default_rng(rng)
+  t = lambda n: r.integers(3, 60, size=(n, 8)).astype(np.int32)
+  return {"text/tokens": t(n_t), "pairs/left_tokens": t(n_p), "pairs/right_tokens": t(n_p)}
+
+
+def test_em_parallel_forces_translations_to_rank_1_and_queues_every_anchor():
+  from vmx.data import feature_converters as fcs
+  model = tiny_model("em", em_parallel=True)
+  assert set(model.FEATURE_CONVERTER_CLS) == {"text", "pairs"}
+  assert model.FEATURE_CONVERTER_CLS["pairs"] is fcs.PairFeatureConverter
+  batch = _parallel_batch()
+  tokens, partner = model._em_anchors(jax.tree.map(jnp.asarray, batch))
+  assert tokens.shape == (8, 8) and list(np.asarray(partner)) == [-1] * 4 + [6, 7, 4, 5]
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {k: v.shape for k, v in batch.items()})
+  mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
+  # A G whose every answer is "unrelated" (rank N): only the golden pairs are positives,
+  # so the ranking loss is the InfoNCE of the 2 x 2 translation pairs alone.
+  params = jax.tree.map(lambda a: a, v["params"])
+  params["classifier"] = {**params["classifier"],
+                          "prior_logits": jnp.asarray([-1e4, -1e4, -1e4, 0.0])}
+  _, m, new = model.compute_loss(params, batch, jax.random.PRNGKey(1), mut)
+  assert int(new["queue"]["filled"]) == 8
+  np.testing.assert_allclose(float(m["rank1_fraction"]), 4 / (8 * 7), rtol=1e-5)
+  assert np.isfinite(float(m["ranking_loss"])) and float(m["ranking_loss"]) > 0
+  with pytest.raises(ConfigError, match="multiple of the 8 keys"):
+    tiny_model("em", em_parallel=True, queue_size=12).validate_data(
+        {"text": 100, "pairs": 100}, {"text": 4, "pairs": 2})
+  with pytest.raises(ConfigError, match="larger than the 14 sentences"):
+    tiny_model("em", em_parallel=True, queue_size=16).validate_data(
+        {"text": 6, "pairs": 4}, {"text": 4, "pairs": 2})
+  with pytest.raises(ConfigError, match="em_parallel"):
+    tiny_model("em", em_parallel="yes")
+
+  def loss_of(p, b):
+    return model.compute_loss(p, b, jax.random.PRNGKey(7), new)[0]
+  from conftest import assert_same_loss_and_grads_on_1_and_8_devices
+  assert_same_loss_and_grads_on_1_and_8_devices(model, _parallel_batch(8, 4), loss_of)
+
+
 def test_bad_settings_fail_at_start_up():
   enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=8)
@@ -236,7 +303,7 @@ def test_bad_settings_fail_at_start_up():
 
 
 def phased_train(model_dir, toy_task, *, total=(4, 4), stop_at_step=None, queue_size=16,
-                 text_task=None):
+                 text_task=None, em_parallel=False):
   from conftest import toy_text_task
   from vmx.data import pipeline
   from vmx.training import checkpoints, optimizers, partitioning
@@ -247,13 +314,18 @@ def phased_train(model_dir, toy_task, *, total=(4, 4), stop_at_step=None, queue_
       {"classifier": optimizers.create_optimizer("adam", 1e-3),
        "encoder": optimizers.create_optimizer("adam", lr)},
       [("^classifier/", "classifier"), (".*", "encoder")])
+  text = pipeline.DatasetConfig(text_task or toy_text_task(vp), {"inputs": 8}, 8)
+  if em_parallel:      # 4 sentences of text + both sides of 2 pairs
+    text = pipeline.MultiTaskConfig({
+        "text": pipeline.DatasetConfig(text.mixture_or_task_name, {"inputs": 8}, 4),
+        "pairs": pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, 2)})
   phases = [
       Phase("warmup", total[0], pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, 8),
             model=tiny_model("warmup", queue_size=queue_size)),
-      Phase("em", total[1], pipeline.DatasetConfig(text_task or toy_text_task(vp),
-                                                   {"inputs": 8}, 8)),
+      Phase("em", total[1], text),
   ]
-  state, _ = train(model=tiny_model("em", queue_size=queue_size), phases=phases, optimizer=tx,
+  state, _ = train(model=tiny_model("em", queue_size=queue_size, em_parallel=em_parallel),
+                   phases=phases, optimizer=tx,
                    learning_rate=lr, model_dir=str(model_dir), total_steps=sum(total),
                    vocabulary=vp, languages=["xx", "en"],
                    partitioner=partitioning.Partitioner(num_devices=2),
@@ -283,6 +355,14 @@ def test_phase_switch_and_kill_resume_are_bit_exact(tmp_path, toy_task, capsys):
   jax.tree.map(np.testing.assert_array_equal, full.opt_state, resumed.opt_state)
   # Phase 1 filled the queue and moved s_r; s_r stays ordered.
   assert int(full.flax_mutables["queue"]["filled"]) == 16
+
+
+def test_em_parallel_phase_trains_from_text_and_pairs(tmp_path, toy_task):
+  state = phased_train(tmp_path / "p", toy_task, total=(2, 3), em_parallel=True)
+  assert int(state.step) == 5
+  # warm-up: 8 right-side keys a step; phase 2: 4 + 2 x 2 = 8 anchors a step.
+  assert int(state.flax_mutables["queue"]["filled"]) == 16
+  assert int(state.flax_mutables["queue"]["next"]) == (2 * 8 + 3 * 8) % 16
 
 
 def test_phased_run_checks(tmp_path, toy_task):

@@ -191,6 +191,28 @@ def queue_infonce(query_BxD: Array, key_BxD: Array, queue_KxD: Array, queue_vali
   return loss, {"loss": loss, "accuracy": acc}
 
 
+def paired_batch_infonce(left_BxD: Array, right_BxD: Array, temperature: float = 0.04):
+  """InfoNCE over both sides of a batch of pairs (EMMA-X's Eq. 2 as its authors' code
+  computes it): the 2B sentences z = [left; right] are all anchors; each one's
+  translation is its positive and the other 2B - 2 sentences of either side its
+  negatives, so sentences of one language are contrasted with each other too (a
+  left -> right InfoNCE never does). Dot products / tau (normalize before):
+    loss = mean_i -log exp(z_i.z_p(i) / t) / sum_{j != i} exp(z_i.z_j / t),
+  p(i) = (i + B) mod 2B. Returns (loss, metrics): loss, in_batch_accuracy (the
+  translation is the nearest of the 2B - 1 others)."""
+  z = jnp.concatenate([left_BxD, right_BxD], axis=0).astype(jnp.float32)
+  z_all = gather_global_batch(z)
+  n = z_all.shape[0]
+  sim = jnp.einsum("id,jd->ij", z, z_all) / temperature                        # [2B, 2B]
+  idx = jnp.arange(n)
+  sim = jnp.where(idx[:, None] == idx[None, :], jnp.float32(-1e30), sim)        # not itself
+  partner = (idx + n // 2) % n
+  log_p = jax.nn.log_softmax(sim, axis=1)[idx, partner]
+  loss = -jnp.mean(log_p)
+  acc = jnp.mean(jnp.argmax(sim, axis=1) == partner)
+  return loss, {"loss": loss, "in_batch_accuracy": acc}
+
+
 # ----------------------------------------------------------------------------
 # EMMA-X (Guo et al., NeurIPS 2023, §3): semantic-rank classifier G (a Gaussian mixture)
 # and the cross-lingual encoder M supervising each other. Ranks are 0-based here:

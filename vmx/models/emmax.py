@@ -13,13 +13,18 @@ Two models supervise each other:
      (0-based indices in the code).
 The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
   'warmup'  (phase 1, parallel data, pairs (x, y))
-      M: InfoNCE (Eq. 2), the translation the positive, the other translations of the
-         batch the negatives, s / tau.
-      G: cross-entropy (Eq. 4) on relations gamma(x) - y~ of `classifier_batch_size`
-         examples a step drawn from the batch: a third translations (rank 1), a third
-         random pairs (rank N), a third mixup virtual examples y~ = lam y + (1 - lam) y'
-         (Eq. 3, lam ~ U(0, 1)), rank ceil((1 - lam) N)
+      M: InfoNCE (Eq. 2), s / tau, over both sides of the batch as the authors' code
+         does (vmx.losses.paired_batch_infonce): every sentence of [x; y] is an anchor,
+         its translation the positive, the other 2B - 2 sentences the negatives.
+      G: cross-entropy (Eq. 4) on relations gamma(a) - y~ of `classifier_batch_size`
+         examples a step, anchors a drawn from both sides of the batch: a third
+         translations (rank 1), a third random pairs (rank N), a third mixup virtual
+         examples y~ = lam y + (1 - lam) y' (Eq. 3, lam ~ U(0, 1), y the translation, y'
+         any other sentence of the batch, either side), rank ceil((1 - lam) N)
          (vmx.losses.mixup_rank); gamma is not differentiated here (G learns, M does not).
+      Both sides matter: with x -> y alone, M never separates sentences of one language
+      and G never sees a same-language pair, which phase 2's text is full of (at CPU
+      scale G then called most of them translations and phase 2 collapsed).
       s_r follows the similarities of those examples by their rank (Eq. 11; the authors'
          warm-up does the same), so that phase 2 starts with anchors that mean something.
   'em'      (phase 2, non-parallel text only)
@@ -33,6 +38,10 @@ The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
          on `classifier_batch_size` pairs drawn from the B x (B + K) matrix; the anchor's
          own key counts as rank 1, as the authors' gmm mask);
       s_r <- (1 - eta) s_r + eta mean{s(x, y) : c*_G(x, y) = r} (Eq. 11).
+      `em_parallel=True` (the authors' code, is_pair; off by default: the paper's phase 2
+      reads non-parallel text only) adds a batch of translation pairs to the anchors
+      (MultiTaskConfig tasks 'text' and 'pairs'): both sides are anchors, and each pair's
+      translation is rank 1 for both targets, c*_G and c*_M, as their golden mask.
 Loss = encoder term + classifier term; each updates its own parameters only (G sees
 stop-gradient embeddings, M's ranks are targets), so the two optimizers of the paper
 (G: Adam 3e-5; M: Adam, cosine decay from 5e-4) are `multi_optimizer` subsets
@@ -140,16 +149,25 @@ class EmmaX(nn.Module):
     return self.classify(v - v)
 
 
+def _draw_excluding(rng, first_M, second_M, n: int):
+  """[M] indices uniform over range(n) without first_M[m] and second_M[m] (distinct)."""
+  lo, hi = jnp.minimum(first_M, second_M), jnp.maximum(first_M, second_M)
+  o = jax.random.randint(rng, first_M.shape, 0, max(n - 2, 1))
+  o = o + (o >= lo)
+  return o + (o >= hi)
+
+
 class EmmaXModel(SentenceEncoderModel):
   """t5x-style model of one EMMA-X phase (`stage`); see the module docstring."""
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"encoder/(.*)", r"encoder/\1"),)
   CONFIG_FIELDS = ("module", "stage", "temperature", "max_temperature", "queue_size",
-                   "momentum", "rank_ema", "classifier_batch_size")
+                   "momentum", "rank_ema", "classifier_batch_size", "em_parallel")
   HAS_MUTABLES = True
 
   def __init__(self, module: EmmaX, stage: str = "em", temperature: float = 0.04,
                max_temperature: float = 0.08, queue_size: int = 256, momentum: float = 0.999,
-               rank_ema: float = 0.001, classifier_batch_size: int = 1024):
+               rank_ema: float = 0.001, classifier_batch_size: int = 1024,
+               em_parallel: bool = False):
     super().__init__(module)
     if not isinstance(module.num_ranks, int) or module.num_ranks < 2:
       raise ConfigError(f"EmmaX.num_ranks={module.num_ranks!r}: EMMA-X needs N >= 2 semantic "
@@ -172,6 +190,9 @@ class EmmaXModel(SentenceEncoderModel):
     self.stage, self.temperature, self.max_temperature = stage, temperature, max_temperature
     self.queue_size, self.momentum, self.rank_ema = queue_size, momentum, rank_ema
     self.classifier_batch_size = classifier_batch_size
+    if not isinstance(em_parallel, bool):
+      raise ConfigError(f"EmmaXModel.em_parallel={em_parallel!r}: expected True or False")
+    self.em_parallel = em_parallel
 
   @property
   def num_ranks(self) -> int:
@@ -180,8 +201,11 @@ class EmmaXModel(SentenceEncoderModel):
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
     from vmx.data import feature_converters as fcs
-    return fcs.PairFeatureConverter if self.stage == "warmup" else \
-        fcs.MonolingualFeatureConverter
+    if self.stage == "warmup":
+      return fcs.PairFeatureConverter
+    if self.em_parallel:
+      return {"text": fcs.MonolingualFeatureConverter, "pairs": fcs.PairFeatureConverter}
+    return fcs.MonolingualFeatureConverter
 
   def rank_temperatures(self) -> jnp.ndarray:
     """tau_1 < ... < tau_{N-1} of Eq. 7, linear from temperature to max_temperature."""
@@ -227,25 +251,27 @@ class EmmaXModel(SentenceEncoderModel):
     x = self._gamma(params, batch["left_tokens"], d_x)
     y = self._gamma(params, batch["right_tokens"], d_y)
     b = x.shape[0]
-    # M: Eq. 2 (x -> y, in-batch negatives).
-    l_m, mm = losses.in_batch_softmax_loss(x, y, self.temperature, bidirectional=False,
-                                           normalize=False)
-    # G: Eq. 4 on translations, random pairs and mixup examples (Eq. 3).
-    xs, ys = jax.lax.stop_gradient(x), jax.lax.stop_gradient(y)
+    # M: Eq. 2 over both sides of the batch (translation positive, the other 2B - 2
+    # sentences negatives, same-language ones included).
+    l_m, mm = losses.paired_batch_infonce(x, y, self.temperature)
+    # G: Eq. 4 on translations, random pairs and mixup examples (Eq. 3), anchors and
+    # random sentences from both sides.
+    z = jax.lax.stop_gradient(jnp.concatenate([x, y], axis=0))                   # [2B, D]
     k_i, k_j, k_l = jax.random.split(rng, 3)
-    anchor = jax.random.randint(k_i, (g,), 0, b)
-    other = (anchor + jax.random.randint(k_j, (g,), 1, max(b, 2))) % b
+    anchor = jax.random.randint(k_i, (g,), 0, 2 * b)
+    partner = (anchor + b) % (2 * b)
+    other = _draw_excluding(k_j, anchor, partner, 2 * b)
     lam = jax.random.uniform(k_l, (g,))
     kind = jnp.arange(g)
     lam = jnp.where(kind < g // 3, 1.0, jnp.where(kind < 2 * (g // 3), 0.0, lam))
-    mixed = lam[:, None] * ys[anchor] + (1.0 - lam[:, None]) * ys[other]
+    mixed = lam[:, None] * z[partner] + (1.0 - lam[:, None]) * z[other]
     ranks = losses.mixup_rank(lam, n)
-    l_g, acc_g = self._classifier_term(params, xs[anchor] - mixed, ranks)
+    l_g, acc_g = self._classifier_term(params, z[anchor] - mixed, ranks)
     metrics = {"infonce_loss": l_m, "infonce_accuracy": mm["in_batch_accuracy"],
                "classifier_loss": l_g, "classifier_accuracy": acc_g}
     new = flax_mutables
     if flax_mutables is not None:
-      sims = jnp.sum(xs[anchor] * mixed, axis=-1)
+      sims = jnp.sum(z[anchor] * mixed, axis=-1)
       rank_sims = losses.rank_similarity_ema(flax_mutables["rank_sims"], sims, ranks,
                                              jnp.ones_like(sims), self.rank_ema)
       keys = self._keys(params, flax_mutables, batch["right_tokens"])
@@ -253,9 +279,25 @@ class EmmaXModel(SentenceEncoderModel):
              "queue": self._enqueue(flax_mutables["queue"], keys)}
     return l_m, l_g, metrics, new
 
+  def _em_anchors(self, batch):
+    """Phase-2 anchors [A, L] and each one's translation among them ([A], -1: none).
+    Non-parallel text only (the paper): A = B, no translations. With `em_parallel` (the
+    authors' code, is_pair=True): the text, then both sides of the pairs batch."""
+    if not self.em_parallel:
+      tokens = batch["tokens"]
+      return tokens, jnp.full((tokens.shape[0],), -1, jnp.int32)
+    parts = [batch["text/tokens"], batch["pairs/left_tokens"], batch["pairs/right_tokens"]]
+    length = max(t.shape[1] for t in parts)
+    tokens = jnp.concatenate([jnp.pad(t, ((0, 0), (0, length - t.shape[1]))) for t in parts])
+    n_t, n_p = parts[0].shape[0], parts[1].shape[0]
+    partner = jnp.concatenate([jnp.full((n_t,), -1, jnp.int32),
+                               n_t + n_p + jnp.arange(n_p, dtype=jnp.int32),
+                               n_t + jnp.arange(n_p, dtype=jnp.int32)])
+    return tokens, partner
+
   def _em_loss(self, params, batch, rng, dropout_rng, flax_mutables):
     n, g = self.num_ranks, self.classifier_batch_size
-    tokens = batch["tokens"]
+    tokens, partner = self._em_anchors(batch)
     x = self._gamma(params, tokens, dropout_rng)
     b = x.shape[0]
     keys = self._keys(params, flax_mutables, tokens)
@@ -268,15 +310,17 @@ class EmmaXModel(SentenceEncoderModel):
       valid_k = jnp.concatenate([jnp.ones((b,), bool),
                                  jnp.arange(queue["keys"].shape[0]) < queue["filled"]])
       rank_sims = flax_mutables["rank_sims"]
-    own = jnp.arange(others.shape[0])[None, :] == jnp.arange(b)[:, None]       # [B, B+K]
+    cols = jnp.arange(others.shape[0])[None, :]
+    own = cols == jnp.arange(b)[:, None]                                          # [B, B+K]
+    gold = cols == partner[:, None]          # translations (em_parallel), rank 1 for both
     valid = valid_k[None, :] & ~own
     sim = x @ others.T                                                            # [B, B+K]
     xs, sim_t = jax.lax.stop_gradient(x), jax.lax.stop_gradient(sim)
     # E-step: ranks from G (Eq. 9) and from M (Eq. 10); targets only.
     logp = self.module.apply({"params": jax.lax.stop_gradient(params)}, xs, others,
                              method=EmmaX.classify_pairwise)
-    c_g = jnp.argmax(logp, axis=-1).astype(jnp.int32)
-    c_m = jnp.where(own, 0, losses.nearest_rank(sim_t, rank_sims))
+    c_g = jnp.where(gold, 0, jnp.argmax(logp, axis=-1).astype(jnp.int32))
+    c_m = jnp.where(own | gold, 0, losses.nearest_rank(sim_t, rank_sims))
     # M-step for M: ranking InfoNCE on c*_G (Eq. 7).
     l_m, _ = losses.ranking_infonce_loss(sim, c_g, valid, self.rank_temperatures())
     # M-step for G: cross-entropy on c*_M (Eq. 6), pairs drawn from the valid ones.
@@ -327,18 +371,21 @@ class EmmaXModel(SentenceEncoderModel):
             "rank_sims": ("ranks",)}
 
   def validate_data(self, examples: dict, batch_sizes: dict):
-    """Start-up checks against the data: the queue must be fillable by the phase-2 text
-    and whole batches must fit the queue."""
-    for key, b in batch_sizes.items():
-      if self.queue_size % b:
-        raise ConfigError(f"EmmaXModel.queue_size={self.queue_size} is not a multiple of the "
-                          f"global batch {b} (the queue takes whole batches of keys)")
-    if self.stage == "em":
-      for key, count in examples.items():
-        if count is not None and count < self.queue_size:
-          raise ConfigError(f"EmmaXModel.queue_size={self.queue_size} is larger than the "
-                            f"{count} sentences of the phase-2 data: the queue would hold "
-                            "repeats of the anchors (lower QUEUE_SIZE or add text)")
+    """Start-up checks against the data: whole steps of keys must fit the queue, and the
+    phase-2 sentences must fill it (else it would hold repeats of the anchors)."""
+    # Sentences a step: warm-up enqueues the right side of its pairs; phase 2 every
+    # anchor (em_parallel: the text and both sides of the pairs).
+    per_task = {"pairs": 2} if self.stage == "em" and self.em_parallel else {}
+    keys = sum(b * per_task.get(k, 1) for k, b in batch_sizes.items())
+    if self.queue_size % keys:
+      raise ConfigError(f"EmmaXModel.queue_size={self.queue_size} is not a multiple of the "
+                        f"{keys} keys a step (the queue takes whole batches of keys)")
+    if self.stage == "em" and all(n is not None for n in examples.values()):
+      count = sum(n * per_task.get(k, 1) for k, n in examples.items())
+      if count < self.queue_size:
+        raise ConfigError(f"EmmaXModel.queue_size={self.queue_size} is larger than the "
+                          f"{count} sentences of the phase-2 data: the queue would hold "
+                          "repeats of the anchors (lower QUEUE_SIZE or add text)")
 
   # --- t5x interface ---
 
