@@ -309,7 +309,7 @@ def toy_encoder(tmp_path_factory, toy_task):
     (["ok", "  \t"], None, r"sentences\[1\] is empty"),
     (["ok", 3], None, r"sentences\[1\] is int"),
     (["ok", None], None, r"sentences\[1\] is NoneType"),
-    ("one string", None, "not one string"),
+    ([b"bytes"], None, r"sentences\[0\] is bytes"),
     (["ok"], 0, "batch_size=0"),
     (["ok"], -1, "batch_size=-1"),
     (["ok"], 2.5, "batch_size=2.5"),
@@ -317,6 +317,48 @@ def toy_encoder(tmp_path_factory, toy_task):
 def test_encode_rejects_bad_input_naming_the_index(toy_encoder, sentences, batch_size, match):
   with pytest.raises(InputError, match=match):
     toy_encoder.encode(sentences, lang="xx", batch_size=batch_size)
+
+
+def test_encode_takes_sentence_transformers_keywords(toy_encoder):
+  """Code written for sentence-transformers (and MTEB) calls encode() with its keywords."""
+  sents = ["alpha beta", "gamma", "alpha gamma beta"]
+  ref = toy_encoder.encode(sents, lang="xx")
+  got = toy_encoder.encode(sents, lang="xx", batch_size=2, show_progress_bar=False,
+                           convert_to_numpy=True, normalize_embeddings=True,
+                           task_name="STSBenchmark", prompt_type="query")
+  np.testing.assert_allclose(got, ref, atol=1e-6)
+  one = toy_encoder.encode("gamma", lang="xx")
+  assert one.shape == (ref.shape[1],)
+  np.testing.assert_allclose(one, ref[1], atol=1e-6)
+  rows = toy_encoder.encode(sents, lang="xx", convert_to_numpy=False)
+  assert isinstance(rows, list) and len(rows) == 3
+  np.testing.assert_allclose(np.stack(rows), ref, atol=1e-6)
+  # A prompt is put before every sentence, by text or by name.
+  toy_encoder.prompts = {"query": "alpha "}
+  try:
+    by_name = toy_encoder.encode(["gamma"], lang="xx", prompt_name="query")
+    by_text = toy_encoder.encode(["gamma"], lang="xx", prompt="alpha ")
+    by_type = toy_encoder.encode(["gamma"], lang="xx", prompt_type="query")
+    plain = toy_encoder.encode(["alpha gamma"], lang="xx")
+    for v in (by_name, by_text, by_type):
+      np.testing.assert_allclose(v, plain, atol=1e-6)
+    with pytest.raises(InputError, match="prompt_name='doc' is not one of"):
+      toy_encoder.encode(["gamma"], lang="xx", prompt_name="doc")
+  finally:
+    toy_encoder.prompts = {}
+  with pytest.raises(InputError, match="precision='int8'"):
+    toy_encoder.encode(sents, lang="xx", precision="int8")
+  torch = pytest.importorskip("torch")
+  t = toy_encoder.encode(sents, lang="xx", convert_to_tensor=True)
+  assert isinstance(t, torch.Tensor) and tuple(t.shape) == ref.shape
+  # similarity: cosine, as sentence-transformers' default.
+  sim = toy_encoder.similarity(ref, ref[:2])
+  assert sim.shape == (3, 2)
+  np.testing.assert_allclose(sim, ref @ ref[:2].T, atol=1e-5)
+  np.testing.assert_allclose(toy_encoder.similarity_pairwise(ref, ref), 1.0, atol=1e-5)
+  assert toy_encoder.similarity_fn_name == "cosine"
+  assert toy_encoder.get_sentence_embedding_dimension() == ref.shape[1]
+  assert toy_encoder.max_seq_length == toy_encoder.max_length
 
 
 def test_encode_counts_truncation(toy_encoder):

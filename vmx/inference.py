@@ -86,6 +86,10 @@ def restore_params(model_dir, model, step: Optional[int] = None, input_shapes=No
   return params, step
 
 
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
 class Encoder:
   """encode(list of str) -> L2-normalized float32 rows, in jitted batches of similar
   length (sorted by token count, padded to a power of two: few compilations, little
@@ -107,6 +111,7 @@ class Encoder:
     self.max_length = int(max_length)
     self.batch_size = batch_size
     self.name, self.revision = type(model).__name__, None   # set by from_checkpoint
+    self.prompts: dict = {}      # sentence-transformers' prompts: {name: text put before}
     self._predict = jax.jit(lambda p, b: model.predict_batch(p, b))
 
   @classmethod
@@ -157,15 +162,96 @@ class Encoder:
                          f"so no embedding; drop it or replace it before encoding")
     return sentences
 
-  def encode(self, sentences: Sequence[str], lang: Union[None, str, Sequence[str]] = None,
-             batch_size: Optional[int] = None, progress: Optional[bool] = None) -> np.ndarray:
-    """[len(sentences), D] float32, rows L2-normalized (0 rows -> shape [0, 0]).
+  # sentence-transformers / MTEB compatibility: what their callers read or pass.
+  similarity_fn_name = "cosine"
+  PRECISIONS = ("float32",)
+
+  @property
+  def max_seq_length(self) -> int:
+    return self.max_length
+
+  def get_sentence_embedding_dimension(self) -> int:
+    return int(self.encode(["a"], lang=self.languages[0] if self.languages else None).shape[1])
+
+  def encode(self, sentences: Union[str, Sequence[str]],
+             lang: Union[None, str, Sequence[str]] = None, batch_size: Optional[int] = None,
+             progress: Optional[bool] = None, *, show_progress_bar: Optional[bool] = None,
+             convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+             normalize_embeddings: bool = True, precision: str = "float32",
+             prompt_name: Optional[str] = None, prompt: Optional[str] = None,
+             task_name: Optional[str] = None, prompt_type: Optional[str] = None):
+    """[len(sentences), D] float32, rows L2-normalized (0 rows -> shape [0, 0]); one string
+    gives one [D] vector.
 
     `lang`: one ISO 639-3 code or one per sentence, needed only by models that read
     language ids. Raises InputError for bad input and NonFiniteError if the model
     produces NaN/Inf (a diverged checkpoint).
+
+    The keywords of sentence-transformers' `encode` work as there, so vmx encoders drop
+    into code written for it (and MTEB): `show_progress_bar` (= `progress`),
+    `convert_to_numpy=False` (a list of [D] arrays), `convert_to_tensor=True` (a torch
+    tensor; needs torch), `prompt` (a string put before every sentence) or `prompt_name`
+    (a key of `self.prompts`), `precision` ('float32' only). vmx vectors are unit length by
+    construction (the cosine geometry the models train), so `normalize_embeddings` changes
+    nothing either way. MTEB's `task_name` / `prompt_type` pick a prompt from
+    `self.prompts` when one is registered under that name; vmx models are trained without
+    prompts, so `self.prompts` is empty unless you fill it.
     """
+    del normalize_embeddings       # always unit rows (see above)
+    if precision not in self.PRECISIONS:
+      raise InputError(f"precision={precision!r}: vmx encoders give {self.PRECISIONS} only")
+    single = isinstance(sentences, str)
+    if single:
+      sentences = [sentences]
     sentences = self.check_sentences(sentences)
+    prompt = self._prompt(prompt, prompt_name, task_name, prompt_type)
+    if prompt:
+      sentences = [prompt + s for s in sentences]
+    if show_progress_bar is not None:
+      progress = show_progress_bar
+    out = self._encode(sentences, lang, batch_size, progress)
+    if single:
+      out = out[0]
+    if convert_to_tensor:
+      try:
+        import torch
+      except ImportError:
+        raise InputError("convert_to_tensor=True needs torch; use the default numpy output"
+                         ) from None
+      return torch.from_numpy(out)
+    return out if convert_to_numpy or single else list(out)
+
+  def _prompt(self, prompt, prompt_name, task_name, prompt_type) -> str:
+    if prompt is not None and prompt_name is not None:
+      raise InputError("pass prompt or prompt_name, not both")
+    if prompt is not None:
+      if not isinstance(prompt, str):
+        raise InputError(f"prompt={prompt!r}: expected a string")
+      return prompt
+    if prompt_name is not None:
+      if prompt_name not in self.prompts:
+        raise InputError(f"prompt_name={prompt_name!r} is not one of this encoder's prompts "
+                         f"{sorted(self.prompts)} (vmx models are trained without prompts)")
+      return self.prompts[prompt_name]
+    for key in (f"{task_name}-{prompt_type}", task_name, prompt_type):
+      if key in self.prompts:
+        return self.prompts[key]
+    return ""
+
+  def similarity(self, a, b) -> np.ndarray:
+    """[n, m] cosine similarities of two sets of embeddings (sentence-transformers'
+    `similarity`); one [D] vector counts as one row."""
+    a, b = (np.atleast_2d(np.asarray(x, np.float32)) for x in (a, b))
+    return _unit(a) @ _unit(b).T
+
+  def similarity_pairwise(self, a, b) -> np.ndarray:
+    """[n] cosine similarity of each row of `a` with the same row of `b`."""
+    a, b = (np.atleast_2d(np.asarray(x, np.float32)) for x in (a, b))
+    if a.shape != b.shape:
+      raise InputError(f"similarity_pairwise needs equal shapes, got {a.shape} and {b.shape}")
+    return np.sum(_unit(a) * _unit(b), axis=1)
+
+  def _encode(self, sentences: list, lang, batch_size, progress) -> np.ndarray:
     bs = self.batch_size if batch_size is None else batch_size
     if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
@@ -207,7 +293,7 @@ class Encoder:
       out[rows] = emb
     if truncated:
       warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
-                    f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
+                    f"max_length={self.max_length} tokens and were truncated", stacklevel=3)
     if out is None:
       return np.zeros((0, 0), np.float32)
     return out
