@@ -344,12 +344,18 @@ def test_phase_switch_and_kill_resume_are_bit_exact(tmp_path, toy_task, capsys):
   assert any("train/infonce_loss" in r and r["step"] == 4 for r in rows)
   assert any("train/ranking_loss" in r for r in rows)
   assert any(r.get("train/phase") == 1.0 and r["step"] == 4 for r in rows)
-  # Killed inside phase 1 (step 2: a stopped run saves its last step),
-  # then inside phase 2 (step 7), then finished.
+  # Killed inside phase 1 (step 2: a stopped run saves its last step), inside phase 2
+  # (step 7), then crashed there before its checkpoints after the switch were written
+  # (resumes from the switch's own checkpoint, step 4), then finished.
+  import shutil
   parts = tmp_path / "parts"
-  phased_train(parts, toy_task, stop_at_step=2)
-  phased_train(parts, toy_task, stop_at_step=7)
+  for stop in (2, 7):
+    phased_train(parts, toy_task, stop_at_step=stop)
+  for step in (6, 7):
+    shutil.rmtree(parts / f"checkpoint_{step}")
   resumed = jax.device_get(phased_train(parts, toy_task))
+  rows = [json.loads(l) for l in (parts / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "train/phase" in r] == [4]     # one switch row
   jax.tree.map(np.testing.assert_array_equal, full.params, resumed.params)
   jax.tree.map(np.testing.assert_array_equal, full.flax_mutables, resumed.flax_mutables)
   jax.tree.map(np.testing.assert_array_equal, full.opt_state, resumed.opt_state)

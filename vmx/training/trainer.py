@@ -478,7 +478,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
       state = state.replace(opt_state=opt_state)
     _print(f"[vmx] step {ph.start}: phase {ph.name!r} ({ph.steps} steps, to step {ph.end})"
            + (", new optimizer state" if ph.optimizer is not prev.optimizer else ""))
-    writer.write_scalars(ph.start, {"train/phase": float(i)})
+    if not metrics_lib.has_row(model_dir, ph.start, "train/phase"):   # resumed at the switch
+      writer.write_scalars(ph.start, {"train/phase": float(i)})
     return state, phase_data(i)
 
   bar = None
