@@ -145,3 +145,30 @@ def test_parameter_subset_optimizers_leave_the_other_subset_untouched():
 def optax_sgd():
   import optax
   return optax.sgd(0.1)
+
+
+def test_bfloat16_activations_match_float32_within_tolerance():
+  """ACTIVATION_DTYPE='bfloat16' (mixed precision: float32 parameters, bfloat16 compute,
+  float32 losses) gives the float32 loss and gradients within bfloat16's precision."""
+  def build(dtype):
+    enc = encoders.TransformerEncoder(vocab_size=64, num_layers=2, emb_dim=32, num_heads=4,
+                                      mlp_dim=64, max_length=L, dtype=dtype)
+    return DualEncoderModel(DualEncoder(enc, projection_dims=(16,)), temperature=0.1)
+  f32, bf16 = build("float32"), build("bfloat16")
+  batch = jax.tree.map(jnp.asarray, _batch())
+  params = f32.get_initial_variables(jax.random.PRNGKey(0),
+                                     {k: v.shape for k, v in batch.items()})["params"]
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(
+      bf16.get_initial_variables(jax.random.PRNGKey(0),
+                                 {k: v.shape for k, v in batch.items()})["params"]))
+  out = {}
+  for name, m in (("f32", f32), ("bf16", bf16)):
+    loss, grads = jax.jit(jax.value_and_grad(lambda p, m=m: m.loss_fn(p, batch, None)[0]))(
+        params)
+    assert loss.dtype == jnp.float32
+    out[name] = (float(loss), np.concatenate([np.ravel(g) for g in jax.tree.leaves(grads)]))
+  assert out["bf16"][0] != out["f32"][0]                  # the switch does compute in bf16
+  assert out["bf16"][0] == pytest.approx(out["f32"][0], rel=2e-2)
+  g32, g16 = out["f32"][1], out["bf16"][1]
+  cos = float(g32 @ g16 / (np.linalg.norm(g32) * np.linalg.norm(g16)))
+  assert cos > 0.99, cos
