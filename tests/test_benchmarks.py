@@ -37,3 +37,15 @@ def test_gemm_bound_runs_and_reports_every_kind():
   assert r["gemm_bound_s"] > 0
   assert sum(r[f"{k}_flops_per_step"] for k in ("fwd", "dX", "dW", "attention")) == \
       r["gemm_flops_per_step"]
+
+
+@pytest.mark.slow      # ~30 s of compiles; the equality itself is tests/test_sharding.py's
+def test_grad_cache_benchmark_runs_and_keeps_the_loss():
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grad_cache.py"),
+                        "--batches=16", "--chunk=8", "--steps=1", "--gin.NUM_LAYERS=1",
+                        "--gin.EMB_DIM=16", "--gin.NUM_HEADS=2", "--gin.MLP_DIM=32",
+                        "--gin.MAX_LENGTH=8", "--gin.VOCAB_SIZE=100"],
+                       capture_output=True, text=True, check=True)
+  row = json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][0])
+  assert row["global_batch"] == 16 and row["time_ratio"] > 0
+  assert abs(row["grad_cache_loss"] - row["uncached_loss"]) < 1e-4 * abs(row["uncached_loss"])

@@ -172,3 +172,53 @@ def test_bfloat16_activations_match_float32_within_tolerance():
   g32, g16 = out["f32"][1], out["bf16"][1]
   cos = float(g32 @ g16 / (np.linalg.norm(g32) * np.linalg.norm(g16)))
   assert cos > 0.99, cos
+
+
+@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
+  """GradCache (train.grad_cache_chunks): the same loss, gradients and trained parameters
+  as the whole-batch step, on 1 device and with the chunks split over 8."""
+  from vmx.training import grad_cache
+  if jax.device_count() < num_devices:
+    pytest.skip("needs 8 (simulated) devices")
+  l1, g1, tr1, state1, _ = _loss_and_grads(1)
+  model = _model()
+  part = partitioning.Partitioner(num_devices=num_devices)
+  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
+               {k: v.shape for k, v in _batch().items()}, grad_cache_chunks=chunks)
+  state = tr.create_state(0)
+  batch = part.global_batch(_batch(), tr.batch_shardings)
+  fn = jax.jit(lambda p, b: grad_cache.loss_and_grads(model, p, b, None, chunks))
+  with part.context():
+    loss, metrics, grads = fn(state.params, batch)
+  np.testing.assert_allclose(float(loss), l1, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
+               g1, jax.tree.map(np.asarray, grads))
+  for _ in range(2):     # dropout is 0 here: the steps are the same function
+    state1, m1 = tr1.step(state1, _batch())
+    state, m = tr.step(state, _batch())
+  np.testing.assert_allclose(float(m["loss"].compute()), float(m1["loss"].compute()), rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               jax.tree.map(np.asarray, state1.params), jax.tree.map(np.asarray, state.params))
+
+
+def test_grad_cache_refuses_what_it_cannot_chunk():
+  from vmx.errors import ConfigError
+  from vmx.models.emmax import EmmaX, EmmaXModel
+  shapes = {k: v.shape for k, v in _batch().items()}
+  adam = optimizers.create_optimizer("adam", 1e-3)
+  with pytest.raises(ConfigError, match="not a multiple of chunks"):
+    Trainer(_model(), adam, partitioning.Partitioner(num_devices=1), shapes, grad_cache_chunks=3)
+  with pytest.raises(ConfigError, match="positive integer"):
+    Trainer(_model(), adam, partitioning.Partitioner(num_devices=1), shapes, grad_cache_chunks=0)
+  enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=L)
+  with pytest.raises(ConfigError, match="flax_mutables"):
+    Trainer(EmmaXModel(EmmaX(enc), queue_size=16), adam,
+            partitioning.Partitioner(num_devices=1), {"tokens": (B, L)}, grad_cache_chunks=2)
+
+  class NoSplit(DualEncoderModel):
+    grad_cache_embed = None
+  with pytest.raises(ConfigError, match="NoSplit has no GradCache split"):
+    Trainer(NoSplit(DualEncoder(enc)), adam, partitioning.Partitioner(num_devices=1), shapes,
+            grad_cache_chunks=2)

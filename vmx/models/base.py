@@ -30,6 +30,11 @@ all optional:
       a run starts from an initial checkpoint (the momentum encoder copies the import).
 and one start-up check, `validate_data(examples, batch_sizes)`: the model's demands on
 its data (a queue larger than the corpus) before anything is compiled.
+A contrastive model whose loss is a function of per-example embeddings opts into
+GradCache (Gao et al. 2021; `train.grad_cache_chunks`, vmx/training/grad_cache.py) with
+  grad_cache_embed(params, batch, dropout_rng) -> pytree of [b, ...] per-example arrays
+  grad_cache_loss(embeddings, batch) -> (loss, {name: scalar})
+so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch.
 A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
 {task: converter class}; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
@@ -118,6 +123,10 @@ class BaseModel(abc.ABC):
     """flax_mutables for a run that starts from `params` (an initial checkpoint's)."""
     del params
     return flax_mutables
+
+  # GradCache split (see the module docstring); None: the model does not support it.
+  grad_cache_embed = None
+  grad_cache_loss = None
 
   def validate_data(self, examples: Mapping[Any, Any], batch_sizes: Mapping[Any, int]):
     """Raises ConfigError if the data cannot feed this model: `examples` {task key: number

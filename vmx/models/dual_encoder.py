@@ -70,10 +70,17 @@ class DualEncoderModel(SentenceEncoderModel):
         deterministic=dropout_rng is None, rngs=rngs)
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
-    left, right = self._apply(params, batch, dropout_rng)
-    loss, metrics = losses.in_batch_softmax_loss(left, right, self.temperature,
-                                                 self.bidirectional)
+    loss, metrics = self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng),
+                                         batch)
     return loss, metrics, flax_mutables
+
+  # GradCache split: the loss depends on the batch only through the sentence vectors.
+  def grad_cache_embed(self, params, batch, dropout_rng):
+    return self._apply(params, batch, dropout_rng)
+
+  def grad_cache_loss(self, embeddings, batch):
+    left, right = embeddings
+    return losses.in_batch_softmax_loss(left, right, self.temperature, self.bidirectional)
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     return self.module.apply({"params": params}, tokens_BxL, lang_B, True, side,

@@ -42,8 +42,8 @@ from vmx.data.vocab import copy_any_vocabulary, load_tokenizer
 from vmx.errors import ConfigError, NonFiniteError
 from vmx.gin_utils import check_range, positive_int
 from vmx.inference import Encoder, write_model_info
-from vmx.models.base import BaseModel
-from vmx.training import checkpoints, initial_checkpoint, partitioning
+from vmx.models.base import BaseModel, averaged
+from vmx.training import checkpoints, grad_cache, initial_checkpoint, partitioning
 from vmx.training import metrics as metrics_lib
 
 
@@ -147,10 +147,12 @@ class Trainer:
 
   def __init__(self, model: BaseModel, optimizer: optax.GradientTransformation,
                partitioner: partitioning.Partitioner, shapes: Mapping[str, tuple],
-               learning_rate: Optional[Callable] = None):
+               learning_rate: Optional[Callable] = None, grad_cache_chunks: int = 1):
     self.model, self.tx, self.partitioner = model, optimizer, partitioner
     self.shapes = dict(shapes)
     self.learning_rate = learning_rate
+    grad_cache.check(model, grad_cache_chunks, self.shapes, partitioner.data_parallel_size)
+    self.grad_cache_chunks = grad_cache_chunks
     batch_abstract = {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.shapes.items()}
     self.batch_shardings = partitioner.batch_sharding(batch_abstract)
 
@@ -194,6 +196,10 @@ class Trainer:
 
   def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
     model = self.model
+    if self.grad_cache_chunks > 1:
+      loss, metrics, grads = grad_cache.loss_and_grads(model, state.params, batch, dropout_rng,
+                                                       self.grad_cache_chunks)
+      return loss, averaged(metrics), grads, state.flax_mutables
     if model.HAS_MUTABLES:
       fn = lambda p: model.loss_fn(p, batch, dropout_rng, state.flax_mutables)
       (loss, (metrics, mutables)), grads = jax.value_and_grad(fn, has_aux=True)(state.params)
@@ -351,7 +357,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           log_period: int = 50, random_seed: int = 0, progress: bool = True,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
           initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None,
-          phases: Optional[Sequence[Phase]] = None) -> tuple[TrainState, dict]:
+          phases: Optional[Sequence[Phase]] = None,
+          grad_cache_chunks: int = 1) -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
@@ -362,6 +369,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   `phases` (instead of `train_dataset_cfg`): a list of `Phase`s run one after the
   other, their steps adding up to `total_steps`; `model` is then the default objective
   and the model written for inference.
+  `grad_cache_chunks` > 1: each step's gradients by GradCache in that many chunks
+  (vmx/training/grad_cache.py: the same gradients, memory of one chunk's activations).
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
@@ -384,7 +393,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
         raise ConfigError(f"the data of task(s) {empty} have no examples")
       ph.model.validate_data(examples, batch_sizes)
       trainers.append(Trainer(ph.model, ph.optimizer, partitioner,
-                              input_shapes(ph.train_dataset_cfg, ph.model), ph.learning_rate))
+                              input_shapes(ph.train_dataset_cfg, ph.model), ph.learning_rate,
+                              grad_cache_chunks))
     except ConfigError as e:
       if not where:
         raise
