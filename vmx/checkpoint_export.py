@@ -30,29 +30,6 @@ _ACTIVATIONS = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu"}
 _POOLING = {"mean": "pooling_mode_mean_tokens", "first": "pooling_mode_cls_token"}
 
 
-def _inverse(transform_name: str, a: np.ndarray) -> np.ndarray:
-  if transform_name == "_t":
-    return a.T
-  if transform_name == "heads":            # [D, H, K] -> [H*K, D]
-    return a.reshape(a.shape[0], -1).T
-  if transform_name == "heads_bias":       # [H, K] -> [H*K]
-    return a.reshape(-1)
-  if transform_name == "out":              # [H, K, D] -> [D, H*K]
-    return a.reshape(-1, a.shape[-1]).T
-  return a
-
-
-def _transform_name(fn) -> str:
-  from vmx import checkpoint_import as ci
-  if fn is ci._t:
-    return "_t"
-  name = getattr(fn, "__qualname__", "")
-  for key, prefix in (("heads_bias", "_heads_bias."), ("heads", "_heads."), ("out", "_out.")):
-    if name.startswith(prefix):
-      return key
-  return "same"
-
-
 def exportable(model, tokenizer_spec: Optional[dict]) -> tuple[object, str]:
   """(the model's TransformerEncoder, its pooling), or ConfigError saying why not."""
   from vmx.models.dual_encoder import DualEncoderModel
@@ -112,7 +89,7 @@ def hf_tensors(enc, encoder_params: dict, pad_id: int) -> dict[str, np.ndarray]:
   settings = {"family": "bert", "num_heads": enc.num_heads, "num_layers": enc.num_layers}
   out = {}
   for hf, path, fn in weight_map(settings, pooler=False):
-    out[hf] = np.ascontiguousarray(_inverse(_transform_name(fn), flat.pop(path)))
+    out[hf] = np.ascontiguousarray(fn.inverse(flat.pop(path)))
   if flat:
     raise ConfigError(f"vmx parameters without a Hugging Face name: {sorted(flat)}")
   out["embeddings.position_ids"] = np.arange(enc.max_length + enc.position_offset,
@@ -124,6 +101,7 @@ def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = No
   """Writes `output_dir` (must not exist or be empty); returns a summary dict."""
   from safetensors.numpy import save_file
 
+  from vmx.checkpoint_import import atomic_output_dir
   from vmx.inference import read_model_info, restore_params
   from vmx.models.base import model_from_config
   model_dir, output_dir = Path(model_dir), Path(output_dir)
@@ -136,14 +114,11 @@ def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = No
   shapes = {"left_tokens": (1, L), "right_tokens": (1, L)}   # as Encoder.from_checkpoint
   params, step = restore_params(model_dir, model, step, shapes)
   tensors = hf_tensors(enc, params["encoder"], spec["pad_id"])
-  if output_dir.exists() and any(output_dir.iterdir()):
-    raise ConfigError(f"--output_dir={output_dir} exists and is not empty")
-  tmp = output_dir.with_name(output_dir.name + ".exporting")
-  shutil.rmtree(tmp, ignore_errors=True)
-  (tmp / "1_Pooling").mkdir(parents=True)
-  (tmp / "2_Normalize").mkdir()
-  try:
-    (tmp / "config.json").write_text(json.dumps(hf_config(enc, spec["pad_id"]), indent=1))
+  config = hf_config(enc, spec["pad_id"])
+  with atomic_output_dir(output_dir, ".exporting") as tmp:
+    (tmp / "1_Pooling").mkdir()
+    (tmp / "2_Normalize").mkdir()
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     shutil.copyfile(model_dir / spec["file"], tmp / spec["file"])
     if spec["kind"] == "wordpiece":
@@ -168,12 +143,6 @@ def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = No
     (tmp / "config_sentence_transformers.json").write_text(json.dumps(
         {"similarity_fn_name": "cosine", "exported_from": str(model_dir.absolute()),
          "checkpoint_step": step, "languages": info["languages"]}, indent=1))
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)   # nothing half-written is left behind
-    raise
-  if output_dir.exists():
-    output_dir.rmdir()
-  tmp.rename(output_dir)
-  return {"architecture": hf_config(enc, spec["pad_id"])["architectures"][0],
+  return {"architecture": config["architectures"][0],
           "pooling": pooling, "max_length": L, "step": step, "tensors": len(tensors),
           "output_dir": str(output_dir)}

@@ -16,6 +16,7 @@ mis-shaped tensors give one `CheckpointError` that lists them.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -136,26 +137,44 @@ def encoder_settings(cfg: dict) -> dict:
 # ----------------------------------------------------------------------------
 # Weight names: (HF name, vmx path under the encoder, transform).
 
+def _invertible(forward, inverse):
+  """A weight transform that carries its inverse (vmx/checkpoint_export.py uses it)."""
+  forward.inverse = inverse
+  return forward
+
+
+def _same(a):
+  return a
+
+
+_same.inverse = _same
+
+
 def _t(a):  # torch Linear [out, in] -> kernel [in, out]
   return a.T
 
 
-def _heads(h: int):
-  return lambda a: a.T.reshape(a.shape[1], h, -1)            # [H*K, D] -> [D, H, K]
+_t.inverse = _t
 
 
-def _heads_bias(h: int):
-  return lambda a: a.reshape(h, -1)                          # [H*K] -> [H, K]
+def _heads(h: int):                                          # [H*K, D] -> [D, H, K]
+  return _invertible(lambda a: a.T.reshape(a.shape[1], h, -1),
+                     lambda a: a.reshape(a.shape[0], -1).T)
 
 
-def _out(h: int):
-  return lambda a: a.T.reshape(h, -1, a.shape[0])            # [D, H*K] -> [H, K, D]
+def _heads_bias(h: int):                                     # [H*K] -> [H, K]
+  return _invertible(lambda a: a.reshape(h, -1), lambda a: a.reshape(-1))
+
+
+def _out(h: int):                                            # [D, H*K] -> [H, K, D]
+  return _invertible(lambda a: a.T.reshape(h, -1, a.shape[0]),
+                     lambda a: a.reshape(-1, a.shape[-1]).T)
 
 
 def weight_map(settings: dict, pooler: bool
                ) -> list[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]:
   h = settings["num_heads"]
-  same = lambda a: a  # noqa: E731
+  same = _same
   out = []
   if settings["family"] == "bert":
     e = "embeddings."
@@ -305,6 +324,27 @@ def _max_length_from_sentence_transformers(hf_dir) -> Optional[int]:
 # ----------------------------------------------------------------------------
 # The whole import.
 
+@contextlib.contextmanager
+def atomic_output_dir(output_dir: Path, suffix: str):
+  """Yields a temporary sibling of `output_dir` to write into, renamed to `output_dir` at
+  the end; on any error it is removed (nothing half-written is left behind). An existing,
+  non-empty `output_dir` is a ConfigError."""
+  output_dir = Path(output_dir)
+  if output_dir.exists() and any(output_dir.iterdir()):
+    raise ConfigError(f"--output_dir={output_dir} exists and is not empty")
+  tmp = output_dir.with_name(output_dir.name + suffix)
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if output_dir.exists():
+    output_dir.rmdir()
+  tmp.rename(output_dir)
+
+
 def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
                       max_length: Optional[int] = None, temperature: float = 0.05) -> dict:
   """Writes a vmx model directory for the Hugging Face checkpoint in `hf_dir` (a
@@ -369,13 +409,7 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
     raise CheckpointError(f"no Hugging Face tensor for vmx parameters {leftover}")
 
   # Write: tokenizer, model info, params (into a temporary directory, renamed at the end).
-  if output_dir.exists() and any(output_dir.iterdir()):
-    raise ConfigError(f"--output_dir={output_dir} exists and is not empty")
-  tmp = output_dir.with_name(output_dir.name + ".importing")
-  if tmp.exists():
-    shutil.rmtree(tmp)
-  tmp.mkdir(parents=True)
-  try:
+  with atomic_output_dir(output_dir, ".importing") as tmp:
     shutil.copyfile(hf_dir / spec["file"], tmp / spec["file"])
     (tmp / TOKENIZER_SPEC).write_text(json.dumps(spec, indent=1))
     tok = HfTokenizer(str(tmp / TOKENIZER_SPEC))
@@ -394,12 +428,6 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
     (tmp / "IMPORTED_FROM.json").write_text(json.dumps(
         {"hf_dir": str(hf_dir.absolute()), "architectures": cfg.get("architectures"),
          "model_type": cfg["model_type"], "ignored_tensors": ignored}, indent=1))
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)   # nothing half-written is left behind
-    raise
-  if output_dir.exists():
-    output_dir.rmdir()
-  tmp.rename(output_dir)
   n = sum(a.size for a in flat.values())
   return {"family": family, "pooling": pooling, "max_length": max_length,
           "tokenizer": spec["kind"], "parameters": int(n), "tensors": len(flat),
