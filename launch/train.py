@@ -18,6 +18,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up 
 from vmx import gin_utils  # noqa: E402
 
 
+def require_training_extra():
+  """`pip install vmx` is inference only; say how to get the training pipeline."""
+  missing = [m for m in ("seqio", "tensorflow") if importlib.util.find_spec(m) is None]
+  if missing:
+    raise gin_utils.ConfigError(
+        f"training needs {' and '.join(missing)}, which the base install leaves out "
+        "(it is inference and evaluation only): pip install 'vmx[train]' "
+        "(in a checkout: pip install -e '.[train]')")
+
+
 def main(argv):
   bindings, rest = gin_utils.split_gin_bindings(argv)
   parser = argparse.ArgumentParser(description=__doc__,
@@ -31,6 +41,7 @@ def main(argv):
   parser.add_argument("--num_processes", type=int, default=None)
   parser.add_argument("--process_id", type=int, default=None)
   args = parser.parse_args(rest)
+  require_training_extra()
   # Config errors first: nothing is initialized, built or written for a bad config.
   gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
   if args.multihost or args.coordinator_address:

@@ -21,7 +21,7 @@ import numpy as np
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
-from vmx.training.checkpoints import CHECKPOINT_PREFIX, restore_intact
+from vmx.training.checkpoints import CHECKPOINT_PREFIX, read_only_manager, restore_intact
 
 MODEL_INFO_FILE = "vmx_model.json"
 
@@ -65,10 +65,7 @@ def restore_params(model_dir, model, step: Optional[int] = None, input_shapes=No
   damaged `step` is a CheckpointError. Non-finite parameters are a NonFiniteError.
   """
   import orbax.checkpoint as ocp
-  mngr = ocp.CheckpointManager(Path(model_dir).absolute(),
-                               options=ocp.CheckpointManagerOptions(
-                                   step_prefix=CHECKPOINT_PREFIX, read_only=True),
-                               item_names=("params",))
+  mngr = read_only_manager(model_dir)
   shapes = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0),
                                                               input_shapes))["params"]
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

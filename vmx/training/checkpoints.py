@@ -51,6 +51,21 @@ class CheckpointConfig:
 # ----------------------------------------------------------------------------
 # Checksum manifests.
 
+def read_only_manager(model_dir, item_names=("params",)):
+  """An orbax CheckpointManager that reads a vmx model_dir's checkpoints, without orbax's
+  warnings that a read-only manager is read-only (noise in every Encoder and notebook)."""
+  import absl.logging
+  import orbax.checkpoint as ocp
+  level = absl.logging.get_verbosity()
+  absl.logging.set_verbosity(absl.logging.ERROR)
+  try:
+    return ocp.CheckpointManager(Path(model_dir).absolute(), item_names=item_names,
+                                 options=ocp.CheckpointManagerOptions(
+                                     step_prefix=CHECKPOINT_PREFIX, read_only=True))
+  finally:
+    absl.logging.set_verbosity(level)
+
+
 def step_dir(model_dir, step: int) -> Path:
   return Path(model_dir) / f"{CHECKPOINT_PREFIX}_{step}"
 

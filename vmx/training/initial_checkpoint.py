@@ -64,12 +64,11 @@ def read_params(model_dir) -> tuple[dict, int]:
   directory, on the host, whatever mesh it was saved from."""
   import orbax.checkpoint as ocp
 
-  from vmx.training.checkpoints import CHECKPOINT_PREFIX, restore_intact
+  from vmx.training.checkpoints import read_only_manager, restore_intact
   model_dir = Path(model_dir)
   if not model_dir.is_dir():
     raise CheckpointError(f"INITIAL_CHECKPOINT_PATH={str(model_dir)!r}: no such directory")
-  mngr = ocp.CheckpointManager(model_dir.absolute(), options=ocp.CheckpointManagerOptions(
-      step_prefix=CHECKPOINT_PREFIX, read_only=True), item_names=("params",))
+  mngr = read_only_manager(model_dir)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
 
   def restore(step):
