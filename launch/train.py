@@ -40,22 +40,29 @@ def main(argv):
                       help="host:port of process 0 (explicit multi-process set-up)")
   parser.add_argument("--num_processes", type=int, default=None)
   parser.add_argument("--process_id", type=int, default=None)
+  parser.add_argument("--check_cluster", action="store_true",
+                      help="start the processes, print each one's devices, run one "
+                           "all-reduce across all of them and exit (nothing is trained or "
+                           "written): the check to run on every worker before a long job")
   args = parser.parse_args(rest)
   require_training_extra()
-  # Config errors first: nothing is initialized, built or written for a bad config.
-  gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
-  if args.multihost or args.coordinator_address:
-    import jax
-    explicit = (args.coordinator_address, args.num_processes, args.process_id)
-    if any(x is not None for x in explicit) and any(x is None for x in explicit):
-      raise gin_utils.ConfigError("--coordinator_address, --num_processes and --process_id "
-                                  "go together")
-    if explicit[0]:
-      jax.distributed.initialize(*explicit)
-    else:
-      jax.distributed.initialize()
-    print(f"[vmx] process {jax.process_index()} of {jax.process_count()}: "
-          f"{jax.local_device_count()} local / {jax.device_count()} devices", flush=True)
+  # Config errors first: nothing is initialized, built or written for a bad config
+  # (--check_cluster checks the config too when it is given one).
+  if args.gin_file or bindings or not args.check_cluster:
+    gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
+  if args.multihost or args.coordinator_address or args.check_cluster:
+    from vmx.training import distributed
+    cluster = "single process"
+    if args.multihost or args.coordinator_address:
+      cluster = distributed.initialize(args.coordinator_address, args.num_processes,
+                                       args.process_id)
+    print(distributed.layout(cluster), flush=True)
+    if args.check_cluster:
+      import jax
+      total, n = distributed.check_all_reduce(), jax.device_count()
+      print(f"[vmx] all-reduce over {n} devices: {total:g} ({'ok' if total == n else 'WRONG'})",
+            flush=True)
+      sys.exit(0 if total == n else 1)
   from vmx.training.trainer import train
   _, metrics = train()
   return metrics

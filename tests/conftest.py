@@ -91,8 +91,9 @@ def toy_task(tmp_path_factory):
 
 
 def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at_step=None,
-              optimizer=None, period=3, keep=2, num_devices=2):
-  """train() on the toy task with a 1-layer model (dropout on); returns the final state."""
+              optimizer=None, period=3, keep=2, num_devices=2, **train_kw):
+  """train() on the toy task with a 1-layer model (dropout on); returns the final state.
+  `train_kw` go to train() (e.g. eval_cfg, eval_period, best_metric)."""
   import gin
   from vmx import decoders, encoders
   from vmx.data import pipeline
@@ -127,7 +128,8 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
                    vocabulary=vp, languages=["xx", "en"],
                    partitioner=partitioning.Partitioner(num_devices=num_devices),
                    checkpoint_cfg=checkpoints.CheckpointConfig(period=period, keep=keep),
-                   log_period=2, random_seed=1, progress=False, stop_at_step=stop_at_step)
+                   log_period=2, random_seed=1, progress=False, stop_at_step=stop_at_step,
+                   **train_kw)
   return state
 
 

@@ -2,6 +2,7 @@
 config with the same global batch as one process and end with the same parameters."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def test_two_processes_equal_one(tmp_path):
   outs = [p.communicate(timeout=900) for p in procs]
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
-  assert "process 1 of 2: 1 local / 2 devices" in outs[1][0]
+  assert re.search(r"process 1 of 2 on .* \(coordinator 127.0.0.1:\d+\): 1 local / 2 devices",
+                   outs[1][0])
 
   a, b = _params(one), _params(two)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), a, b)

@@ -1,4 +1,6 @@
 """save -> stop -> resume gives bitwise the same parameters as an uninterrupted run."""
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -47,3 +49,62 @@ def test_resume_equals_uninterrupted(tmp_path, toy_task, kind):
     mu = np.asarray(mu)
     np.testing.assert_allclose(v, mu / np.linalg.norm(mu, axis=1, keepdims=True),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_best_checkpoint_follows_the_dev_metric_across_a_resume(tmp_path, toy_task,
+                                                                monkeypatch):
+  """train.best_metric keeps the best evaluated step in MODEL_DIR/best/ (params only);
+  a resumed run continues from the record and replaces it only with a better value;
+  Encoder.from_checkpoint(dir, 'best') opens it; a different metric is refused."""
+  from vmx.errors import CheckpointError, ConfigError, InputError
+  from vmx.evaluation import tatoeba
+  from vmx.inference import Encoder
+  from vmx.training.trainer import TatoebaEvalConfig
+  name, vp, _, _ = toy_task
+  scores = []
+
+  def scripted(encode, languages, data_dir, english):
+    encode(["alpha beta"], None)             # the encoder of the current parameters works
+    v = scores.pop(0)
+    return {"languages": {l: {"mean": v} for l in languages}, "mean": {"mean": v}}
+
+  monkeypatch.setattr(tatoeba, "evaluate", scripted)
+  d = tmp_path / "run"
+  kw = dict(period=2, keep=10, eval_cfg=TatoebaEvalConfig(["deu"]), eval_period=2,
+            best_metric="tatoeba/mean")
+
+  def params(step):
+    return jax.tree.map(np.asarray, Encoder.from_checkpoint(d, step=step).params)
+
+  def same(a, b):
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+
+  scores[:] = [10.0, 40.0, 20.0]                # evaluations at steps 0, 2, 4
+  toy_train(d, name, vp, stop_at_step=4, **kw)
+  assert not scores
+  record = json.loads((d / "best/best.json").read_text())
+  assert record == {"metric": "tatoeba/mean", "mode": "max", "step": 2, "value": 40.0}
+  assert sorted(p.name for p in (d / "best").glob("checkpoint_*")) == ["checkpoint_2"]
+  assert {"params", "vmx_checksums.json"} <= {p.name for p in (d / "best/checkpoint_2").iterdir()}
+  assert Encoder.from_checkpoint(d, step="best").revision == "best/checkpoint_2"
+  same(params("best"), params(2))
+
+  scores[:] = [50.0]                            # resumed at 4 (evaluated): step 6 only
+  toy_train(d, name, vp, **kw)
+  assert not scores
+  assert json.loads((d / "best/best.json").read_text())["step"] == 6
+  assert sorted(p.name for p in (d / "best").glob("checkpoint_*")) == ["checkpoint_6"]
+  same(params("best"), params(6))
+
+  with pytest.raises(ConfigError, match=r"keeps the best step by 'tatoeba/mean'"):
+    toy_train(d, name, vp, **{**kw, "best_metric": "tatoeba/deu"})
+  with pytest.raises(ConfigError, match=r"did you mean 'tatoeba/mean'"):
+    toy_train(tmp_path / "other", name, vp, **{**kw, "best_metric": "tatoeba/maen"})
+  with pytest.raises(ConfigError, match=r"needs periodic evaluation"):
+    toy_train(tmp_path / "other", name, vp, best_metric="tatoeba/mean")
+  plain = tmp_path / "plain"
+  toy_train(plain, name, vp, total_steps=2, period=2)
+  with pytest.raises(CheckpointError, match=r"has no best/ checkpoint.*train.best_metric"):
+    Encoder.from_checkpoint(plain, step="best")
+  with pytest.raises(InputError, match=r"step='last': expected a step number, 'best'"):
+    Encoder.from_checkpoint(plain, step="last")

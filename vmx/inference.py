@@ -21,7 +21,8 @@ import numpy as np
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
-from vmx.training.checkpoints import CHECKPOINT_PREFIX, read_only_manager, restore_intact
+from vmx.training.checkpoints import (BEST_DIR, CHECKPOINT_PREFIX, read_only_manager,
+                                      restore_intact)
 
 MODEL_INFO_FILE = "vmx_model.json"
 
@@ -112,16 +113,29 @@ class Encoder:
     self._predict = jax.jit(lambda p, b: model.predict_batch(p, b))
 
   @classmethod
-  def from_checkpoint(cls, model_dir, step: Optional[int] = None, batch_size: int = 128):
+  def from_checkpoint(cls, model_dir, step: Union[None, int, str] = None,
+                      batch_size: int = 128):
+    """The encoder of a vmx model directory at checkpoint `step` (default: the newest
+    intact one; 'best': the best evaluated step kept in MODEL_DIR/best/ by
+    train.best_metric)."""
     info = read_model_info(model_dir)
     model = model_from_config(info["model"])
     L = info["max_length"]
     shapes = {"left_tokens": (1, L), "right_tokens": (1, L), "left_lang": (1,),
               "right_lang": (1,)}
-    params, step = restore_params(model_dir, model, step, shapes)
+    ckpt_dir, prefix = model_dir, ""
+    if step == "best":
+      ckpt_dir, prefix, step = Path(model_dir) / BEST_DIR, f"{BEST_DIR}/", None
+      if not ckpt_dir.is_dir():
+        raise CheckpointError(f"{model_dir} has no {BEST_DIR}/ checkpoint: it is written by "
+                              "runs with train.best_metric (BEST_METRIC) set")
+    elif step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+      raise InputError(f"step={step!r}: expected a step number, 'best' or None (latest)")
+    params, step = restore_params(ckpt_dir, model, step, shapes)
     enc = cls(model, params, load_tokenizer(str(Path(model_dir) / info["vocabulary"])),
               info["languages"], L, batch_size)
-    enc.name, enc.revision = Path(model_dir).absolute().name, f"{CHECKPOINT_PREFIX}_{step}"
+    enc.name = Path(model_dir).absolute().name
+    enc.revision = f"{prefix}{CHECKPOINT_PREFIX}_{step}"
     return enc
 
   def _lang_ids(self, lang, n: int) -> np.ndarray:

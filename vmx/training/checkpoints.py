@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import gin
 
-from vmx.errors import CheckpointError
+from vmx.errors import CheckpointError, ConfigError
 
 CHECKPOINT_PREFIX = "checkpoint"
 ITEMS = ("params", "train_state", "data")
@@ -235,6 +235,77 @@ class Checkpointer:
     state = abstract_state.replace(step=t["step"], params=r["params"], opt_state=t["opt_state"],
                                    flax_mutables=t["flax_mutables"], rng=t["rng"])
     return state, r["data"]
+
+  def close(self):
+    self.manager.close()
+
+
+# ----------------------------------------------------------------------------
+# The best checkpoint by a dev metric: MODEL_DIR/best/checkpoint_<step>/params.
+
+BEST_DIR = "best"
+BEST_RECORD = "best.json"
+BEST_MODES = ("max", "min")
+
+
+class BestCheckpointer:
+  """Keeps the parameters of the step with the best value of one evaluation metric in
+  MODEL_DIR/best/ (params only, with a checksum manifest, as the regular checkpoints),
+  and MODEL_DIR/best/best.json = {metric, mode, step, value}. A resumed run continues from
+  that record: only a strictly better value replaces it. `Encoder.from_checkpoint(dir,
+  step="best")` and `launch/eval.py --step=best` read it."""
+
+  def __init__(self, model_dir, metric: str, mode: str = "max"):
+    import jax
+    import orbax.checkpoint as ocp
+    if mode not in BEST_MODES:
+      raise ConfigError(f"train.best_mode={mode!r}: expected one of {BEST_MODES}")
+    self.metric, self.mode = metric, mode
+    self.dir = Path(model_dir).absolute() / BEST_DIR
+    self._primary = jax.process_index() == 0
+    self.record = None
+    path = self.dir / BEST_RECORD
+    if path.exists():
+      try:
+        self.record = json.loads(path.read_text())
+        float(self.record["value"]), int(self.record["step"])
+      except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: unreadable best-checkpoint record ({e}); remove "
+                              f"{self.dir} to start a new one") from None
+      if (self.record.get("metric"), self.record.get("mode")) != (metric, mode):
+        raise ConfigError(
+            f"{self.dir} keeps the best step by {self.record.get('metric')!r} "
+            f"({self.record.get('mode')}), but this run asks for {metric!r} ({mode}): bind "
+            f"train.best_metric to that metric, or move {self.dir} away to start anew")
+    self.manager = ocp.CheckpointManager(
+        self.dir, item_names=("params",),
+        options=ocp.CheckpointManagerOptions(max_to_keep=1, step_prefix=CHECKPOINT_PREFIX,
+                                             create=True, enable_async_checkpointing=False))
+
+  def is_better(self, value: float) -> bool:
+    if self.record is None:
+      return True
+    best = float(self.record["value"])
+    return value > best if self.mode == "max" else value < best
+
+  def update(self, step: int, value: float, params) -> bool:
+    """Saves `params` as the best if `value` beats the record; returns whether it did."""
+    import orbax.checkpoint as ocp
+    if not self.is_better(value):
+      return False
+    if step in self.manager.all_steps():   # redone by a resumed run: same step, same params
+      self.manager.delete(step)
+    self.manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params)),
+                      force=True)
+    self.manager.wait_until_finished()
+    self.record = {"metric": self.metric, "mode": self.mode, "step": int(step),
+                   "value": float(value)}
+    if self._primary:
+      write_manifest(step_dir(self.dir, step))
+      tmp = self.dir / (BEST_RECORD + ".tmp")
+      tmp.write_text(json.dumps(self.record, indent=1) + "\n")
+      os.replace(tmp, self.dir / BEST_RECORD)
+    return True
 
   def close(self):
     self.manager.close()

@@ -24,6 +24,7 @@ current step runs, and the current step's before a log line or a checkpoint.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import time
 from pathlib import Path
@@ -358,7 +359,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
           initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None,
           phases: Optional[Sequence[Phase]] = None,
-          grad_cache_chunks: int = 1) -> tuple[TrainState, dict]:
+          grad_cache_chunks: int = 1, best_metric: Optional[str] = None,
+          best_mode: str = "max") -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
@@ -371,6 +373,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
   and the model written for inference.
   `grad_cache_chunks` > 1: each step's gradients by GradCache in that many chunks
   (vmx/training/grad_cache.py: the same gradients, memory of one chunk's activations).
+  `best_metric` (an evaluation metric, e.g. 'tatoeba/mean'): after every evaluation the
+  parameters are kept in MODEL_DIR/best/ if the metric beats the best so far (`best_mode`
+  'max' or 'min'); see checkpoints.BestCheckpointer.
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
@@ -378,6 +383,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
   partitioner = partitioner or partitioning.Partitioner()
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
   check_train_args(total_steps, log_period, eval_period, stop_at_step, {}, 1)
+  check_best_metric(best_metric, eval_cfg, eval_period)
   phases = resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
                           total_steps)
   trainers = []
@@ -413,6 +419,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
     (Path(model_dir) / "config.gin").write_text(gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
+  best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
+          if best_metric else None)
 
   def phase_data(i):
     ph = phases[i]
@@ -462,6 +470,12 @@ def train(*, model: BaseModel = gin.REQUIRED,
     writer.write_scalars(step, scalars)
     per_lang = ", ".join(f"{l} {r['mean']:.1f}" for l, r in res["languages"].items())
     _print(f"[vmx] step {step}: tatoeba mean {res['mean']['mean']:.2f} ({per_lang})")
+    if best is not None:
+      before = best.record
+      if best.update(step, scalars[best_metric], state.params):
+        was = (f"; was {before['value']:.2f} at step {before['step']}" if before else "")
+        _print(f"[vmx] step {step}: best {best_metric} {scalars[best_metric]:.2f}{was} "
+               f"-> {checkpoints.BEST_DIR}/checkpoint_{step}")
     return scalars
 
   def eval_due(step):
@@ -556,8 +570,32 @@ def train(*, model: BaseModel = gin.REQUIRED,
     if bar is not None:
       bar.close()
     ckpt.close()
+    if best is not None:
+      best.close()
     writer.flush()
   return state, last
+
+
+def eval_metric_names(eval_cfg: Optional[TatoebaEvalConfig]) -> list[str]:
+  """The scalars a periodic evaluation writes (what train.best_metric may name)."""
+  if eval_cfg is None:
+    return []
+  return ["tatoeba/mean"] + [f"tatoeba/{l}" for l in eval_cfg.languages]
+
+
+def check_best_metric(best_metric, eval_cfg, eval_period):
+  if best_metric is None:
+    return
+  names = eval_metric_names(eval_cfg)
+  if not names or not eval_period:
+    raise ConfigError(f"train.best_metric={best_metric!r} needs periodic evaluation: set "
+                      "train.eval_cfg (TatoebaEvalConfig) and EVAL_PERIOD > 0")
+  if best_metric not in names:
+    close = difflib.get_close_matches(str(best_metric), names, n=1)
+    raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
+                      f"evaluation ({', '.join(names[:8])}"
+                      f"{', ...' if len(names) > 8 else ''})"
+                      + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 def check_same_state(first: Phase, first_trainer: Trainer, phase: Phase, trainer: Trainer):
