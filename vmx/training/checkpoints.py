@@ -256,13 +256,15 @@ class BestCheckpointer:
   step="best")` and `launch/eval.py --step=best` read it."""
 
   def __init__(self, model_dir, metric: str, mode: str = "max"):
+    """Reads and checks an existing record (a resumed run); writes nothing until the first
+    `update`, so a run stopped by a later start-up error leaves no best/ behind."""
     import jax
-    import orbax.checkpoint as ocp
     if mode not in BEST_MODES:
       raise ConfigError(f"train.best_mode={mode!r}: expected one of {BEST_MODES}")
     self.metric, self.mode = metric, mode
     self.dir = Path(model_dir).absolute() / BEST_DIR
     self._primary = jax.process_index() == 0
+    self._manager = None
     self.record = None
     path = self.dir / BEST_RECORD
     if path.exists():
@@ -277,10 +279,16 @@ class BestCheckpointer:
             f"{self.dir} keeps the best step by {self.record.get('metric')!r} "
             f"({self.record.get('mode')}), but this run asks for {metric!r} ({mode}): bind "
             f"train.best_metric to that metric, or move {self.dir} away to start anew")
-    self.manager = ocp.CheckpointManager(
-        self.dir, item_names=("params",),
-        options=ocp.CheckpointManagerOptions(max_to_keep=1, step_prefix=CHECKPOINT_PREFIX,
-                                             create=True, enable_async_checkpointing=False))
+
+  @property
+  def manager(self):
+    if self._manager is None:
+      import orbax.checkpoint as ocp
+      self._manager = ocp.CheckpointManager(
+          self.dir, item_names=("params",),
+          options=ocp.CheckpointManagerOptions(max_to_keep=1, step_prefix=CHECKPOINT_PREFIX,
+                                               create=True, enable_async_checkpointing=False))
+    return self._manager
 
   def is_better(self, value: float) -> bool:
     if self.record is None:
@@ -308,4 +316,5 @@ class BestCheckpointer:
     return True
 
   def close(self):
-    self.manager.close()
+    if self._manager is not None:
+      self._manager.close()

@@ -384,6 +384,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
   check_train_args(total_steps, log_period, eval_period, stop_at_step, {}, 1)
   check_best_metric(best_metric, eval_cfg, eval_period)
+  # Reads (and checks) a resumed run's best-checkpoint record; writes nothing yet.
+  best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
+          if best_metric else None)
   phases = resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
                           total_steps)
   trainers = []
@@ -419,8 +422,6 @@ def train(*, model: BaseModel = gin.REQUIRED,
     (Path(model_dir) / "config.gin").write_text(gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
-  best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
-          if best_metric else None)
 
   def phase_data(i):
     ph = phases[i]
