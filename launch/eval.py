@@ -16,7 +16,6 @@ import argparse
 import importlib.util  # noqa: F401  (see launch/train.py)
 import os
 import sys
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -87,11 +86,13 @@ def parse_args(argv):
 
 
 def main(argv):
+  from vmx import storage
   from vmx.evaluation import harness
   from vmx.inference import Encoder
   args, cfg, tasks = parse_args(argv)
   enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step, batch_size=args.batch_size)
-  out = Path(args.output_dir or Path(args.checkpoint_dir) / "eval" / enc.revision)
+  out = storage.path(args.output_dir or
+                     storage.path(args.checkpoint_dir) / "eval" / enc.revision)
   try:
     results = harness.run(enc, output_dir=out, config=cfg, tasks=tasks,
                           model_info={"name": enc.name, "revision": enc.revision})

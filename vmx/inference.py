@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import jax
 import numpy as np
 
+from vmx import storage
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
@@ -32,15 +32,12 @@ def write_model_info(model_dir, model, languages: Sequence[str], max_length: int
   """Everything `Encoder.from_checkpoint` needs besides the parameters."""
   info = {"model": model.get_config(), "languages": list(languages),
           "max_length": int(max_length), "vocabulary": vocabulary}
-  path = Path(model_dir) / MODEL_INFO_FILE
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps(info, indent=1))
-  tmp.replace(path)
+  storage.path(model_dir).mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(storage.path(model_dir) / MODEL_INFO_FILE, json.dumps(info, indent=1))
 
 
 def read_model_info(model_dir) -> dict:
-  path = Path(model_dir) / MODEL_INFO_FILE
+  path = storage.path(model_dir) / MODEL_INFO_FILE
   if not path.exists():
     raise CheckpointError(f"{path}: not found; is {model_dir} a vmx model_dir?")
   try:
@@ -117,7 +114,7 @@ class Encoder:
                       batch_size: int = 128):
     """The encoder of a vmx model directory at checkpoint `step` (default: the newest
     intact one; 'best': the best evaluated step kept in MODEL_DIR/best/ by
-    train.best_metric)."""
+    train.best_metric). `model_dir` may be local or remote (`gs://...`: vmx/storage.py)."""
     info = read_model_info(model_dir)
     model = model_from_config(info["model"])
     L = info["max_length"]
@@ -125,16 +122,16 @@ class Encoder:
               "right_lang": (1,)}
     ckpt_dir, prefix = model_dir, ""
     if step == "best":
-      ckpt_dir, prefix, step = Path(model_dir) / BEST_DIR, f"{BEST_DIR}/", None
+      ckpt_dir, prefix, step = storage.path(model_dir) / BEST_DIR, f"{BEST_DIR}/", None
       if not ckpt_dir.is_dir():
         raise CheckpointError(f"{model_dir} has no {BEST_DIR}/ checkpoint: it is written by "
                               "runs with train.best_metric (BEST_METRIC) set")
     elif step is not None and (isinstance(step, bool) or not isinstance(step, int)):
       raise InputError(f"step={step!r}: expected a step number, 'best' or None (latest)")
     params, step = restore_params(ckpt_dir, model, step, shapes)
-    enc = cls(model, params, load_tokenizer(str(Path(model_dir) / info["vocabulary"])),
+    enc = cls(model, params, load_tokenizer(str(storage.path(model_dir) / info["vocabulary"])),
               info["languages"], L, batch_size)
-    enc.name = Path(model_dir).absolute().name
+    enc.name = storage.path(model_dir).name
     enc.revision = f"{prefix}{CHECKPOINT_PREFIX}_{step}"
     return enc
 

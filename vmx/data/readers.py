@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from vmx import storage
 from vmx.data.download import DataError, cache_dir
 from vmx.errors import ConfigError
 
@@ -27,10 +28,18 @@ EMPTY_LINE_POLICIES = ("error", "skip")
 
 
 def open_text(path) -> BinaryIO:
-  path = Path(path)
+  """A local or remote (vmx/storage.py) text file, `.gz` decompressed."""
+  path = storage.path(path)
   if not path.is_file():
     raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-  return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+  if not storage.is_remote(path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+  f = path.open("rb")
+  if path.suffix != ".gz":
+    return f
+  g = gzip.GzipFile(fileobj=f, mode="rb")
+  g.myfileobj = f          # closed with the GzipFile, as gzip.open's own file is
+  return g
 
 
 _READ_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, OSError)
@@ -74,11 +83,16 @@ def iter_lines(path) -> Iterator[tuple[int, str]]:
 
 
 def _stamp(paths) -> str:
+  out = []
   for p in paths:
-    if not Path(p).is_file():
+    if not storage.path(p).is_file():
       raise DataError(f"{p}: no such file")
-  return "|".join(f"{Path(p).resolve()}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}"
-                  for p in paths)
+    if storage.is_remote(p):
+      st = storage.path(p).stat()
+      out.append(f"{p}:{st.length}:{st.mtime}")
+    else:
+      out.append(f"{Path(p).resolve()}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}")
+  return "|".join(out)
 
 
 def _cached(kind: str, paths, compute):

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -27,6 +26,7 @@ from typing import Iterable, Optional, Sequence
 import gin
 import numpy as np
 
+from vmx import storage
 from vmx.data.download import DataError, cache_dir
 from vmx.data.readers import iter_lines
 from vmx.errors import CheckpointError, ConfigError
@@ -87,17 +87,17 @@ def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
   as is (e.g. mT5's `.model`). `path` set and absent: built there. `path` unset: built
   under the cache, keyed by inputs, size and languages.
   """
-  if path and Path(path).is_dir():
+  if path and storage.path(path).is_dir():
     for name in (TOKENIZER_SPEC, "vocab.model"):
-      if (Path(path) / name).is_file():
-        return str(Path(path) / name)
+      if (storage.path(path) / name).is_file():
+        return str(storage.path(path) / name)
     raise ConfigError(f"VOCAB_PATH={str(path)!r} is a directory without {TOKENIZER_SPEC} or "
                       f"vocab.model")
-  if path and Path(path).exists():
+  if path and storage.path(path).exists():
     return str(path)
-  if path and not str(path).endswith(".model"):
+  if path and (not str(path).endswith(".model") or storage.is_remote(path)):
     raise ConfigError(f"VOCAB_PATH={str(path)!r} does not exist (an imported model directory, "
-                      f"or a SentencePiece .model to use or to build)")
+                      f"or a SentencePiece .model to use, or a local one to build)")
   if not train_files:
     raise DataError(f"vocabulary {path!r} does not exist and no train_files to build it from")
   if not path:
@@ -115,10 +115,10 @@ class Tokenizer:
 
   def __init__(self, model_path: str):
     import sentencepiece as spm
-    if not Path(model_path).exists():
+    if not storage.path(model_path).exists():
       raise DataError(f"{model_path}: no such SentencePiece model")
     self.model_path = str(model_path)
-    self.sp = spm.SentencePieceProcessor(model_file=self.model_path)
+    self.sp = spm.SentencePieceProcessor(model_proto=storage.path(model_path).read_bytes())
 
   @property
   def vocab_size(self) -> int:
@@ -148,11 +148,10 @@ class Tokenizer:
 
 def copy_vocabulary(src: str, model_dir: str) -> str:
   """Copies the .model next to the checkpoints (checkpoints stay self-contained)."""
-  dest = Path(model_dir) / "vocab.model"
+  dest = storage.path(model_dir) / "vocab.model"
   if not dest.exists():
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, str(dest) + ".tmp")
-    os.replace(str(dest) + ".tmp", dest)
+    storage.copy_file(src, dest)
   return str(dest)
 
 
@@ -165,7 +164,7 @@ TOKENIZER_KINDS = ("tokenizers", "wordpiece", "t5_spm", "fairseq_spm")
 
 def load_tokenizer(path: str):
   """`Tokenizer` for a SentencePiece `.model`, `HfTokenizer` for a `vmx_tokenizer.json`."""
-  if Path(path).name == TOKENIZER_SPEC:
+  if storage.path(path).name == TOKENIZER_SPEC:
     return HfTokenizer(path)
   return Tokenizer(path)
 
@@ -180,7 +179,7 @@ class HfTokenizer:
   """
 
   def __init__(self, spec_path: str):
-    spec_path = Path(spec_path)
+    spec_path = storage.path(spec_path)
     try:
       spec = json.loads(spec_path.read_text())
       self.kind, file = spec["kind"], spec_path.parent / spec["file"]
@@ -193,14 +192,14 @@ class HfTokenizer:
       raise CheckpointError(f"{file}: missing (named by {spec_path})")
     self.model_path, self.spec = str(spec_path), spec
     try:
-      self._load(file, spec)
+      self._load(storage.local_copy(file), spec)
     except Exception as e:  # noqa: BLE001  (tokenizers/sentencepiece raise many kinds)
       raise CheckpointError(f"{file}: not a usable {self.kind} tokenizer file "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
                             ) from None
     self._size = max(self._size, int(spec.get("vocab_size", 0)))
 
-  def _load(self, file: Path, spec: dict):
+  def _load(self, file: str, spec: dict):
     if self.kind == "tokenizers":
       import tokenizers
       self.tok = tokenizers.Tokenizer.from_file(str(file))
@@ -267,20 +266,19 @@ class HfTokenizer:
 def copy_tokenizer(src_spec: str, model_dir: str) -> str:
   """Copies an imported tokenizer (spec + its file) into model_dir; returns the spec's name
   relative to model_dir."""
-  src = Path(src_spec)
+  src = storage.path(src_spec)
   spec = json.loads(src.read_text())
-  dest = Path(model_dir) / src.name
-  if src.resolve() != dest.resolve():
+  dest = storage.path(model_dir) / src.name
+  if src != dest:
     dest.parent.mkdir(parents=True, exist_ok=True)
     for name in (spec["file"], src.name):
-      shutil.copyfile(src.parent / name, str(Path(model_dir) / name) + ".tmp")
-      os.replace(str(Path(model_dir) / name) + ".tmp", Path(model_dir) / name)
+      storage.copy_file(src.parent / name, storage.path(model_dir) / name)
   return src.name
 
 
 def copy_any_vocabulary(vocabulary: str, model_dir: str) -> str:
   """Copies a SentencePiece model or an imported tokenizer next to the checkpoints;
   returns its file name in model_dir (what vmx_model.json records)."""
-  if Path(vocabulary).name == TOKENIZER_SPEC:
+  if storage.path(vocabulary).name == TOKENIZER_SPEC:
     return copy_tokenizer(vocabulary, model_dir)
-  return Path(copy_vocabulary(vocabulary, model_dir)).name
+  return storage.path(copy_vocabulary(vocabulary, model_dir)).name

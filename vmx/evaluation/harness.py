@@ -24,11 +24,11 @@ import dataclasses
 import json
 import time
 import traceback
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from vmx import storage
 from vmx.data.download import DataError
 from vmx.evaluation import bucc, common, geometry, retrieval, sts, tatoeba, transfer
 
@@ -144,10 +144,8 @@ def resolve_tasks(suite: Optional[str] = None, tasks: Optional[Sequence[str]] = 
   return names
 
 
-def _write_json(path: Path, obj):
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=1, default=_jsonable))
-  tmp.replace(path)
+def _write_json(path, obj):
+  storage.write_atomic(path, json.dumps(obj, indent=1, default=_jsonable))
 
 
 def _jsonable(o):
@@ -167,7 +165,7 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
   encode = common.as_encode_fn(encoder, progress=None if cfg.progress else False)
   model = model_info or {"name": common.model_name(encoder), "revision": None}
   ctx_langs = getattr(encoder, "languages", None)
-  out = Path(output_dir) if output_dir else None
+  out = storage.path(output_dir) if output_dir else None
   if out:
     out.mkdir(parents=True, exist_ok=True)
   results, errors, artifacts = {}, {}, {}
@@ -197,7 +195,7 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
     if out:
       _write_json(out / f"{name}.json", record)
   if out:
-    (out / "summary.md").write_text(summary_markdown(results, errors, model))
+    storage.write_atomic(out / "summary.md", summary_markdown(results, errors, model))
     if cfg.plots:
       from vmx.evaluation import plots
       if "tatoeba" in results:

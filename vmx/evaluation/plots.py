@@ -1,9 +1,11 @@
 """Figures of the evaluation harness (matplotlib, Agg backend: no display needed)."""
 from __future__ import annotations
 
-from pathlib import Path
+import io
 
 import numpy as np
+
+from vmx import storage
 
 
 def _plt():
@@ -13,7 +15,15 @@ def _plt():
   return plt
 
 
-def tatoeba_bars(result: dict, path: Path):
+def _save(fig, path):
+  """PNG at `path` (local or remote: vmx/storage.py), written whole."""
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=120)
+  _plt().close(fig)
+  storage.write_atomic(path, buf.getvalue())
+
+
+def tatoeba_bars(result: dict, path):
   """Per-language Tatoeba accuracy (xx→en and en→xx), languages sorted by their mean."""
   plt = _plt()
   rows = sorted(result["scores"]["test"], key=lambda s: -s["main_score"])
@@ -28,11 +38,10 @@ def tatoeba_bars(result: dict, path: Path):
   ax.set_title(f"Tatoeba: mean {result['main_score']:.1f} over {len(langs)} languages")
   ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(fig, path)
 
 
-def projection(embs: dict, path: Path, n_points: int = 200, seed: int = 0):
+def projection(embs: dict, path, n_points: int = 200, seed: int = 0):
   """2-D PCA of N-way parallel embeddings, coloured by language (EMMA-X Fig. 2 style).
 
   Translations of one sentence should fall together; language clusters mean the
@@ -53,5 +62,4 @@ def projection(embs: dict, path: Path, n_points: int = 200, seed: int = 0):
   ax.set_title(f"{len(idx)} sentences x {len(langs)} languages (PCA)")
   ax.legend(markerscale=3, fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(fig, path)

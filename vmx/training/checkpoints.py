@@ -15,16 +15,13 @@ the manifest follows the commit at once.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
-import shutil
 import sys
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import gin
 
+from vmx import storage
 from vmx.errors import CheckpointError, ConfigError
 
 CHECKPOINT_PREFIX = "checkpoint"
@@ -59,48 +56,29 @@ def read_only_manager(model_dir, item_names=("params",)):
   level = absl.logging.get_verbosity()
   absl.logging.set_verbosity(absl.logging.ERROR)
   try:
-    return ocp.CheckpointManager(Path(model_dir).absolute(), item_names=item_names,
+    return ocp.CheckpointManager(storage.path(model_dir), item_names=item_names,
                                  options=ocp.CheckpointManagerOptions(
                                      step_prefix=CHECKPOINT_PREFIX, read_only=True))
   finally:
     absl.logging.set_verbosity(level)
 
 
-def step_dir(model_dir, step: int) -> Path:
-  return Path(model_dir) / f"{CHECKPOINT_PREFIX}_{step}"
+def step_dir(model_dir, step: int):
+  return storage.path(model_dir) / f"{CHECKPOINT_PREFIX}_{step}"
 
 
-def _files(directory: Path):
-  for root, _, names in os.walk(directory):
-    for name in sorted(names):
-      p = Path(root) / name
-      if p.name != MANIFEST:
-        yield p.relative_to(directory).as_posix(), p
-
-
-def _sha256(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
-
-
-def write_manifest(directory) -> Path:
+def write_manifest(directory):
   """sha256 + size of every file under a committed checkpoint directory (atomic write)."""
-  directory = Path(directory)
-  files = {rel: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for rel, p in _files(directory)}
-  path = directory / MANIFEST
-  tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"files": files}, indent=0, sort_keys=True))
-  os.replace(tmp, path)
-  return path
+  files = {rel: {"bytes": p.stat().length, "sha256": storage.sha256(p)}
+           for rel, p in storage.files_under(directory) if p.name != MANIFEST}
+  return storage.write_atomic(storage.path(directory) / MANIFEST,
+                              json.dumps({"files": files}, indent=0, sort_keys=True))
 
 
 def verify(directory) -> Optional[str]:
   """None if the checkpoint matches its manifest; 'unverified' without one; else what
   is wrong (first few files)."""
-  directory = Path(directory)
+  directory = storage.path(directory)
   path = directory / MANIFEST
   if not directory.is_dir():
     return f"{directory} is not a directory"
@@ -115,9 +93,9 @@ def verify(directory) -> Optional[str]:
     p = directory / rel
     if not p.is_file():
       problems.append(f"{rel} missing")
-    elif p.stat().st_size != want["bytes"]:
-      problems.append(f"{rel} has {p.stat().st_size} bytes, expected {want['bytes']}")
-    elif _sha256(p) != want["sha256"]:
+    elif p.stat().length != want["bytes"]:
+      problems.append(f"{rel} has {p.stat().length} bytes, expected {want['bytes']}")
+    elif storage.sha256(p) != want["sha256"]:
       problems.append(f"{rel} checksum mismatch")
   if problems:
     more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
@@ -153,11 +131,11 @@ def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Opt
     problems.append(f"{d.name}: {problem}")
     where = ""
     if quarantine:
-      dest = Path(model_dir) / DAMAGED_DIR / d.name
+      dest = storage.path(model_dir) / DAMAGED_DIR / d.name
       dest.parent.mkdir(exist_ok=True)
       if dest.exists():
-        shutil.rmtree(dest)
-      shutil.move(str(d), str(dest))
+        dest.rmtree()
+      storage.move_tree(d, dest)
       where = f"; moved to {dest}"
     _warn(f"damaged checkpoint {d}: {problem}{where}")
   if step is not None:
@@ -174,7 +152,7 @@ class Checkpointer:
   def __init__(self, model_dir, cfg: CheckpointConfig):
     import jax
     import orbax.checkpoint as ocp
-    self.cfg, self.model_dir = cfg, Path(model_dir).absolute()
+    self.cfg, self.model_dir = cfg, storage.path(model_dir)
     self._primary = jax.process_index() == 0
     self.manager = ocp.CheckpointManager(
         self.model_dir,
@@ -262,7 +240,7 @@ class BestCheckpointer:
     if mode not in BEST_MODES:
       raise ConfigError(f"train.best_mode={mode!r}: expected one of {BEST_MODES}")
     self.metric, self.mode = metric, mode
-    self.dir = Path(model_dir).absolute() / BEST_DIR
+    self.dir = storage.path(model_dir) / BEST_DIR
     self._primary = jax.process_index() == 0
     self._manager = None
     self.record = None
@@ -310,9 +288,7 @@ class BestCheckpointer:
                    "value": float(value)}
     if self._primary:
       write_manifest(step_dir(self.dir, step))
-      tmp = self.dir / (BEST_RECORD + ".tmp")
-      tmp.write_text(json.dumps(self.record, indent=1) + "\n")
-      os.replace(tmp, self.dir / BEST_RECORD)
+      storage.write_atomic(self.dir / BEST_RECORD, json.dumps(self.record, indent=1) + "\n")
     return True
 
   def close(self):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from pathlib import Path
 from typing import Optional, Sequence
 
 import flax
@@ -29,6 +28,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from vmx import storage
 from vmx.errors import CheckpointError, ConfigError
 
 _LAYER = re.compile(r"(^|/)layers_(\d+)(/|$)")
@@ -65,7 +65,7 @@ def read_params(model_dir) -> tuple[dict, int]:
   import orbax.checkpoint as ocp
 
   from vmx.training.checkpoints import read_only_manager, restore_intact
-  model_dir = Path(model_dir)
+  model_dir = storage.path(model_dir)
   if not model_dir.is_dir():
     raise CheckpointError(f"INITIAL_CHECKPOINT_PATH={str(model_dir)!r}: no such directory")
   mngr = read_only_manager(model_dir)

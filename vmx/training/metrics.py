@@ -1,20 +1,22 @@
-"""Metric writers: stdout/logging + TensorBoard (clu) + a JSONL file."""
+"""Metric writers: stdout/logging + TensorBoard (clu) + a JSONL file, local or remote
+(MODEL_DIR on gs://: see vmx/storage.py)."""
 from __future__ import annotations
 
 import json
-import os
+import tempfile
 import time
-from pathlib import Path
 
 import jax
 from clu import metric_writers
+
+from vmx import storage
 
 
 def read_rows(path) -> list[dict]:
   """The rows of a metrics.jsonl (a torn last line from a kill is skipped)."""
   rows = []
   try:
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    lines = storage.path(path).read_text(encoding="utf-8").splitlines()
   except FileNotFoundError:
     return rows
   for line in lines:
@@ -27,7 +29,7 @@ def read_rows(path) -> list[dict]:
 
 def has_row(model_dir, step: int, key: str) -> bool:
   return any(r.get("step") == step and key in r
-             for r in read_rows(Path(model_dir) / "metrics.jsonl"))
+             for r in read_rows(storage.path(model_dir) / "metrics.jsonl"))
 
 
 class JsonlWriter(metric_writers.MetricWriter):
@@ -37,24 +39,36 @@ class JsonlWriter(metric_writers.MetricWriter):
   step when it is 0, were written by a stopped run after its last checkpoint; they
   are dropped (atomic rewrite) since the run writes them again, so the file has one
   row per logged step and kind however often the run is resumed.
+
+  A local file is appended to, a line at a time. A remote object cannot be appended to:
+  the writer keeps the rows and uploads the whole file at each write (one object upload,
+  atomic; the file is at most a few MB: one row per logged step).
   """
 
   def __init__(self, path, resume_step: int = 0):
-    self.path = Path(path)
+    self.path = storage.path(path)
+    self.remote = storage.is_remote(self.path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._rows = []
     if self.path.exists():
-      rows = read_rows(self.path)
-      kept = [r for r in rows if resume_step > 0 and r.get("step", 0) <= resume_step]
-      tmp = self.path.with_suffix(".tmp")
-      tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-      os.replace(tmp, self.path)
-    self._f = open(self.path, "a", encoding="utf-8")
+      self._rows = [r for r in read_rows(self.path)
+                    if resume_step > 0 and r.get("step", 0) <= resume_step]
+      storage.write_atomic(self.path, self._text(self._rows))
+    self._f = None if self.remote else open(self.path, "a", encoding="utf-8")
+
+  @staticmethod
+  def _text(rows) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
 
   def write_scalars(self, step, scalars):
     row = {"step": int(step), "time": time.time(),
            **{k: float(v) for k, v in scalars.items()}}
-    self._f.write(json.dumps(row) + "\n")
-    self._f.flush()
+    if self.remote:
+      self._rows.append(row)
+      storage.write_atomic(self.path, self._text(self._rows))
+    else:
+      self._f.write(json.dumps(row) + "\n")
+      self._f.flush()
 
   def write_summaries(self, step, values, metadata=None):
     pass
@@ -81,17 +95,70 @@ class JsonlWriter(metric_writers.MetricWriter):
     pass
 
   def flush(self):
-    self._f.flush()
+    if self._f:
+      self._f.flush()
 
   def close(self):
-    self._f.close()
+    if self._f:
+      self._f.close()
+
+
+class UploadingSummaryWriter(metric_writers.MetricWriter):
+  """clu's TensorBoard SummaryWriter into a local staging directory, whose event files
+  are uploaded whole to `remote_dir` at every flush (the trainer flushes at each log
+  line) and at close, so MODEL_DIR/train shows the run up to its last flush, through
+  whichever filesystem epath uses (TensorFlow's or gcsfs: see vmx/storage.py)."""
+
+  def __init__(self, remote_dir):
+    self.remote_dir = storage.path(remote_dir)
+    self._staging = tempfile.TemporaryDirectory(prefix="vmx-tb-")
+    self._writer = metric_writers.SummaryWriter(self._staging.name)
+
+  def write_scalars(self, step, scalars):
+    self._writer.write_scalars(step, scalars)
+
+  def write_summaries(self, step, values, metadata=None):
+    self._writer.write_summaries(step, values, metadata)
+
+  def write_images(self, step, images):
+    self._writer.write_images(step, images)
+
+  def write_videos(self, step, videos):
+    self._writer.write_videos(step, videos)
+
+  def write_audios(self, step, audios, *, sample_rate):
+    self._writer.write_audios(step, audios, sample_rate=sample_rate)
+
+  def write_texts(self, step, texts):
+    self._writer.write_texts(step, texts)
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    self._writer.write_histograms(step, arrays, num_buckets)
+
+  def write_pointcloud(self, step, point_clouds, *, point_colors=None, configs=None):
+    self._writer.write_pointcloud(step, point_clouds, point_colors=point_colors,
+                                  configs=configs)
+
+  def write_hparams(self, hparams):
+    self._writer.write_hparams(hparams)
+
+  def flush(self):
+    self._writer.flush()
+    for rel, f in storage.files_under(self._staging.name):
+      storage.copy_file(f, self.remote_dir / rel)
+
+  def close(self):
+    self.flush()
+    self._writer.close()
+    self._staging.cleanup()
 
 
 def create_writer(model_dir, resume_step: int = 0) -> metric_writers.MetricWriter:
   """TensorBoard under MODEL_DIR/train, MODEL_DIR/metrics.jsonl; process 0 only."""
   if jax.process_index() > 0:
     return metric_writers.LoggingWriter()
+  model_dir = storage.path(model_dir)
+  tensorboard = (UploadingSummaryWriter(model_dir / "train") if storage.is_remote(model_dir)
+                 else metric_writers.SummaryWriter(str(model_dir / "train")))
   return metric_writers.MultiWriter([
-      metric_writers.SummaryWriter(str(Path(model_dir) / "train")),
-      JsonlWriter(Path(model_dir) / "metrics.jsonl", resume_step),
-  ])
+      tensorboard, JsonlWriter(model_dir / "metrics.jsonl", resume_step)])

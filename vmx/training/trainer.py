@@ -27,7 +27,6 @@ import contextlib
 import difflib
 import os
 import time
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax
@@ -38,6 +37,7 @@ import numpy as np
 import optax
 from clu import metrics as clu_metrics
 
+from vmx import storage
 from vmx.data import pipeline
 from vmx.data.vocab import copy_any_vocabulary, load_tokenizer
 from vmx.errors import ConfigError, NonFiniteError
@@ -415,11 +415,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
   check_vocabulary_fits(model, vocabulary)
   # Self-contained model_dir for inference: vocabulary + model config.
   max_length = max(n for ph in phases for n in ph.train_dataset_cfg.task_feature_lengths.values())
-  Path(model_dir).mkdir(parents=True, exist_ok=True)
+  storage.path(model_dir).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
     vocab_name = copy_any_vocabulary(vocabulary, model_dir)
     write_model_info(model_dir, model, languages, max_length, vocab_name)
-    (Path(model_dir) / "config.gin").write_text(gin.operative_config_str())
+    storage.write_atomic(storage.path(model_dir) / "config.gin", gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
 
@@ -557,6 +557,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
         scalars["train/examples_per_sec"] = (steps_since * phases[p].train_dataset_cfg.batch_size
                                              / dt)
         writer.write_scalars(done, scalars)
+        writer.flush()
         last.update(scalars)
         if bar is not None:
           bar.set_postfix(loss=f"{scalars['train/loss']:.4f}")
@@ -573,7 +574,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
     ckpt.close()
     if best is not None:
       best.close()
-    writer.flush()
+    writer.close()
   return state, last
 
 

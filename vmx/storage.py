@@ -1,0 +1,109 @@
+"""Local and cloud paths in one place: MODEL_DIR, vocabularies, evaluation outputs and
+corpora may be local or `gs://...` (any scheme `etils.epath` knows).
+
+`path(p)` is an `etils.epath.Path` (local paths made absolute). epath picks the backend:
+the OS for local paths; for `gs://`, TensorFlow's GCS filesystem when TensorFlow is
+installed (the training install), else gcsfs (the inference install). `EPATH_USE_TF=false`
+makes it use gcsfs always; gcsfs honours `STORAGE_EMULATOR_HOST`, TensorFlow's GCS
+filesystem has no endpoint override, so a GCS emulator needs that setting. Orbax writes
+its checkpoints through the same epath and tensorstore (`TENSORSTORE_GCS_HTTP_URL`).
+
+Object stores have neither rename nor append. `write_atomic` writes a local file through a
+temporary sibling and a rename, and a remote object in one upload (an object appears whole
+or not at all); `move_tree` copies and then deletes. `local_copy` gives libraries that
+read only local files (sentencepiece, tokenizers' WordPiece) a cached local copy.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import shutil
+from pathlib import Path as LocalPath
+from typing import Union
+
+from etils import epath
+
+PathLike = Union[str, os.PathLike]
+
+
+def is_remote(p: PathLike) -> bool:
+  """True for a URI (`gs://bucket/dir`, `s3://...`), False for a local path."""
+  return "://" in os.fspath(p)
+
+
+def path(p: PathLike) -> epath.Path:
+  """An epath.Path of `p`: a URI as is, a local path absolute with `~` expanded."""
+  s = os.fspath(p)
+  return epath.Path(s if is_remote(s) else os.path.abspath(os.path.expanduser(s)))
+
+
+def write_atomic(p: PathLike, data: Union[str, bytes]) -> epath.Path:
+  """Writes `data` so that readers see the old content or the new, never a part."""
+  p = path(p)
+  mode = "w" if isinstance(data, str) else "wb"
+  kw = {"encoding": "utf-8"} if isinstance(data, str) else {}
+  if is_remote(p):                       # one upload: the object appears whole
+    with p.open(mode) as f:
+      f.write(data)
+    return p
+  tmp = LocalPath(f"{p}.tmp")
+  with open(tmp, mode, **kw) as f:
+    f.write(data)
+  os.replace(tmp, os.fspath(p))
+  return p
+
+
+def sha256(p: PathLike) -> str:
+  h = hashlib.sha256()
+  with path(p).open("rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def files_under(directory: PathLike):
+  """(relative posix name, path) of every file under `directory`, sorted."""
+  base = os.fspath(path(directory))
+  scheme = base.split("://")[0] + "://" if is_remote(base) else ""
+  out = []
+  for root, _, names in path(base).walk():
+    root = os.fspath(root)
+    if scheme and not is_remote(root):   # gcsfs walks `bucket/dir`, without the scheme
+      root = scheme + root
+    for name in names:
+      out.append((posixpath.relpath(f"{root}/{name}", base), path(f"{root}/{name}")))
+  return sorted(out, key=lambda x: x[0])
+
+
+def move_tree(src: PathLike, dst: PathLike):
+  """Moves a directory (a local rename; remote: copy every object, then delete)."""
+  src, dst = path(src), path(dst)
+  if not (is_remote(src) or is_remote(dst)):
+    shutil.move(os.fspath(src), os.fspath(dst))
+    return
+  for rel, f in files_under(src):
+    (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+    f.copy(dst / rel, overwrite=True)
+  src.rmtree()
+
+
+def copy_file(src: PathLike, dst: PathLike):
+  """Copies one file, atomically at the destination (see `write_atomic`)."""
+  write_atomic(dst, path(src).read_bytes())
+
+
+def local_copy(p: PathLike) -> str:
+  """A local filename with the content of `p`: `p` itself when local, else a copy cached
+  under VMX_CACHE_DIR's `remote/` keyed by the URI and the object's size and time."""
+  if not is_remote(p):
+    return os.fspath(path(p))
+  from vmx.data.download import cache_dir
+  src = path(p)
+  st = src.stat()
+  key = hashlib.sha256(f"{src}|{st.length}|{st.mtime}".encode()).hexdigest()[:16]
+  dest = cache_dir().parent / "remote" / key / src.name
+  if not dest.exists():
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(dest, src.read_bytes())
+  return str(dest)
