@@ -9,6 +9,8 @@ gs://, and ends bit for bit where an uninterrupted local run ends; the bucket ho
 checkpoints with their checksum manifests, metrics.jsonl (one row per step), TensorBoard
 events, config.gin, vmx_model.json and the vocabulary; Encoder.from_checkpoint('gs://...')
 encodes as the local run's encoder; the evaluation harness writes its results to gs://.
+Everything that touches gs:// runs in subprocesses started with those variables (etils
+reads EPATH_USE_TF once per process); the test itself asks the emulator's JSON API.
 """
 import importlib.util
 import json
@@ -17,8 +19,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 
-import numpy as np
 import pytest
 
 from conftest import REPO
@@ -46,7 +49,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def gcs(tmp_path_factory):
-  """An in-memory GCS emulator with one bucket; the variables that point clients at it."""
+  """An in-memory GCS emulator with one bucket: (its URL, the variables that point clients
+  at it)."""
   port = _free_port()
   log = open(tmp_path_factory.mktemp("gcs") / "emulator.log", "w")
   proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_emulator.py"), str(port),
@@ -66,28 +70,64 @@ def gcs(tmp_path_factory):
          "EPATH_USE_TF": "false",
          # gcsfs's probe for zonal buckets needs real credentials: off (no warning a call)
          "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-  saved = {k: os.environ.get(k) for k in env}
-  os.environ.update(env)
-  yield env
-  for k, v in saved.items():
-    if v is None:
-      os.environ.pop(k, None)
-    else:
-      os.environ[k] = v
+  yield url, env
   proc.kill()
   proc.wait()
   log.close()
 
 
-def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
-  from etils import epath
+def _object_exists(url: str, name: str) -> bool:
+  try:
+    with urllib.request.urlopen(f"{url}/storage/v1/b/{BUCKET}/o/"
+                                f"{urllib.parse.quote(name, safe='')}", timeout=5):
+      return True
+  except urllib.error.HTTPError as e:
+    if e.code == 404:
+      return False
+    raise
 
-  from vmx.evaluation import harness
-  from vmx.inference import Encoder
+
+# Run with the emulator's variables: reads the gs:// run back through vmx (and etils) and
+# prints what the test checks.
+CHECK = r"""
+import json, sys
+import jax, numpy as np
+from etils import epath
+from vmx.evaluation import harness
+from vmx.inference import Encoder
+remote, local, data_dir, tb_dir = sys.argv[1:5]
+er, el = Encoder.from_checkpoint(remote), Encoder.from_checkpoint(local)
+texts = ["alpha beta gamma", "DELTA EPSILON"]
+d = epath.Path(remote)
+out = {"revisions": [er.revision, el.revision], "name": er.name,
+       "same_params": all(np.array_equal(a, b) for a, b in
+                          zip(jax.tree.leaves(er.params), jax.tree.leaves(el.params))),
+       "same_encodings": bool(np.array_equal(er.encode(texts), el.encode(texts))),
+       "names": sorted(p.name for p in d.iterdir()),
+       "metrics": (d / "metrics.jsonl").read_text(),
+       "manifests": {p.name: sorted(json.loads((p / "vmx_checksums.json").read_text())["files"])
+                     for p in d.iterdir() if p.name.startswith("checkpoint_")}}
+events = [p for p in (d / "train").iterdir() if p.name.startswith("events.out.tfevents")]
+for e in events:
+  epath.Path(tb_dir, e.name).write_bytes(e.read_bytes())
+out["events"] = len(events)
+cfg = harness.EvalConfig(data_dir=data_dir, tatoeba_languages=["xx"], progress=False)
+res = harness.run(er, tasks=["tatoeba"], output_dir=remote + "/eval", config=cfg)
+out["eval_score"] = res["tatoeba"]["main_score"]
+out["eval_saved"] = json.loads((d / "eval" / "tatoeba.json").read_text())["main_score"]
+out["summary"] = (d / "eval" / "summary.md").read_text()
+out["png"] = (d / "eval" / "tatoeba_languages.png").read_bytes()[:4].hex()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
+  url, gcs_env = gcs
   kc = _kill_campaign()
   gin_file = kc.write_task(tmp_path, steps=STEPS, checkpoint_period=PERIOD, keep=2)
-  env = {**kc.train_env(None), **gcs}
-  remote = f"gs://{BUCKET}/runs/contrastive"
+  env = {**kc.train_env(None), **gcs_env}
+  prefix = "runs/contrastive"
+  remote = f"gs://{BUCKET}/{prefix}"
   cmd = lambda model_dir: [sys.executable, "launch/train.py", f"--gin_file={gin_file}",  # noqa: E731
                            f"--gin.MODEL_DIR={model_dir}", "--gin.LOG_PERIOD=5"]
 
@@ -98,12 +138,11 @@ def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
   # The same run on gs://, killed once its first checkpoint (and manifest) is in the bucket.
-  first = epath.Path(remote) / f"checkpoint_{PERIOD}" / "vmx_checksums.json"
   log = open(tmp_path / "killed.log", "w")
   proc = subprocess.Popen(cmd(remote), env=env, cwd=REPO, stdout=log,
                           stderr=subprocess.STDOUT, start_new_session=True)
   deadline = time.time() + 300
-  while not first.exists():
+  while not _object_exists(url, f"{prefix}/checkpoint_{PERIOD}/vmx_checksums.json"):
     assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
     assert time.time() < deadline, "no checkpoint in the bucket after 300 s"
     time.sleep(0.05)
@@ -118,50 +157,41 @@ def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
   resumed = [int(s) for s in kc.RESUMED_RE.findall(out.stdout)]
   assert resumed and PERIOD <= resumed[0] < STEPS, out.stdout[-2000:]
 
-  # What the bucket holds.
-  d = epath.Path(remote)
-  names = {p.name for p in d.iterdir()}
-  assert {"config.gin", "vmx_model.json", "vocab.model", "metrics.jsonl", "train",
-          f"checkpoint_{STEPS - PERIOD}", f"checkpoint_{STEPS}"} <= names, names
-  assert not any(n.startswith("checkpoint_") and n not in
-                 (f"checkpoint_{STEPS - PERIOD}", f"checkpoint_{STEPS}") for n in names)
-  for s in (STEPS - PERIOD, STEPS):
-    manifest = json.loads((d / f"checkpoint_{s}" / "vmx_checksums.json").read_text())
-    assert any(k.startswith("params/") for k in manifest["files"])
-  rows = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
-  loss_steps = [r["step"] for r in rows if "train/loss" in r]
-  assert loss_steps == list(range(5, STEPS + 1, 5))    # one row a logged step, none twice
-  events = [p for p in (d / "train").iterdir() if p.name.startswith("events.out.tfevents")]
-  assert len(events) == 2                               # the killed run's and the resumed one's
-  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-  tb = tmp_path / "tb"
-  tb.mkdir()
-  for e in events:
-    (tb / e.name).write_bytes(e.read_bytes())
-  acc = EventAccumulator(str(tb))
-  acc.Reload()
-  assert STEPS in {ev.step for ev in acc.Tensors("train/loss")}
-
-  # The resumed gs:// run ends where the uninterrupted local one does, bit for bit.
-  enc_remote = Encoder.from_checkpoint(remote)
-  enc_local = Encoder.from_checkpoint(local)
-  assert enc_remote.revision == enc_local.revision == f"checkpoint_{STEPS}"
-  assert enc_remote.name == "contrastive"
-  import jax
-  jax.tree.map(np.testing.assert_array_equal, enc_remote.params, enc_local.params)
-  texts = ["alpha beta gamma", "DELTA EPSILON"]
-  np.testing.assert_array_equal(enc_remote.encode(texts), enc_local.encode(texts))
-
-  # The evaluation harness writes its results (JSON, summary, plot) to gs://.
+  # Read back through vmx in a process of its own (the emulator's variables set).
   tat = tmp_path / "eval_data" / "eval" / "tatoeba" / "v1"
   tat.mkdir(parents=True)
   words = ["alpha beta", "gamma delta", "epsilon zeta eta", "theta iota", "kappa lambda mu"]
   (tat / "tatoeba.xx-eng.xx").write_text("".join(w + "\n" for w in words))
   (tat / "tatoeba.xx-eng.eng").write_text("".join(w.upper() + "\n" for w in words))
-  cfg = harness.EvalConfig(data_dir=str(tmp_path / "eval_data"), tatoeba_languages=["xx"],
-                           progress=False)
-  res = harness.run(enc_remote, tasks=["tatoeba"], output_dir=f"{remote}/eval", config=cfg)
-  saved = json.loads((d / "eval" / "tatoeba.json").read_text())
-  assert saved["main_score"] == pytest.approx(res["tatoeba"]["main_score"])
-  assert (d / "eval" / "summary.md").read_text().startswith("# vmx evaluation")
-  assert (d / "eval" / "tatoeba_languages.png").read_bytes()[:4] == b"\x89PNG"
+  tb = tmp_path / "tb"
+  tb.mkdir()
+  out = subprocess.run([sys.executable, "-c", CHECK, remote, str(local),
+                        str(tmp_path / "eval_data"), str(tb)],
+                       env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  r = json.loads(next(l for l in out.stdout.splitlines() if l.startswith("RESULT "))[7:])
+
+  # The bucket holds the run: the two newest checkpoints with their manifests, metrics
+  # with one row a logged step (none twice after the resume), TensorBoard events of both
+  # processes, config, model info and vocabulary.
+  assert {"config.gin", "vmx_model.json", "vocab.model", "metrics.jsonl", "train",
+          f"checkpoint_{STEPS - PERIOD}", f"checkpoint_{STEPS}"} <= set(r["names"]), r["names"]
+  assert sorted(r["manifests"]) == [f"checkpoint_{STEPS - PERIOD}", f"checkpoint_{STEPS}"]
+  assert all(any(f.startswith("params/") for f in files) for files in r["manifests"].values())
+  rows = [json.loads(l) for l in r["metrics"].splitlines()]
+  assert [x["step"] for x in rows if "train/loss" in x] == list(range(5, STEPS + 1, 5))
+  assert r["events"] == 2                         # the killed run's and the resumed one's
+  from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+  acc = EventAccumulator(str(tb))
+  acc.Reload()
+  assert STEPS in {ev.step for ev in acc.Tensors("train/loss")}
+
+  # The resumed gs:// run ends where the uninterrupted local one does, bit for bit, and
+  # encodes the same from the bucket.
+  assert r["revisions"] == [f"checkpoint_{STEPS}"] * 2 and r["name"] == "contrastive"
+  assert r["same_params"] and r["same_encodings"]
+
+  # The evaluation harness wrote its results (JSON, summary, plot) to gs://.
+  assert r["eval_saved"] == pytest.approx(r["eval_score"])
+  assert r["summary"].startswith("# vmx evaluation")
+  assert r["png"] == b"\x89PNG".hex()

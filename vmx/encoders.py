@@ -181,7 +181,7 @@ class TransformerEncoder(nn.Module):
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
     if self.family == "bert":
       self.type_embed = layers.Embed(self.type_vocab_size, self.emb_dim, dtype=self.dtype,
-                                     axes=(None, "embed"),
+                                     axes=("token_types", "embed"),
                                      embedding_init=nn.initializers.normal(0.02),
                                      name="token_type_embed")
       self.embed_norm = layers.LayerNorm(self.norm_epsilon, self.dtype, name="embed_norm")

@@ -14,15 +14,16 @@ import json
 import warnings
 from typing import Optional, Sequence, Union
 
+import flax
 import jax
 import numpy as np
 
-from vmx import storage
+from vmx import storage, t5x_compat
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
 from vmx.training.checkpoints import (BEST_DIR, CHECKPOINT_PREFIX, read_only_manager,
-                                      restore_intact)
+                                      restore_intact, step_dir)
 
 MODEL_INFO_FILE = "vmx_model.json"
 
@@ -69,16 +70,41 @@ def restore_params(model_dir, model, step: Optional[int] = None, input_shapes=No
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
                         shapes)
-  step, restored = restore_intact(
-      model_dir, mngr.all_steps(), step=step,
-      restore_fn=lambda s: mngr.restore(s, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(target))))
-  params = restored["params"]
+  steps = mngr.all_steps()
+  newest = step if step is not None else (max(steps) if steps else None)
+  if newest is not None and t5x_compat.is_t5x_checkpoint(step_dir(model_dir, newest)):
+    # A run of t5x's trainer (vmx/t5x_compat.py): its own checkpoint format, no manifest.
+    params, step = t5x_compat.read_t5x_params(step_dir(model_dir, newest)), newest
+    check_param_shapes(params, shapes, step_dir(model_dir, step))
+    params = jax.device_put(jax.tree.map(lambda a, s: np.asarray(a, s.dtype), params,
+                                         flax.core.unfreeze(shapes)), device)
+  else:
+    step, restored = restore_intact(
+        model_dir, steps, step=step,
+        restore_fn=lambda s: mngr.restore(s, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(target))))
+    params = restored["params"]
   bad = nonfinite_leaves(params)
   if bad:
     raise NonFiniteError(f"{model_dir}/{CHECKPOINT_PREFIX}_{step} has non-finite parameters "
                          f"({len(bad)} arrays, e.g. {', '.join(bad[:3])})")
   return params, step
+
+
+def check_param_shapes(params, shapes, where):
+  """CheckpointError naming the differences between a parameter tree and the model's."""
+  from flax import traverse_util
+  got = {"/".join(k): np.shape(v) for k, v in traverse_util.flatten_dict(params).items()}
+  want = {"/".join(k): tuple(v.shape)
+          for k, v in traverse_util.flatten_dict(flax.core.unfreeze(shapes)).items()}
+  problems = [f"{k} missing" for k in sorted(set(want) - set(got))]
+  problems += [f"{k} not in the model" for k in sorted(set(got) - set(want))]
+  problems += [f"{k} has shape {got[k]}, the model {want[k]}"
+               for k in sorted(set(got) & set(want)) if tuple(got[k]) != want[k]]
+  if problems:
+    more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
+    raise CheckpointError(f"{where}: parameters do not fit this model's config: "
+                          + "; ".join(problems[:4]) + more)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

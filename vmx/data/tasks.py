@@ -215,6 +215,12 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   vocab = seqio_vocabulary(vocab_path)
   features = {k: seqio.Feature(vocab, add_eos=False, dtype=tf.int32)
               for k in ("inputs", "targets")}
+  # The language ids are output features too, so that every consumer of the task or of a
+  # mixture of such tasks keeps them (seqio.get_dataset, t5x's trainer, seqio caching):
+  # mixtures keep output features only.
+  lang_vocab = seqio.PassThroughVocabulary(size=len(languages))
+  features.update({k: seqio.Feature(lang_vocab, add_eos=False, dtype=tf.int32, rank=0)
+                   for k in ("inputs_lang", "targets_lang")})
   preprocessors = [
       functools.partial(add_language_ids,
                         src_lang_id=language_id(src_lang, languages, f"task {name}: "),

@@ -31,6 +31,7 @@ STANDARD_LOGICAL_AXIS_RULES = (
     ("languages", None),
     ("relpos_buckets", None),
     ("ranks", None),
+    ("token_types", None),
 )
 
 

@@ -1,0 +1,249 @@
+"""vmx models under t5x's own trainer (`t5x/train.py`), and t5x's checkpoints in vmx.
+
+vmx models have t5x's `BaseModel` interface already; t5x's trainer needs four more things,
+which this module supplies (`gin_configs/t5x/contrastive_tiny.gin` wires them):
+
+* `T5XModel(model, optimizer_def, ...)`: the vmx model plus `optimizer_def` (t5x's
+  trainer reads the optimizer from the model) and a `<collection>_axes` entry for every
+  flax_mutables collection (t5x shards the train state from `get_initial_variables`'
+  `*_axes` collections; vmx's own trainer asks the model's `flax_mutables_axes` hook).
+  With `model_dir`, process 0 writes `vmx_model.json` and the vocabulary there, so that
+  `Encoder.from_checkpoint(model_dir)` opens the run's t5x checkpoints.
+* `logical_factor_rules()`: t5x's Adafactor factorizes a parameter by the logical names of
+  its axes and raises KeyError on a name it has no rule for; vmx adds `length`
+  (position embeddings), `languages`, `ranks` (EMMA-X's GMM) and `token_types` (BERT)
+  to t5x's `standard_logical_factor_rules()`: all unfactored. 3-D attention kernels
+  (`embed, heads, kv` / `heads, kv, embed`) get t5x's standard ROW / COLUMN rules.
+* `additional_axis_rules()`: the logical axes of vmx parameters that t5x's
+  `standard_logical_axis_rules()` does not name (replicated), for
+  `partitioning.standard_logical_axis_rules.additional_rules`.
+* `read_t5x_params(step_dir)`: the parameters of a t5x checkpoint, in its Orbax layout
+  (`checkpoint_<step>/state/`, t5x's default) or its legacy one (`checkpoint_<step>/
+  checkpoint`, msgpack with arrays in TensorStore zarr directories), without t5x.
+
+What t5x's trainer does not do: it calls none of vmx's trainer hooks (`after_update`,
+`derive_mutables`: InfoXLM's and EMMA-X's momentum encoders) and reads one task a step
+(InfoXLM's three), so `T5XModel` refuses those models; they need vmx's trainer. Use t5x's
+optimizers (its Adafactor partitions the factored state; optax's factored Adafactor state
+is not partitionable by t5x's `OptaxWrapper`).
+
+t5x is not on PyPI; `t5x` is imported only inside the functions that need it.
+`tests/test_t5x_compat.py` checks the pieces without t5x, and runs `t5x/train.py` on a vmx
+gin file when t5x is importable (`PYTHONPATH=/path/to/t5x python -m pytest
+tests/test_t5x_compat.py`).
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+from flax import traverse_util
+
+from vmx import storage
+from vmx.errors import CheckpointError, ConfigError
+
+# The logical axis names of t5x's standard_logical_axis_rules() (t5x/partitioning.py, with
+# its always-appended rules) and standard_logical_factor_rules() (t5x/adafactor.py), at
+# t5x's commit cc342d4 (2026-04). Used to state what vmx adds; at run time the functions
+# below take t5x's own rules and add vmx's.
+T5X_AXIS_RULE_NAMES = frozenset({
+    "batch", "vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets",
+    "abspos_buckets", "length", "layers", "stack", "mlp_activations"})
+T5X_FACTOR_RULE_NAMES = frozenset({
+    "vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets", "layers", "stack",
+    "q_wi_fused", "o_wo_fused", "multiquery_heads", "kv_fused", "layer_norm_scale",
+    "mlp_activations"})
+# vmx's own axis names: unfactored by Adafactor, replicated on the mesh.
+VMX_FACTOR_RULES = {"length": "none", "languages": "none", "ranks": "none",
+                    "token_types": "none"}
+VMX_AXIS_RULES = (("languages", None), ("ranks", None), ("token_types", None))
+
+
+@gin.configurable(module="vmx.t5x_compat")
+def logical_factor_rules():
+  """t5x's standard Adafactor factor rules plus vmx's axis names (for
+  `adafactor.Adafactor.logical_factor_rules`)."""
+  from flax.core import freeze, unfreeze
+  from t5x import adafactor
+  rules = unfreeze(adafactor.standard_logical_factor_rules())
+  rules.update({k: adafactor.FactorDim.NONE for k in VMX_FACTOR_RULES})
+  return freeze(rules)
+
+
+@gin.configurable(module="vmx.t5x_compat")
+def additional_axis_rules():
+  """vmx's logical axes that t5x's standard axis rules do not name (for
+  `partitioning.standard_logical_axis_rules.additional_rules`)."""
+  return list(VMX_AXIS_RULES)
+
+
+def _overrides(model, name: str) -> bool:
+  from vmx.models.base import BaseModel
+  return getattr(type(model), name) is not getattr(BaseModel, name)
+
+
+def mutables_axes_collections(model, variables) -> dict:
+  """`{collection}_axes` entries (flax AxisMetadata leaves named `<leaf>_axes`, as
+  `param_with_axes` makes for `params_axes`) for every non-params collection of
+  `variables`, from the model's `flax_mutables_axes` hook (default: replicated)."""
+  from flax.linen import partitioning as nnp
+  params_axes = {k: tuple(v) for k, v in traverse_util.flatten_dict(
+      nnp.get_axis_names(variables["params_axes"])).items()}
+  params_axes = traverse_util.unflatten_dict(params_axes)
+  mutables = {k: v for k, v in variables.items()
+              if k != "params" and not k.endswith("_axes")}
+  axes = model.flax_mutables_axes(params_axes, mutables) if mutables else {}
+  out = {}
+  for coll, tree in mutables.items():
+    flat = traverse_util.flatten_dict(tree)
+    coll_axes = axes.get(coll) if axes else None
+    flat_axes = (traverse_util.flatten_dict(coll_axes) if coll_axes is not None
+                 else {k: (None,) * np.ndim(v) for k, v in flat.items()})
+    out[f"{coll}_axes"] = traverse_util.unflatten_dict(
+        {k[:-1] + (f"{k[-1]}_axes",): nnp.AxisMetadata(names=tuple(flat_axes[k]))
+         for k in flat})
+  return out
+
+
+@gin.configurable(module="vmx.t5x_compat")
+class T5XModel:
+  """A vmx model as t5x's trainer takes it (see the module docstring).
+
+  model: a vmx model (any whose training needs none of vmx's trainer hooks).
+  optimizer_def: a t5x optimizer (e.g. `@adafactor.Adafactor()` with
+    `logical_factor_rules = @t5x_compat.logical_factor_rules()`).
+  model_dir, vocabulary, languages, max_length: where (process 0) writes the
+    `vmx_model.json` and vocabulary that `Encoder.from_checkpoint(model_dir)` reads;
+    model_dir None: nothing is written.
+  """
+
+  def __init__(self, model, optimizer_def, model_dir: Optional[str] = None,
+               vocabulary: Optional[str] = None, languages: Sequence[str] = (),
+               max_length: Optional[int] = None):
+    hooks = [h for h in ("after_update", "derive_mutables") if _overrides(model, h)]
+    if hooks:
+      raise ConfigError(f"T5XModel: {type(model).__name__} needs vmx's trainer hook(s) "
+                        f"{hooks}, which t5x's trainer does not call: train it with "
+                        "launch/train.py")
+    if isinstance(model.FEATURE_CONVERTER_CLS, Mapping):
+      raise ConfigError(f"T5XModel: {type(model).__name__} reads several tasks a step; "
+                        "t5x's trainer reads one: train it with launch/train.py")
+    self.model, self.optimizer_def = model, optimizer_def
+    self.module = model.module
+    if model_dir is not None and jax.process_index() == 0:
+      from vmx.data.vocab import copy_any_vocabulary
+      from vmx.inference import write_model_info
+      if vocabulary is None or max_length is None:
+        raise ConfigError("T5XModel.model_dir is set: also bind T5XModel.vocabulary and "
+                          "T5XModel.max_length (what Encoder.from_checkpoint needs)")
+      storage.path(model_dir).mkdir(parents=True, exist_ok=True)
+      write_model_info(model_dir, model, languages, max_length,
+                       copy_any_vocabulary(vocabulary, model_dir))
+
+  @property
+  def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's name)
+    return self.model.FEATURE_CONVERTER_CLS
+
+  def get_initial_variables(self, rng, input_shapes, input_types=None):
+    variables = dict(self.model.get_initial_variables(rng, input_shapes, input_types))
+    variables.update(mutables_axes_collections(self.model, variables))
+    return variables
+
+  def loss_fn(self, params, batch, dropout_rng, flax_mutables=None):
+    if self.model.HAS_MUTABLES:
+      return self.model.loss_fn(params, batch, dropout_rng, flax_mutables)
+    return self.model.loss_fn(params, batch, dropout_rng)
+
+  def eval_fn(self, params, batch, flax_mutables=None):
+    del flax_mutables
+    return self.model.eval_fn(params, batch)
+
+  def score_batch(self, params, batch, return_intermediates: bool = False):
+    return self.model.score_batch(params, batch, return_intermediates)
+
+  def predict_batch_with_aux(self, params, batch, rng=None, **kwargs):
+    return self.model.predict_batch_with_aux(params, batch, rng=rng, **kwargs)
+
+  def predict_batch(self, params, batch, rng=None, **kwargs):
+    return self.predict_batch_with_aux(params, batch, rng=rng, **kwargs)[0]
+
+
+# ----------------------------------------------------------------------------
+# t5x checkpoints.
+
+T5X_STATE_DIR = "state"        # t5x's Orbax layout: checkpoint_<step>/state/
+T5X_LEGACY_FILE = "checkpoint"  # t5x's legacy layout: checkpoint_<step>/checkpoint
+
+
+def is_t5x_checkpoint(step_dir) -> bool:
+  d = storage.path(step_dir)
+  return (d / T5X_STATE_DIR).is_dir() or (d / T5X_LEGACY_FILE).is_file()
+
+
+def read_t5x_params(step_dir) -> dict:
+  """The parameters (`target`) of a t5x checkpoint directory `checkpoint_<step>`, as a
+  nested dict of numpy arrays (the vmx model's `params` tree)."""
+  d = storage.path(step_dir)
+  if (d / T5X_STATE_DIR).is_dir():
+    import absl.logging
+    import orbax.checkpoint as ocp
+    level = absl.logging.get_verbosity()   # t5x writes no per-item metadata: orbax warns
+    absl.logging.set_verbosity(absl.logging.ERROR)
+    try:
+      return _read_orbax(d)
+    finally:
+      absl.logging.set_verbosity(level)
+  if (d / T5X_LEGACY_FILE).is_file():
+    return _read_legacy(d)
+  raise CheckpointError(f"{d}: neither a t5x Orbax checkpoint ({T5X_STATE_DIR}/) nor a "
+                        f"legacy one ({T5X_LEGACY_FILE})")
+
+
+def _read_orbax(d) -> dict:
+  import orbax.checkpoint as ocp
+  with ocp.PyTreeCheckpointer() as ckptr:
+    meta = ckptr.metadata(d / T5X_STATE_DIR)
+    tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
+    if "target" not in tree:
+      raise CheckpointError(f"{d / T5X_STATE_DIR}: no 'target' (a t5x checkpoint holds "
+                            f"the parameters there; found {sorted(tree)[:6]})")
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                tree["target"])
+    state = ckptr.restore(d / T5X_STATE_DIR, args=ocp.args.PyTreeRestore(
+        item={"target": tree["target"]}, restore_args={"target": restore_args},
+        partial_restore=True))
+  return jax.tree.map(np.asarray, state["target"])
+
+
+def _read_legacy(d) -> dict:
+  """t5x's msgpack checkpoint: {'version', 'optimizer': {'target': ..., 'state': ...}};
+  arrays stored apart are TensorStore specs (a dict with 'driver' and 'kvstore') whose
+  path is relative to the checkpoint directory."""
+  import tensorstore as ts
+  from flax import serialization
+  state = serialization.msgpack_restore((d / T5X_LEGACY_FILE).read_bytes())
+  try:
+    target = state["optimizer"]["target"]
+  except (KeyError, TypeError):
+    raise CheckpointError(f"{d / T5X_LEGACY_FILE}: no optimizer/target in this msgpack "
+                          "(not a t5x checkpoint?)") from None
+
+  def load(x):
+    if isinstance(x, Mapping) and "driver" in x and "kvstore" in x:
+      spec = dict(x)
+      kv = dict(spec["kvstore"]) if isinstance(spec["kvstore"], Mapping) else {}
+      rel = kv.get("path") or spec.pop("path", None)
+      if storage.is_remote(d):
+        bucket, _, prefix = os.fspath(d).split("://", 1)[1].partition("/")
+        kv = {"driver": "gcs", "bucket": bucket, "path": f"{prefix}/{rel}"}
+      else:
+        kv = {"driver": "file", "path": os.path.join(os.fspath(d), rel)}
+      spec["kvstore"] = kv
+      return np.asarray(ts.open(spec, open=True, read=True).result().read().result())
+    if isinstance(x, Mapping):
+      return {k: load(v) for k, v in x.items()}
+    return np.asarray(x)
+  return load(target)
