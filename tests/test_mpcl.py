@@ -119,6 +119,35 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
       model, _views_batch(b=8), lambda p, b: model.loss_fn(p, b, None, phase)[0])
 
 
+@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
+  """GradCache on MPCL (train.grad_cache_chunks): the same losses and parameters as the
+  whole-batch steps across the warm-up -> MPCL switch (the update counter advances once a
+  step, in the loss), on 1 device and with the chunks split over 8."""
+  from vmx.training import optimizers, partitioning
+  from vmx.training.trainer import Trainer
+  if jax.device_count() < num_devices:
+    pytest.skip("needs 8 (simulated) devices")
+  model = _model(single_positive_steps=1)
+  batch = _views_batch(b=16)
+  out = []
+  for n, c in ((1, 1), (num_devices, chunks)):
+    part = partitioning.Partitioner(num_devices=n)
+    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), part,
+                 {"views": batch["views"].shape}, grad_cache_chunks=c)
+    state, seen = tr.create_state(0), []
+    for _ in range(3):
+      state, m = tr.step(state, batch)
+      seen.append((float(m["loss"].compute()), float(m["multi_positive_phase"].compute())))
+    out.append((seen, jax.tree.map(np.asarray, state.params),
+                int(state.flax_mutables["phase"]["updates"])))
+  (seen1, p1, u1), (seen2, p2, u2) = out
+  assert [p for _, p in seen1] == [p for _, p in seen2] == [0.0, 1.0, 1.0]
+  np.testing.assert_allclose([l for l, _ in seen2], [l for l, _ in seen1], rtol=1e-5)
+  assert u1 == u2 == 3
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p2)
+
+
 def test_nway_task_yields_aligned_views(tmp_path):
   """Every example's views are translations of ONE group, in distinct languages."""
   from vmx.data import feature_converters, pipeline, readers, tasks as vtasks, vocab

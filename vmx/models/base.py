@@ -34,7 +34,9 @@ A contrastive model whose loss is a function of per-example embeddings opts into
 GradCache (Gao et al. 2021; `train.grad_cache_chunks`, vmx/training/grad_cache.py) with
   grad_cache_embed(params, batch, dropout_rng) -> pytree of [b, ...] per-example arrays
   grad_cache_loss(embeddings, batch) -> (loss, {name: scalar})
-so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch.
+so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch; a
+model with flax_mutables takes and updates them in the loss only:
+  grad_cache_loss(embeddings, batch, flax_mutables) -> (loss, metrics, new_flax_mutables).
 A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
 {task: converter class}; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).

@@ -82,9 +82,18 @@ class MPCLModel(SentenceEncoderModel):
     if flax_mutables is None:   # evaluation: the MPCL loss
       loss, m = self.objective(self.embed_views(params, batch), jnp.bool_(True))
       return loss, m, None
+    return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
+                                flax_mutables)
+
+  # GradCache split (train.grad_cache_chunks): the loss reads the batch only through the
+  # view embeddings; the update counter is advanced by the loss, once a step.
+  def grad_cache_embed(self, params, batch, dropout_rng):
+    return self.embed_views(params, batch, dropout_rng)
+
+  def grad_cache_loss(self, emb_BxVxD, batch, flax_mutables):
+    del batch
     updates = flax_mutables["phase"]["updates"]
-    loss, m = self.objective(self.embed_views(params, batch, dropout_rng),
-                             updates >= self.single_positive_steps)
+    loss, m = self.objective(emb_BxVxD, updates >= self.single_positive_steps)
     return loss, m, {**flax_mutables, "phase": {"updates": updates + 1}}
 
   def score_batch(self, params, batch, return_intermediates: bool = False):

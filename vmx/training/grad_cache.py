@@ -30,9 +30,6 @@ def check(model, num_chunks: int, batch_shapes: dict, data_parallel: int = 1):
     raise ConfigError(f"train.grad_cache_chunks={num_chunks!r}: expected a positive integer")
   if num_chunks == 1:
     return
-  if model.HAS_MUTABLES:
-    raise ConfigError(f"train.grad_cache_chunks={num_chunks}: {type(model).__name__} keeps "
-                      f"state across steps (flax_mutables), which GradCache does not chunk")
   if model.grad_cache_embed is None or model.grad_cache_loss is None:
     raise ConfigError(f"train.grad_cache_chunks={num_chunks}: {type(model).__name__} has no "
                       f"GradCache split (grad_cache_embed / grad_cache_loss); use 1")
@@ -56,9 +53,11 @@ def unchunked(tree):
   return jax.tree.map(lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]), tree)
 
 
-def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int):
-  """(loss, metrics, grads) of `model` on `batch` in `num_chunks` chunks; the loss and
-  gradients equal value_and_grad of the whole-batch loss (without dropout exactly)."""
+def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int, flax_mutables=None):
+  """(loss, metrics, grads, new flax_mutables) of `model` on `batch` in `num_chunks`
+  chunks; the loss and gradients equal value_and_grad of the whole-batch loss (without
+  dropout exactly). A model with flax_mutables reads and updates them in its
+  `grad_cache_loss` (once per step, on the whole batch); its embedding does not."""
   chunks = chunked(batch, num_chunks)
   training = dropout_rng is not None
   rngs = jax.random.split(dropout_rng if training else jax.random.PRNGKey(0), num_chunks)
@@ -70,8 +69,15 @@ def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int):
   embs = jax.lax.map(lambda xs: embed(jax.lax.stop_gradient(params), *xs), (chunks, rngs))
   # 2. The loss on the whole (reordered) batch and its gradient w.r.t. the embeddings.
   whole = unchunked(chunks)
-  (loss, metrics), d_emb = jax.value_and_grad(
-      lambda e: model.grad_cache_loss(e, whole), has_aux=True)(unchunked(embs))
+
+  def loss_of(e):
+    if model.HAS_MUTABLES:
+      loss, metrics, new = model.grad_cache_loss(e, whole, flax_mutables)
+      return loss, (metrics, new)
+    loss, metrics = model.grad_cache_loss(e, whole)
+    return loss, (metrics, flax_mutables)
+  (loss, (metrics, mutables)), d_emb = jax.value_and_grad(loss_of, has_aux=True)(
+      unchunked(embs))
   d_chunks = jax.tree.map(lambda g: g.reshape(num_chunks, -1, *g.shape[1:]), d_emb)
 
   # 3. Per chunk: embed again with gradients, pull the cached gradient back.
@@ -81,4 +87,4 @@ def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int):
     return jax.tree.map(jnp.add, acc, vjp(d)[0]), None
   grads, _ = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params),
                           (chunks, rngs, d_chunks))
-  return loss, metrics, grads
+  return loss, metrics, grads, mutables

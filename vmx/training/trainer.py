@@ -198,9 +198,9 @@ class Trainer:
   def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
     model = self.model
     if self.grad_cache_chunks > 1:
-      loss, metrics, grads = grad_cache.loss_and_grads(model, state.params, batch, dropout_rng,
-                                                       self.grad_cache_chunks)
-      return loss, averaged(metrics), grads, state.flax_mutables
+      loss, metrics, grads, mutables = grad_cache.loss_and_grads(
+          model, state.params, batch, dropout_rng, self.grad_cache_chunks, state.flax_mutables)
+      return loss, averaged(metrics), grads, mutables
     if model.HAS_MUTABLES:
       fn = lambda p: model.loss_fn(p, batch, dropout_rng, state.flax_mutables)
       (loss, (metrics, mutables)), grads = jax.value_and_grad(fn, has_aux=True)(state.params)
