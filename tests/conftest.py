@@ -46,6 +46,15 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
+def load_benchmark(name: str):
+  """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 needs_data = pytest.mark.skipif(
     not DATA_DIR or not Path(DATA_DIR, "train").is_dir(),
     reason="real data not found: set VMX_DATA_DIR to a copy of shared/data "

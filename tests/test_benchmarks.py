@@ -1,5 +1,4 @@
 """The matmul-only bound counts exactly the model FLOPs train_throughput reports."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -8,20 +7,15 @@ import types
 
 import pytest
 
+from conftest import load_benchmark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load(name):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
 
 
 @pytest.mark.parametrize("layers,d,heads,d_ff,length,batch",
                          [(4, 256, 4, 1024, 32, 64), (2, 96, 3, 160, 7, 5)])
 def test_gemm_bound_flops_equal_model_flops(layers, d, heads, d_ff, length, batch):
-  bound, tput = _load("gemm_bound"), _load("train_throughput")
+  bound, tput = load_benchmark("gemm_bound"), load_benchmark("train_throughput")
   total = sum(count * bound.flops(a, b, form)
               for _, count, a, b, form in bound.products(layers, d, heads, d_ff, length, batch))
   enc = types.SimpleNamespace(emb_dim=d, mlp_dim=d_ff, num_heads=heads, head_dim=None, depth=layers)

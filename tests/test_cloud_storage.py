@@ -12,7 +12,6 @@ encodes as the local run's encoder; the evaluation harness writes its results to
 Everything that touches gs:// runs in subprocesses started with those variables (etils
 reads EPATH_USE_TF once per process); the test itself asks the emulator's JSON API.
 """
-import importlib.util
 import json
 import os
 import socket
@@ -24,21 +23,13 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_benchmark
 
 pytest.importorskip("gcsfs", reason="gcsfs (test extra) is not installed")
 pytest.importorskip("gcp_storage_emulator",
                     reason="gcp-storage-emulator (test extra) is not installed")
 BUCKET = "vmx-test"
 STEPS, PERIOD = 60, 20
-
-
-def _kill_campaign():
-  spec = importlib.util.spec_from_file_location("kill_campaign",
-                                                REPO / "benchmarks" / "kill_campaign.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _free_port() -> int:
@@ -123,7 +114,7 @@ print("RESULT " + json.dumps(out))
 
 def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
   url, gcs_env = gcs
-  kc = _kill_campaign()
+  kc = load_benchmark("kill_campaign")
   gin_file = kc.write_task(tmp_path, steps=STEPS, checkpoint_period=PERIOD, keep=2)
   env = {**kc.train_env(None), **gcs_env}
   prefix = "runs/contrastive"

@@ -1,21 +1,11 @@
 """kill -9 at random moments (one during a checkpoint write), restart: the final parameters,
 optimizer state, RNG and data position equal an uninterrupted run's bit for bit
 (benchmarks/kill_campaign.py with 3 kills; the benchmark itself runs 10)."""
-import importlib.util
-
-from conftest import REPO
-
-
-def _kill_campaign():
-  spec = importlib.util.spec_from_file_location("kill_campaign",
-                                                REPO / "benchmarks" / "kill_campaign.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+from conftest import load_benchmark
 
 
 def test_kill_restart_is_bitwise_equal_to_uninterrupted(tmp_path):
-  summary = _kill_campaign().run_campaign(tmp_path, kills=3, seed=0, steps=30)
+  summary = load_benchmark("kill_campaign").run_campaign(tmp_path, kills=3, seed=0, steps=30)
   results = summary["results"]
   for r in results:
     assert r["killed"], r

@@ -128,6 +128,7 @@ def test_t5x_model_adds_mutables_axes_and_refuses_what_t5x_cannot_train(tmp_path
 def _toy_model_dir(tmp_path):
   """A vmx model_dir (vmx_model.json + vocabulary) of a tiny CONTRASTIVE model, and its
   parameters at random."""
+  import flax
   from vmx.data import vocab
   from vmx import encoders, t5x_compat
   from vmx.models import DualEncoder, DualEncoderModel
@@ -146,12 +147,7 @@ def _toy_model_dir(tmp_path):
   shapes = {"left_tokens": (1, 8), "right_tokens": (1, 8)}
   params = jax.tree.map(np.asarray, model.get_initial_variables(jax.random.PRNGKey(3),
                                                                 shapes)["params"])
-  return d, model, flax_unfreeze(params)
-
-
-def flax_unfreeze(tree):
-  import flax
-  return flax.core.unfreeze(tree)
+  return d, model, flax.core.unfreeze(params)
 
 
 def _write_legacy(step_dir, params):
@@ -206,7 +202,7 @@ def test_t5x_checkpoints_open_in_encoder(tmp_path):
   assert Encoder.from_checkpoint(d, step=5).revision == "checkpoint_5"
 
   # A checkpoint of another model: the mismatch is named.
-  wrong = flax_unfreeze(jax.tree.map(lambda a: a, params))
+  wrong = jax.tree.map(np.copy, params)
   wrong["encoder"]["token_embed"]["embedding"] = np.zeros((65, 16), np.float32)
   _write_legacy(d / "checkpoint_9", wrong)
   with pytest.raises(CheckpointError, match=r"checkpoint_9.*token_embed/embedding has "

@@ -131,14 +131,14 @@ class T5XModel:
     if isinstance(model.FEATURE_CONVERTER_CLS, Mapping):
       raise ConfigError(f"T5XModel: {type(model).__name__} reads several tasks a step; "
                         "t5x's trainer reads one: train it with launch/train.py")
+    if model_dir is not None and (vocabulary is None or max_length is None):
+      raise ConfigError("T5XModel.model_dir is set: also bind T5XModel.vocabulary and "
+                        "T5XModel.max_length (what Encoder.from_checkpoint needs)")
     self.model, self.optimizer_def = model, optimizer_def
     self.module = model.module
     if model_dir is not None and jax.process_index() == 0:
       from vmx.data.vocab import copy_any_vocabulary
       from vmx.inference import write_model_info
-      if vocabulary is None or max_length is None:
-        raise ConfigError("T5XModel.model_dir is set: also bind T5XModel.vocabulary and "
-                          "T5XModel.max_length (what Encoder.from_checkpoint needs)")
       storage.path(model_dir).mkdir(parents=True, exist_ok=True)
       write_model_info(model_dir, model, languages, max_length,
                        copy_any_vocabulary(vocabulary, model_dir))
@@ -189,7 +189,6 @@ def read_t5x_params(step_dir) -> dict:
   d = storage.path(step_dir)
   if (d / T5X_STATE_DIR).is_dir():
     import absl.logging
-    import orbax.checkpoint as ocp
     level = absl.logging.get_verbosity()   # t5x writes no per-item metadata: orbax warns
     absl.logging.set_verbosity(absl.logging.ERROR)
     try:
