@@ -90,7 +90,7 @@ def test_objective_matches_numpy(xw, cw):
   params = _init(model, batch)
   out = model.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
                            batch["left_lang"], batch["right_lang"])
-  loss, m = model.objective(out, batch)
+  loss, m = model.objective(model.per_pair(out, batch), batch)
   o = jax.tree.map(np.asarray, out)
   xtr = np.mean(_np_kl(o["logits_u"], batch["right_tokens"]) +
                 _np_kl(o["logits_v"], batch["left_tokens"]))
@@ -149,6 +149,41 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
   model = _model()
   assert_same_loss_and_grads_on_1_and_8_devices(
       model, _batch(b=8), lambda p, b: model.loss_fn(p, b, None)[0])
+
+
+@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
+  """GradCache on EMS (train.grad_cache_chunks): per-pair XTR terms and contrastive
+  vectors as the cached "embeddings" give the whole-batch loss and gradients, and the
+  same trained parameters, on 1 device and with the chunks split over 8."""
+  from vmx.training import grad_cache, optimizers, partitioning
+  from vmx.training.trainer import Trainer
+  if jax.device_count() < num_devices:
+    pytest.skip("needs 8 (simulated) devices")
+  model, batch = _model(), _batch(b=16)
+  shapes = {k: v.shape for k, v in batch.items()}
+  out = []
+  for n, c in ((1, 1), (num_devices, chunks)):
+    part = partitioning.Partitioner(num_devices=n)
+    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), part, shapes,
+                 grad_cache_chunks=c)
+    state = tr.create_state(0)
+    gb = part.global_batch(batch, tr.batch_shardings)
+    if c == 1:
+      fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]))
+    else:
+      fn = jax.jit(lambda p, b: (lambda r: (r[0], r[2]))(
+          grad_cache.loss_and_grads(model, p, b, None, c)))
+    with part.context():
+      loss, grads = fn(state.params, gb)
+    for _ in range(2):         # dropout is 0 here: the steps are the same function
+      state, m = tr.step(state, batch)
+    out.append((float(loss), jax.tree.map(np.asarray, grads), float(m["loss"].compute()),
+                jax.tree.map(np.asarray, state.params)))
+  (l1, g1, s1, p1), (l2, g2, s2, p2) = out
+  assert l2 == pytest.approx(l1, rel=1e-5) and s2 == pytest.approx(s1, rel=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), g1, g2)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p2)
 
 
 EMS_FILES = ["ems_tiny.gin", "ems.gin", "ablations/ems_no_language_token.gin",

@@ -123,21 +123,37 @@ class EMSModel(SentenceEncoderModel):
                              batch["left_lang"], batch["right_lang"],
                              deterministic=dropout_rng is None, rngs=rngs)
 
-  def objective(self, out, batch):
-    """(loss, metrics) from the module outputs: the EMS objective."""
-    xtr_xy = losses.bag_of_tokens_kl(out["logits_u"], batch["right_tokens"])     # [B]
-    xtr_yx = losses.bag_of_tokens_kl(out["logits_v"], batch["left_tokens"])
-    xtr = jnp.mean(xtr_xy + xtr_yx)
+  def per_pair(self, out, batch):
+    """What the objective reads of the module outputs, per pair: the XTR terms of both
+    directions [B] and the contrastive head's vectors [B, D]."""
+    return {"xtr_xy": losses.bag_of_tokens_kl(out["logits_u"], batch["right_tokens"]),
+            "xtr_yx": losses.bag_of_tokens_kl(out["logits_v"], batch["left_tokens"]),
+            "z_u": out["z_u"], "z_v": out["z_v"]}
+
+  def objective(self, pairs, batch):
+    """(loss, metrics) from `per_pair`'s terms: the EMS objective."""
+    del batch
+    xtr = jnp.mean(pairs["xtr_xy"] + pairs["xtr_yx"])
     # in_batch_softmax_loss averages the two directions: x2 = their sum per pair.
-    ce, m = losses.in_batch_softmax_loss(out["z_u"], out["z_v"], self.temperature, True)
+    ce, m = losses.in_batch_softmax_loss(pairs["z_u"], pairs["z_v"], self.temperature, True)
     contrastive = 2.0 * ce
     loss = self.xtr_weight * xtr + self.contrastive_weight * contrastive
     return loss, {"loss": loss, "xtr": xtr, "contrastive": contrastive,
                   "in_batch_accuracy": m["in_batch_accuracy"]}
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
-    loss, metrics = self.objective(self._apply(params, batch, dropout_rng), batch)
+    loss, metrics = self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng),
+                                         batch)
     return loss, metrics, flax_mutables
+
+  # GradCache split (train.grad_cache_chunks): the loss reads the batch only through the
+  # per-pair XTR terms and contrastive vectors, so the [B, vocab] XTR logits exist for one
+  # chunk at a time.
+  def grad_cache_embed(self, params, batch, dropout_rng):
+    return self.per_pair(self._apply(params, batch, dropout_rng), batch)
+
+  def grad_cache_loss(self, pairs, batch):
+    return self.objective(pairs, batch)
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     """u: the pooled encoder output (the encoder reads no language id)."""
