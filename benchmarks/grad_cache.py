@@ -4,6 +4,9 @@
   python benchmarks/grad_cache.py [--gin_file=contrastive_tiny.gin] [--batches=128,512,2048]
       [--chunk=128] [--steps=3] [--gin.KEY=VALUE ...]
 
+(any experiment whose model has a GradCache split: contrastive_*, mpcl*, ems*; the batch
+holds the model's own features, e.g. MPCL's views.)
+
 For each global batch B, compiles the experiment's train step uncached and with
 `grad_cache_chunks = B / chunk` (vmx/training/grad_cache.py), and prints one JSON line
 each: XLA's temporary bytes of the compiled step (activations; flat in B with GradCache,
@@ -37,7 +40,9 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
   mem = compiled.memory_analysis()
   rng = np.random.default_rng(0)
   vocab = model.module.encoder.vocab_size
-  batch = {k: rng.integers(3, vocab, size=s).astype(np.int32) for k, s in shapes.items()}
+  # Token rows: random ids; per-example scalars (language ids): 0, a valid id everywhere.
+  batch = {k: (rng.integers(3, vocab, size=s) if len(s) > 1 else np.zeros(s)).astype(np.int32)
+           for k, s in shapes.items()}
   state = trainer.create_state(0)
   state, m = trainer.step(state, batch)                  # compile + warm-up
   jax.block_until_ready(m["loss"].compute())
@@ -51,6 +56,8 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
 
 def main(argv):
   from vmx import gin_utils
+  from vmx.data import pipeline
+  from vmx.training.trainer import input_shapes
   bindings, rest = gin_utils.split_gin_bindings(argv)
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,8 +74,8 @@ def main(argv):
       raise SystemExit(f"error: --batches: {b} is not a multiple of --chunk={args.chunk}")
     model, tx, _, length, _ = gin_utils.build_experiment(
         gin_files, bindings + [f"BATCH_SIZE = {b}"], args.gin_search_paths)
-    shapes = {"left_tokens": (b, length), "right_tokens": (b, length),
-              "left_lang": (b,), "right_lang": (b,)}
+    shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length),
+                          model)
     row = {"global_batch": b, "chunk": args.chunk, "max_length": length}
     for name, chunks in (("uncached", 1), ("grad_cache", b // args.chunk)):
       r = measure(model, tx, shapes, chunks, args.steps)
