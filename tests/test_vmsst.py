@@ -246,3 +246,44 @@ def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
   np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-5)
   jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=5e-4, atol=1e-5),
                out[0][1], out[1][1])
+
+
+@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
+  """GradCache on VMSST-CONTRASTIVE (per-pair NLL / KL terms and semantic means as the
+  cached values): the whole-batch loss, gradients and KL-annealing update, on 1 device and
+  with the chunks split over 8; each chunk alternates the side feeding z_sem by the rows'
+  global indices, without which the loss would differ."""
+  from vmx.models.base import GRAD_CACHE_ROW
+  from vmx.training import grad_cache, optimizers, partitioning
+  from vmx.training.trainer import Trainer
+  if jax.device_count() < num_devices:
+    pytest.skip("needs 8 (simulated) devices")
+  model = _model(model_kw={"contrastive_weight": 0.01, "kl_anneal_steps": 4})
+  two = [_batch(0), _batch(1)]
+  batch = {k: np.concatenate([np.asarray(t[k]) for t in two]) for k in two[0]}   # 16 pairs
+  mutables = {"annealing": {"updates": jnp.full((), 2, jnp.int32)}}
+  part1 = partitioning.Partitioner(num_devices=1)
+  tr1 = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part1,
+                {k: v.shape for k, v in batch.items()})
+  params = tr1.create_state(0).params
+  fn = jax.value_and_grad(lambda p: model.loss_fn(p, batch, None, mutables), has_aux=True)
+  (l1, (_, new1)), g1 = jax.jit(fn)(params)
+  part = partitioning.Partitioner(num_devices=num_devices)
+  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
+               {k: v.shape for k, v in batch.items()}, grad_cache_chunks=chunks)
+  state = tr.create_state(0)
+  gb = part.global_batch(batch, tr.batch_shardings)
+  with part.context():
+    loss, _, grads, new = jax.jit(lambda p, b: grad_cache.loss_and_grads(
+        model, p, b, None, chunks, mutables))(state.params, gb)
+  np.testing.assert_allclose(float(loss), float(l1), rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
+               jax.tree.map(np.asarray, g1), jax.tree.map(np.asarray, grads))
+  assert int(new["annealing"]["updates"]) == int(new1["annealing"]["updates"]) == 3
+  # The rows' global indices matter: a chunk alternating by its own row order differs.
+  pairs = model.grad_cache_embed(params, {**batch, GRAD_CACHE_ROW: np.arange(2 * B) + 1}, None)
+  shifted, _ = model.objective_of(pairs, batch, jnp.float32(0.5))
+  assert abs(float(shifted) - float(l1)) > 1e-4
+  state, m = tr.step(state, batch)              # a training step (sampled latents) runs
+  assert np.isfinite(float(m["loss"].compute()))

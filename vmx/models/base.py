@@ -37,6 +37,8 @@ GradCache (Gao et al. 2021; `train.grad_cache_chunks`, vmx/training/grad_cache.p
 so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch; a
 model with flax_mutables takes and updates them in the loss only:
   grad_cache_loss(embeddings, batch, flax_mutables) -> (loss, metrics, new_flax_mutables).
+A chunk's batch also holds `batch[GRAD_CACHE_ROW]` [b], each example's row in the global
+batch, for an embedding that depends on it (VMSST alternates a choice by row).
 A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
 {task: converter class}; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
@@ -55,6 +57,9 @@ import jax
 import jax.numpy as jnp
 from clu import metrics as clu_metrics
 from flax import linen as nn
+
+
+GRAD_CACHE_ROW = "grad_cache/row"   # see the module docstring (GradCache)
 
 
 class _LazyClass:

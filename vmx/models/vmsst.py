@@ -69,7 +69,7 @@ from flax import linen as nn
 
 from vmx import decoders, encoders, layers, losses
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel, _LazyClass
+from vmx.models.base import GRAD_CACHE_ROW, SentenceEncoderModel, _LazyClass
 
 Array = jax.Array
 CONTRASTIVE_REDUCTIONS = ("sum", "mean")
@@ -196,7 +196,7 @@ class VMSST(nn.Module):
 
   # -- training forward -----------------------------------------------------
   def __call__(self, left_tokens, right_tokens, left_lang, right_lang,
-               deterministic: bool = True, sample: bool = False):
+               deterministic: bool = True, sample: bool = False, row_B=None):
     """Everything the objective needs, for pairs (x_i, x_j) = (left, right).
 
     Returns a dict with semantic (and language) posteriors of both sides and
@@ -221,7 +221,9 @@ class VMSST(nn.Module):
     if self.language_latents:
       out["lang_left"] = self.language(left_tokens, left_lang, deterministic)
       out["lang_right"] = self.language(right_tokens, right_lang, deterministic)
-      take_left = (jnp.arange(b) % 2 == 0)[:, None]  # alternate the side feeding z_sem
+      # Alternate the side feeding z_sem by the pair's row in the batch (`row_B`: its
+      # row in the global batch when a GradCache chunk holds only some rows).
+      take_left = ((jnp.arange(b) if row_B is None else row_B) % 2 == 0)[:, None]
       out["sem"] = tuple(jnp.where(take_left, a, c)
                          for a, c in zip(out["sem_left"], out["sem_right"]))
       draw = ((lambda m, lv: losses.reparameterize(self.make_rng("latent"), m, lv)) if sample
@@ -287,28 +289,43 @@ class VMSSTModel(SentenceEncoderModel):
     return self.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
                              batch["left_lang"], batch["right_lang"],
                              deterministic=dropout_rng is None,
-                             sample=sample and dropout_rng is not None, rngs=rngs)
+                             sample=sample and dropout_rng is not None,
+                             row_B=batch.get(GRAD_CACHE_ROW), rngs=rngs)
+
+  def per_pair(self, params, batch, dropout_rng):
+    """What the objective reads of the module outputs, per pair: sequence NLLs and token
+    counts of the P decoder passes [B, P], the KL terms [B] (with language latents) and
+    the semantic means of both sides [B, D]."""
+    out = self._apply(params, batch, dropout_rng, sample=True)
+    pairs = {"nll": losses.sequence_nll(out["logits"], out["targets"], out["mask"]),
+             "tokens": out["mask"].sum(-1).astype(jnp.float32),
+             "sem_left": out["sem_left"][0], "sem_right": out["sem_right"][0]}
+    if self.module.language_latents:
+      pairs["kl"] = (losses.gaussian_kl(*out["sem"]) + losses.gaussian_kl(*out["lang_left"])
+                     + losses.gaussian_kl(*out["lang_right"]))
+    return pairs
 
   def objective(self, params, batch, dropout_rng, kl_anneal: Array):
     """(loss, metrics dict of scalars): the negated objective of the module docstring."""
-    out = self._apply(params, batch, dropout_rng, sample=True)
-    nll_BxP = losses.sequence_nll(out["logits"], out["targets"], out["mask"])
-    tokens_BxP = out["mask"].sum(-1)
+    return self.objective_of(self.per_pair(params, batch, dropout_rng), batch, kl_anneal)
+
+  def objective_of(self, pairs, batch, kl_anneal: Array):
+    """The objective from `per_pair`'s terms."""
+    nll_BxP, tokens_BxP = pairs["nll"], pairs["tokens"]
     translation = (nll_BxP[:, 0] + nll_BxP[:, 1]).mean()
     loss = translation
     m = {"translation_nll": translation,
          "translation_nll_per_token": nll_BxP[:, :2].sum() / tokens_BxP[:, :2].sum()}
     if self.module.language_latents:
       reconstruction = (nll_BxP[:, 2] + nll_BxP[:, 3]).mean()
-      kl = (losses.gaussian_kl(*out["sem"]) + losses.gaussian_kl(*out["lang_left"])
-            + losses.gaussian_kl(*out["lang_right"])).mean()
+      kl = pairs["kl"].mean()
       beta = self.kl_weight * kl_anneal
       loss = loss + self.elbo_weight * (reconstruction + beta * kl)
       m.update(reconstruction_nll=reconstruction, kl=kl, kl_weight=beta,
                elbo=-(reconstruction + kl))
     # In-batch retrieval accuracy of the semantic means: logged for every variant (it
     # tracks what Tatoeba measures); a loss term only for VMSST-CONTRASTIVE.
-    c, cm = losses.in_batch_softmax_loss(out["sem_left"][0], out["sem_right"][0],
+    c, cm = losses.in_batch_softmax_loss(pairs["sem_left"], pairs["sem_right"],
                                          self.contrastive_temperature)
     m["in_batch_accuracy"] = cm["in_batch_accuracy"]
     if self.contrastive_weight:
@@ -323,9 +340,19 @@ class VMSSTModel(SentenceEncoderModel):
     if flax_mutables is None:   # evaluation: the fully annealed weight
       loss, m = self.objective(params, batch, dropout_rng, jnp.ones((), jnp.float32))
       return loss, m, None
+    return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
+                                flax_mutables)
+
+  # GradCache split (train.grad_cache_chunks): the objective reads the batch only through
+  # the per-pair terms, so the decoder's [B, P, L, vocab] logits exist for one chunk at a
+  # time; the KL-annealing counter advances in the loss, once a step.
+  def grad_cache_embed(self, params, batch, dropout_rng):
+    return self.per_pair(params, batch, dropout_rng)
+
+  def grad_cache_loss(self, pairs, batch, flax_mutables):
     updates = flax_mutables["annealing"]["updates"]
-    loss, m = self.objective(params, batch, dropout_rng,
-                             losses.linear_anneal(updates, self.kl_anneal_steps))
+    loss, m = self.objective_of(pairs, batch,
+                                losses.linear_anneal(updates, self.kl_anneal_steps))
     return loss, m, {**flax_mutables, "annealing": {"updates": updates + 1}}
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):

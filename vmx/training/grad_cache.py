@@ -12,8 +12,10 @@ E (the model's `grad_cache_embed` / `grad_cache_loss` split, vmx/models/base.py)
 
 Memory then grows with the chunk, not the batch; the price is a second forward pass.
 Chunk j holds rows j, j + n, j + 2n, ... of the batch, so that a data-sharded batch keeps
-an equal share of every chunk on every device. With dropout, each chunk draws its own
-mask (the same distribution as the uncached step, other draws).
+an equal share of every chunk on every device; each chunk carries its rows' indices in
+the global batch (`batch[GRAD_CACHE_ROW]`) for models whose per-example work depends on
+them. With dropout (or sampled latents), each chunk draws its own mask (the same
+distribution as the uncached step, other draws).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 from flax.linen import partitioning as nnp
 
 from vmx.errors import ConfigError
+from vmx.models.base import GRAD_CACHE_ROW
 
 
 def check(model, num_chunks: int, batch_shapes: dict, data_parallel: int = 1):
@@ -58,7 +61,8 @@ def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int, flax_muta
   chunks; the loss and gradients equal value_and_grad of the whole-batch loss (without
   dropout exactly). A model with flax_mutables reads and updates them in its
   `grad_cache_loss` (once per step, on the whole batch); its embedding does not."""
-  chunks = chunked(batch, num_chunks)
+  b = jax.tree.leaves(batch)[0].shape[0]
+  chunks = chunked({**batch, GRAD_CACHE_ROW: jnp.arange(b, dtype=jnp.int32)}, num_chunks)
   training = dropout_rng is not None
   rngs = jax.random.split(dropout_rng if training else jax.random.PRNGKey(0), num_chunks)
 
