@@ -46,16 +46,18 @@ from vmx import storage
 from vmx.errors import CheckpointError, ConfigError
 
 # The logical axis names of t5x's standard_logical_axis_rules() (t5x/partitioning.py, with
-# its always-appended rules) and standard_logical_factor_rules() (t5x/adafactor.py), at
-# t5x's commit cc342d4 (2026-04). Used to state what vmx adds; at run time the functions
-# below take t5x's own rules and add vmx's.
+# its always-appended rules) and the rules of standard_logical_factor_rules()
+# (t5x/adafactor.py; 'col' = FactorDim.COLUMN), at t5x's commit cc342d4 (2026-04): what
+# tests/test_t5x_compat.py checks vmx's parameters against without t5x (and against t5x's
+# own rules with it). At run time the functions below take t5x's rules and add vmx's.
 T5X_AXIS_RULE_NAMES = frozenset({
     "batch", "vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets",
     "abspos_buckets", "length", "layers", "stack", "mlp_activations"})
-T5X_FACTOR_RULE_NAMES = frozenset({
-    "vocab", "embed", "mlp", "heads", "kv", "joined_kv", "relpos_buckets", "layers", "stack",
-    "q_wi_fused", "o_wo_fused", "multiquery_heads", "kv_fused", "layer_norm_scale",
-    "mlp_activations"})
+T5X_FACTOR_RULES = {
+    "vocab": "col", "embed": "row", "mlp": "col", "heads": "col", "kv": "col",
+    "joined_kv": "col", "relpos_buckets": "none", "layers": "batch", "stack": "batch",
+    "q_wi_fused": "col", "o_wo_fused": "col", "multiquery_heads": "col", "kv_fused": "col",
+    "layer_norm_scale": "none", "mlp_activations": "col"}
 # vmx's own axis names: unfactored by Adafactor, replicated on the mesh.
 VMX_FACTOR_RULES = {"length": "none", "languages": "none", "ranks": "none",
                     "token_types": "none"}

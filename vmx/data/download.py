@@ -61,11 +61,8 @@ def available(rel: str, data_dir: Optional[str] = None) -> bool:
 
 
 def sha256sum(path: Path) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 20), b""):
-      h.update(chunk)
-  return h.hexdigest()
+  from vmx import storage
+  return storage.sha256(path)
 
 
 def _urls(rel: str) -> list[str]:

@@ -103,7 +103,7 @@ class JsonlWriter(metric_writers.MetricWriter):
       self._f.close()
 
 
-class UploadingSummaryWriter(metric_writers.MetricWriter):
+class UploadingSummaryWriter(metric_writers.SummaryWriter):
   """clu's TensorBoard SummaryWriter into a local staging directory, whose event files
   are uploaded whole to `remote_dir` at every flush (the trainer flushes at each log
   line) and at close, so MODEL_DIR/train shows the run up to its last flush, through
@@ -112,44 +112,16 @@ class UploadingSummaryWriter(metric_writers.MetricWriter):
   def __init__(self, remote_dir):
     self.remote_dir = storage.path(remote_dir)
     self._staging = tempfile.TemporaryDirectory(prefix="vmx-tb-")
-    self._writer = metric_writers.SummaryWriter(self._staging.name)
-
-  def write_scalars(self, step, scalars):
-    self._writer.write_scalars(step, scalars)
-
-  def write_summaries(self, step, values, metadata=None):
-    self._writer.write_summaries(step, values, metadata)
-
-  def write_images(self, step, images):
-    self._writer.write_images(step, images)
-
-  def write_videos(self, step, videos):
-    self._writer.write_videos(step, videos)
-
-  def write_audios(self, step, audios, *, sample_rate):
-    self._writer.write_audios(step, audios, sample_rate=sample_rate)
-
-  def write_texts(self, step, texts):
-    self._writer.write_texts(step, texts)
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    self._writer.write_histograms(step, arrays, num_buckets)
-
-  def write_pointcloud(self, step, point_clouds, *, point_colors=None, configs=None):
-    self._writer.write_pointcloud(step, point_clouds, point_colors=point_colors,
-                                  configs=configs)
-
-  def write_hparams(self, hparams):
-    self._writer.write_hparams(hparams)
+    super().__init__(self._staging.name)
 
   def flush(self):
-    self._writer.flush()
+    super().flush()
     for rel, f in storage.files_under(self._staging.name):
       storage.copy_file(f, self.remote_dir / rel)
 
   def close(self):
     self.flush()
-    self._writer.close()
+    super().close()
     self._staging.cleanup()
 
 
