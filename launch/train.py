@@ -44,8 +44,15 @@ def main(argv):
                       help="start the processes, print each one's devices, run one "
                            "all-reduce across all of them and exit (nothing is trained or "
                            "written): the check to run on every worker before a long job")
+  parser.add_argument("--seqio_additional_cache_dirs", default="",
+                      help="comma-separated dirs where seqio looks for cached tasks "
+                           "(launch/cache_tasks.py), read with "
+                           "--gin.DatasetConfig.use_cached=True")
   args = parser.parse_args(rest)
   require_training_extra()
+  if args.seqio_additional_cache_dirs:
+    import seqio
+    seqio.add_global_cache_dirs([d for d in args.seqio_additional_cache_dirs.split(",") if d])
   # Config errors first: nothing is initialized, built or written for a bad config
   # (--check_cluster checks the config too when it is given one).
   if args.gin_file or bindings or not args.check_cluster:

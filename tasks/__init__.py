@@ -1,6 +1,8 @@
 """SeqIO registrations for vmx's corpora.
 
-Tasks are registered when a gin run asks for them (their vocabulary and data
+With VMX_VOCABULARY and VMX_DATA_DIR set, `import tasks` registers every corpus's tasks
+and mixtures under stable names (tasks/defaults.py), for seqio's tools, caching and t5x.
+Otherwise tasks are registered when a gin run asks for them (their vocabulary and data
 location are run settings), by the gin-configurable functions here, which return
 the task or mixture name for `DatasetConfig.mixture_or_task_name`:
 
@@ -17,7 +19,11 @@ Any other Moses or TSV corpus: `tasks.moses_task` / `tasks.tsv_task`.
 N-way corpora for MPCL (`tasks.nway_task`): tico19-multiway, wmt-newstest-multiway,
 bible-verses (see tasks/nway.py).
 """
-from tasks.parallel import (CORPORA, ParallelCorpus, corpus_files, corpus_text_files,
-                            monolingual_mixture, moses_task, parallel_mixture, tsv_task)
+from tasks.parallel import (CORPORA, ParallelCorpus, corpus_files, corpus_languages,
+                            corpus_text_files, languages_key, monolingual_mixture, moses_task,
+                            parallel_mixture, tsv_task)
 from tasks.nway import (NWAY_CORPORA, nway_groups, nway_mixture, nway_mixture_text_files,
                         nway_task, nway_text_files)
+from tasks.defaults import default_languages, register_defaults, register_from_environment
+
+DEFAULT_MIXTURES = register_from_environment()

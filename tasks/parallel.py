@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional, Sequence
 
 import gin
@@ -31,6 +32,26 @@ def _corpus(name: str) -> ParallelCorpus:
   if name not in CORPORA:
     raise DataError(f"unknown corpus {name!r}; known: {', '.join(sorted(CORPORA))}")
   return CORPORA[name]
+
+
+def corpus_languages(corpus: str) -> list[str]:
+  """Every language of a corpus (sorted), from the data registry (vmx/data/registry.tsv)."""
+  c = _corpus(corpus)
+  pattern = re.compile(re.escape(c.directory).replace(re.escape("{lang}"), r"([^/]+)")
+                       + "/" + re.escape(c.source_file).replace(re.escape("{lang}"), r"\1")
+                       + "$")
+  return sorted({m.group(1) for rel in download.registry() for m in [pattern.match(rel)] if m})
+
+
+def languages_key(languages: Sequence[str], every: Sequence[str]) -> str:
+  """A language set inside a task name: `all` (every language of the corpus), the codes
+  themselves (up to 4), else their number and a hash of the sorted codes."""
+  langs = sorted(languages)
+  if langs == sorted(every):
+    return "all"
+  if len(langs) <= 4:
+    return "_".join(langs)
+  return f"{len(langs)}langs_{vtasks.short_hash(','.join(langs))}"
 
 
 @gin.configurable(module="tasks")
@@ -65,42 +86,56 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
                      vocabulary: str = gin.REQUIRED, model_languages: Sequence[str] = gin.REQUIRED,
                      alpha: float = 0.3, data_dir: Optional[str] = None,
                      empty_lines: str = "error",
-                     shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER) -> str:
-  """Registers one pair task per language (xx -> pivot) and their mixture.
+                     shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
+                     validation_percent: int = vtasks.VALIDATION_PERCENT,
+                     lazy: bool = False) -> str:
+  """Registers one pair task per language (xx -> pivot), `<corpus>.<xx>_<pivot>`, and
+  their mixture `<corpus>.mix_<languages>_a<alpha>` (`languages_key`); returns its name.
 
-  Languages are sampled with p ∝ n^alpha (n = pairs per language). Returns the
-  mixture name. `model_languages` fixes the language ids (index in that list).
+  Languages are sampled with p ∝ n^alpha (n = training pairs per language).
+  `model_languages` fixes the language ids (index in that list). Names do not depend
+  on the vocabulary: registering again (another run's vocabulary) replaces the tasks.
+  `lazy`: files are validated and counted on first use instead of now.
   """
   c = _corpus(corpus)
-  key = vtasks.short_hash(vocabulary)
   prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
   names = []
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
+    source = vtasks.moses_source(src, piv, empty_lines, validation_percent)
     names.append(vtasks.register_pair_task(
-        f"{prefix}.{lang}_{c.pivot}.{key}", vtasks.moses_source(src, piv, empty_lines),
-        lang, c.pivot, vocabulary, model_languages, shuffle_buffer_size))
-  lang_key = vtasks.short_hash(",".join(languages))
-  return vtasks.register_mixture(f"{prefix}.mix_{lang_key}_a{alpha}.{key}", names, alpha)
+        f"{prefix}.{lang}_{c.pivot}", source, lang, c.pivot, vocabulary, model_languages,
+        shuffle_buffer_size))
+  key = languages_key(languages, corpus_languages(corpus))
+  return vtasks.register_mixture(f"{prefix}.mix_{key}_a{alpha}", names, alpha, lazy)
+
+
+def _checked(source):
+  """A source validated now (explicitly registered files fail at registration)."""
+  source.counts()
+  return source
 
 
 @gin.configurable(module="tasks")
 def moses_task(name: str, source_file: str, target_file: str, source_language: str,
                target_language: str, vocabulary: str, model_languages: Sequence[str],
-               empty_lines: str = "error") -> str:
+               empty_lines: str = "error",
+               validation_percent: int = vtasks.VALIDATION_PERCENT) -> str:
   """A pair task over any two aligned line files."""
   return vtasks.register_pair_task(
-      name, vtasks.moses_source(source_file, target_file, empty_lines), source_language,
-      target_language, vocabulary, model_languages)
+      name, _checked(vtasks.moses_source(source_file, target_file, empty_lines,
+                                         validation_percent)),
+      source_language, target_language, vocabulary, model_languages)
 
 
 @gin.configurable(module="tasks")
 def tsv_task(name: str, path: str, source_language: str, target_language: str,
              vocabulary: str, model_languages: Sequence[str], columns: Sequence[int] = (0, 1),
-             empty_lines: str = "error") -> str:
+             empty_lines: str = "error",
+             validation_percent: int = vtasks.VALIDATION_PERCENT) -> str:
   """A pair task over a `source<TAB>target` file."""
   return vtasks.register_pair_task(
-      name, vtasks.tsv_source(path, columns, empty_lines), source_language, target_language,
-      vocabulary, model_languages)
+      name, _checked(vtasks.tsv_source(path, columns, empty_lines, validation_percent)),
+      source_language, target_language, vocabulary, model_languages)
 
 
 @gin.configurable(module="tasks")
@@ -108,27 +143,30 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
                         vocabulary: str = gin.REQUIRED, alpha: float = 0.7,
                         data_dir: Optional[str] = None, pivot: bool = True,
                         disjoint_pairs: bool = False,
-                        shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER) -> str:
+                        shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
+                        validation_percent: int = vtasks.VALIDATION_PERCENT,
+                        lazy: bool = False) -> str:
   """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
-  task per language (its side of the xx-pivot pairs) and, with `pivot`, one for the
-  pivot language (the pivot side of every pair); languages sampled with p ∝ n^alpha
-  (n = lines). `disjoint_pairs` (EMMA-X's non-parallel text): the xx side of the even
-  pairs and the pivot side of the odd ones, so that no pair gives both of its sides.
-  Returns the mixture name."""
+  task per language (its side of the xx-pivot pairs), `<corpus>.mono_<xx>`, and, with
+  `pivot`, one for the pivot language (the pivot side of every pair),
+  `<corpus>.mono_<pivot>.<languages>`; languages sampled with p ∝ n^alpha (n = lines).
+  `disjoint_pairs` (EMMA-X's non-parallel text): the xx side of the even pairs and the
+  pivot side of the odd ones, so that no pair gives both of its sides (names end in
+  `_even` / `_odd`). Returns the mixture name, `<corpus>.mono_mix_<languages>_a<alpha>`."""
   c = _corpus(corpus)
-  key = vtasks.short_hash(vocabulary)
   prefix = corpus.replace("-", "_")
+  key = languages_key(languages, corpus_languages(corpus))
   files = corpus_files(corpus, languages, data_dir)
-  sides = [(lang, [src]) for lang, src, _ in files]
+  sides = [(lang, [src], f"{prefix}.mono_{lang}") for lang, src, _ in files]
   if pivot:
-    sides.append((c.pivot, [piv for _, _, piv in files]))
-  parity = {lang: (None if not disjoint_pairs else int(lang == c.pivot and pivot))
-            for lang, _ in sides}
-  names = [vtasks.register_text_task(
-      f"{prefix}.mono_{lang}_{vtasks.short_hash(','.join(paths))}"
-      f"{'' if parity[lang] is None else f'_p{parity[lang]}'}.{key}",
-      vtasks.text_source(paths, parity[lang]), vocabulary, shuffle_buffer_size)
-      for lang, paths in sides]
-  lang_key = vtasks.short_hash(",".join(languages) + f"|pivot={pivot}"
-                               + ("|disjoint" if disjoint_pairs else ""))
-  return vtasks.register_mixture(f"{prefix}.mono_mix_{lang_key}_a{alpha}.{key}", names, alpha)
+    sides.append((c.pivot, [piv for _, _, piv in files], f"{prefix}.mono_{c.pivot}.{key}"))
+  names = []
+  for lang, paths, name in sides:
+    parity = None if not disjoint_pairs else int(lang == c.pivot and pivot)
+    suffix = "" if parity is None else ("_even", "_odd")[parity]
+    names.append(vtasks.register_text_task(
+        name + suffix, vtasks.text_source(paths, parity, validation_percent), vocabulary,
+        shuffle_buffer_size))
+  variant = ("" if pivot else "_nopivot") + ("_disjoint" if disjoint_pairs else "")
+  return vtasks.register_mixture(f"{prefix}.mono_mix_{key}{variant}_a{alpha}", names, alpha,
+                                 lazy)

@@ -412,6 +412,8 @@ def test_non_parallel_text_never_holds_both_sides_of_a_pair(tmp_path):
   en = write_lines(tmp_path / "a.en.gz", [f"e{i}" for i in range(9)], gz=True)
   read = lambda src: [ex["inputs"].decode() for ex in
                       src.get_dataset("train", shuffle=False).as_numpy_iterator()]
-  assert read(vtasks.text_source([xx], 0)) == [f"x{i}" for i in range(0, 9, 2)]
-  assert read(vtasks.text_source([en], 1)) == [f"e{i}" for i in range(1, 9, 2)]
-  assert len(read(vtasks.text_source([xx, en]))) == 18
+  assert read(vtasks.text_source([xx], 0, validation_percent=0)) == [
+      f"x{i}" for i in range(0, 9, 2)]
+  assert read(vtasks.text_source([en], 1, validation_percent=0)) == [
+      f"e{i}" for i in range(1, 9, 2)]
+  assert len(read(vtasks.text_source([xx, en], validation_percent=0))) == 18

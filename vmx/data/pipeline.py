@@ -19,7 +19,13 @@ import tensorflow as tf
 
 @dataclasses.dataclass
 class DatasetConfig:
-  """t5x-style dataset configuration (batch_size is GLOBAL, over all hosts)."""
+  """t5x-style dataset configuration (batch_size is GLOBAL, over all hosts).
+
+  `split`: `train` or `validation` (vmx's tasks hold out 1% by content, see
+  vmx/data/tasks.py). `use_cached`: read seqio's offline cache of the tasks
+  (vmx/data/cache.py; the cache dir given by launch/train.py's
+  --seqio_additional_cache_dirs).
+  """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
   batch_size: int
@@ -132,6 +138,9 @@ def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
   """The GLOBAL batches: [batch_size, ...] numpy-able dicts (every process reads the
   whole stream; the trainer places each device's rows)."""
   provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
+  if cfg.use_cached:
+    from vmx.data import cache
+    cache.check_cached(cfg.mixture_or_task_name, cfg.split)
   kwargs = dict(sequence_length=cfg.task_feature_lengths, split=cfg.split,
                 use_cached=cfg.use_cached, shuffle=cfg.shuffle,
                 seed=cfg.seed if cfg.seed is not None else seed,

@@ -95,7 +95,9 @@ def _stamp(paths) -> str:
   return "|".join(out)
 
 
-def _cached(kind: str, paths, compute):
+def cached(kind: str, paths, compute):
+  """compute() (JSON-able), remembered under `kind` and the files' paths, sizes and mtimes
+  (in the cache dir's validated.json): a file is read again only when it changed."""
   key = f"{kind}|{_stamp(paths)}"
   store = cache_dir() / "validated.json"
   try:
@@ -150,9 +152,9 @@ def _nonempty(count: int, what: str, empty_lines: str) -> int:
 
 def validate_parallel(src_path, tgt_path, empty_lines: str = "error") -> int:
   """Number of usable pairs (> 0); raises DataError on the first bad line."""
-  return _cached(f"moses:{empty_lines}", [src_path, tgt_path],
-                 lambda: _nonempty(sum(1 for _ in read_parallel(src_path, tgt_path, empty_lines)),
-                                   f"{src_path} / {tgt_path}", empty_lines))
+  return cached(f"moses:{empty_lines}", [src_path, tgt_path],
+                lambda: _nonempty(sum(1 for _ in read_parallel(src_path, tgt_path, empty_lines)),
+                                  f"{src_path} / {tgt_path}", empty_lines))
 
 
 def validate_text(path) -> int:
@@ -164,7 +166,7 @@ def validate_text(path) -> int:
       raise DataError(f"{path} has no non-empty line: an empty corpus is not silently "
                       "dropped from a mixture; remove it from the task's languages/files")
     return n
-  return _cached("text", [path], count)
+  return cached("text", [path], count)
 
 
 def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple[str, ...]]:
@@ -184,9 +186,9 @@ def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple
 
 def validate_tsv(path, columns=(0, 1), empty_lines: str = "error") -> int:
   """Number of usable rows (> 0); raises DataError on the first bad line."""
-  return _cached(f"tsv:{tuple(columns)}:{empty_lines}", [path],
-                 lambda: _nonempty(sum(1 for _ in read_tsv(path, columns, empty_lines)),
-                                   str(path), empty_lines))
+  return cached(f"tsv:{tuple(columns)}:{empty_lines}", [path],
+                lambda: _nonempty(sum(1 for _ in read_tsv(path, columns, empty_lines)),
+                                  str(path), empty_lines))
 
 
 def read_nway_lines(paths: dict) -> tuple[list[str], list[list[str]]]:

@@ -6,6 +6,18 @@ A pair task yields, per example:
   inputs_lang, targets_lang  int32      index of the language in `languages`
 Concrete corpora (which files, which languages) are registered in the top-level
 `tasks` package; this module holds the machinery they share.
+
+Splits: every text source has a `train` and a `validation` split. An example is in
+`validation` when the FarmHash fingerprint of its text falls in the first
+`validation_percent` (default 1) of 100 buckets: the split is by content, so it does not
+depend on file order, and a repeated pair is on one side only. `validation_percent=0`
+gives a `train` split of every example and no `validation` split.
+
+Caching: pair and monolingual tasks tokenize before a `seqio.CacheDatasetPlaceholder`
+(what follows it, language ids and truncation, depends on the run), so seqio's offline
+cache (`launch/cache_tasks.py`, or seqio's Beam `cache_tasks_main`) and
+`DatasetConfig.use_cached=True` work on them. N-way tasks sample their views at random
+before tokenizing and are not cacheable.
 """
 from __future__ import annotations
 
@@ -47,52 +59,117 @@ def _drop_empty(ex):
                         tf.strings.length(tf.strings.strip(ex["targets"])) > 0)
 
 
-def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error"
-                 ) -> seqio.FunctionDataSource:
-  """Aligned line files; validated (line counts, empty lines, UTF-8) before use."""
-  n = readers.validate_parallel(src_path, tgt_path, empty_lines)
+VALIDATION_PERCENT = 1
 
-  def dataset_fn(split, shuffle_files, seed=None):
-    del split, shuffle_files, seed  # one file per side: order is shuffled downstream
+
+def in_validation(text: tf.Tensor, validation_percent: int) -> tf.Tensor:
+  """Whether the example whose text is `text` belongs to the `validation` split: its
+  FarmHash fingerprint falls in the first `validation_percent` of 100 buckets."""
+  return tf.strings.to_hash_bucket_fast(text, 100) < validation_percent
+
+
+class SplitSource(seqio.FunctionDataSource):
+  """The examples of `make_dataset()` (finite, text features) split by content into
+  `train` and `validation` (`key(example)` is the text hashed, see `in_validation`).
+
+  Nothing is read when the source is made: `check()` (the readers' validation, which
+  raises DataError naming the file and line) runs and the split sizes are counted on
+  first use, so registering many tasks (`import tasks`) is instant; `counts()` forces it.
+  """
+
+  def __init__(self, make_dataset, key, check, validation_percent: int = VALIDATION_PERCENT,
+               description: str = "source", paths: Sequence[str] = (), kind: str = ""):
+    if (isinstance(validation_percent, bool) or not isinstance(validation_percent, int)
+        or not 0 <= validation_percent < 100):
+      raise DataError(f"{description}: validation_percent={validation_percent!r}; expected an "
+                      f"integer in [0, 100) (the share of examples held out as `validation`)")
+    self._make, self._key, self._check = make_dataset, key, check
+    self._paths, self._kind = [str(p) for p in paths], kind
+    self.validation_percent = validation_percent
+    self.description = description
+    self._counts = None
+    super().__init__(self._split_dataset,
+                     splits=("train", "validation") if validation_percent else ("train",))
+
+  def _in_split(self, split):
+    want_validation = tf.constant(split == "validation")
+    return lambda ex: tf.equal(in_validation(self._key(ex), self.validation_percent),
+                               want_validation)
+
+  def _split_dataset(self, split, shuffle_files, seed=None):
+    del shuffle_files, seed  # read in file order: shuffled downstream with a seeded buffer
+    if split not in self.splits:
+      raise DataError(f"{self.description}: no split {split!r}; it has {list(self.splits)}")
+    self.counts()   # validated before anything is read
+    ds = self._make()
+    return ds.filter(self._in_split(split)) if self.validation_percent else ds
+
+  def counts(self) -> dict:
+    """{split: examples}; validates the files on the first call."""
+    if self._counts is None:
+      self._check()
+      if self._paths:
+        self._counts = readers.cached(f"splits:{self.validation_percent}:{self._kind}",
+                                      self._paths, self._count)
+      else:
+        self._counts = self._count()
+    return self._counts
+
+  def _count(self) -> dict:
+    if not self.validation_percent:
+      return {"train": int(self._make().reduce(np.int64(0), lambda n, _: n + 1))}
+    total, held = self._make().map(
+        lambda ex: tf.cast(in_validation(self._key(ex), self.validation_percent), tf.int64)
+    ).reduce((np.int64(0), np.int64(0)), lambda acc, v: (acc[0] + 1, acc[1] + v))
+    return {"train": int(total - held), "validation": int(held)}
+
+  def num_input_examples(self, split: str) -> int:
+    return self.counts()[split]
+
+
+def _pair_key(ex):
+  return tf.strings.join([ex["inputs"], ex["targets"]], "\t")
+
+
+def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
+                 validation_percent: int = VALIDATION_PERCENT) -> SplitSource:
+  """Aligned line files; validated (line counts, empty lines, UTF-8) on first use."""
+  def make():
     ds = tf.data.Dataset.zip({"inputs": _text_lines(src_path), "targets": _text_lines(tgt_path)})
     return ds.filter(_drop_empty) if empty_lines == "skip" else ds
 
-  return seqio.FunctionDataSource(dataset_fn, splits=("train",),
-                                  num_input_examples={"train": n})
+  return SplitSource(make, _pair_key,
+                     lambda: readers.validate_parallel(src_path, tgt_path, empty_lines),
+                     validation_percent, f"{src_path} + {tgt_path}", [src_path, tgt_path],
+                     f"moses:{empty_lines}")
 
 
-def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "error"
-               ) -> seqio.FunctionDataSource:
-  """`source<TAB>target` lines (columns configurable); validated before use."""
+def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "error",
+               validation_percent: int = VALIDATION_PERCENT) -> SplitSource:
+  """`source<TAB>target` lines (columns configurable); validated on first use."""
   columns = tuple(columns)
-  n = readers.validate_tsv(path, columns, empty_lines)
 
-  def dataset_fn(split, shuffle_files, seed=None):
-    del split, shuffle_files, seed
+  def parse(line):
+    fields = tf.strings.split(line, "\t")
+    return {"inputs": fields[columns[0]], "targets": fields[columns[1]]}
 
-    def parse(line):
-      fields = tf.strings.split(line, "\t")
-      return {"inputs": fields[columns[0]], "targets": fields[columns[1]]}
-
+  def make():
     ds = _text_lines(path).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.filter(_drop_empty) if empty_lines == "skip" else ds
 
-  return seqio.FunctionDataSource(dataset_fn, splits=("train",),
-                                  num_input_examples={"train": n})
+  return SplitSource(make, _pair_key, lambda: readers.validate_tsv(path, columns, empty_lines),
+                     validation_percent, str(path), [path], f"tsv:{columns}:{empty_lines}")
 
 
-def text_source(paths: Sequence[str], line_parity: int | None = None
-                ) -> seqio.FunctionDataSource:
+def text_source(paths: Sequence[str], line_parity: int | None = None,
+                validation_percent: int = VALIDATION_PERCENT) -> SplitSource:
   """Monolingual text: the non-empty lines of one or more files as `inputs` (validated
-  before use: UTF-8, at least one line per file). `line_parity` 0 or 1 keeps only the
+  on first use: UTF-8, at least one line per file). `line_parity` 0 or 1 keeps only the
   even or odd lines of each file (line numbers from 0, empty lines counted): two sides
   of a parallel corpus read with different parities never yield both sides of a pair."""
   paths = [str(p) for p in paths]
   if line_parity not in (None, 0, 1):
     raise ValueError(f"text_source: line_parity={line_parity!r}; expected None, 0 or 1")
-  n = sum(readers.validate_text(p) for p in paths)
-  if line_parity is not None:
-    n = max(1, n // 2)   # the mixing rate's count: about half of the lines
 
   def one(path):
     ds = _text_lines(path)
@@ -100,16 +177,20 @@ def text_source(paths: Sequence[str], line_parity: int | None = None
       ds = ds.enumerate().filter(lambda i, _: i % 2 == line_parity).map(lambda _, line: line)
     return ds
 
-  def dataset_fn(split, shuffle_files, seed=None):
-    del split, shuffle_files, seed
+  def make():
     ds = one(paths[0])
     for path in paths[1:]:
       ds = ds.concatenate(one(path))
     ds = ds.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
     return ds.map(lambda line: {"inputs": line})
 
-  return seqio.FunctionDataSource(dataset_fn, splits=("train",),
-                                  num_input_examples={"train": n})
+  def check():
+    for p in paths:
+      readers.validate_text(p)
+
+  return SplitSource(make, lambda ex: ex["inputs"], check, validation_percent,
+                     ", ".join(paths[:3]) + (" …" if len(paths) > 3 else ""), paths,
+                     f"text:{line_parity}")
 
 
 def add_language_ids(dataset: tf.data.Dataset, src_lang_id: int, tgt_lang_id: int):
@@ -221,11 +302,13 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   lang_vocab = seqio.PassThroughVocabulary(size=len(languages))
   features.update({k: seqio.Feature(lang_vocab, add_eos=False, dtype=tf.int32, rank=0)
                    for k in ("inputs_lang", "targets_lang")})
+  # Tokens are cacheable; language ids (they index the run's LANGUAGES) come after.
   preprocessors = [
+      seqio.preprocessors.tokenize,
+      seqio.CacheDatasetPlaceholder(),
       functools.partial(add_language_ids,
                         src_lang_id=language_id(src_lang, languages, f"task {name}: "),
                         tgt_lang_id=language_id(tgt_lang, languages, f"task {name}: ")),
-      seqio.preprocessors.tokenize,
   ]
   if isinstance(vocab, HfVocabulary) and vocab.tokenizer.closing_special:
     preprocessors.append(truncate_keeping_last)
@@ -239,7 +322,7 @@ def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
                        shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
   """Registers (or re-registers) a tokenized monolingual task (`inputs`); returns its name."""
   vocab = seqio_vocabulary(vocab_path)
-  preprocessors = [seqio.preprocessors.tokenize]
+  preprocessors = [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder()]
   if isinstance(vocab, HfVocabulary) and vocab.tokenizer.closing_special:
     preprocessors.append(functools.partial(truncate_keeping_last, features=("inputs",)))
   _unregister(seqio.TaskRegistry, name)
@@ -250,24 +333,41 @@ def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
   return name
 
 
-def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int
-                ) -> seqio.FunctionDataSource:
-  """N-way groups as string vectors `texts` [N] ("" = language missing), repeated
-  without end; groups with fewer than `min_views` languages are dropped here."""
+def nway_split(row: Sequence[str], validation_percent: int) -> str:
+  """`validation` or `train` for an N-way group, by the hash of its texts."""
+  digest = hashlib.sha256("\t".join(row).encode("utf-8")).digest()
+  return "validation" if int.from_bytes(digest[:8], "big") % 100 < validation_percent else "train"
+
+
+def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
+                validation_percent: int = VALIDATION_PERCENT) -> seqio.FunctionDataSource:
+  """N-way groups as string vectors `texts` [N] ("" = language missing): `train` repeats
+  without end, `validation` is one pass; groups with fewer than `min_views` languages
+  are dropped here."""
   kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
   if not kept:
     raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
-  texts = np.array([[t.encode("utf-8") for t in r] for r in kept], dtype=object)
+  splits = {"train": [], "validation": []}
+  for r in kept:
+    splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in r])
+  if not validation_percent:
+    del splits["validation"]
 
   def dataset_fn(split, shuffle_files, seed=None):
-    del split, shuffle_files, seed  # one in-memory table: order is shuffled downstream
-    # Endless, with a running draw number: each pass over the groups samples new views
-    # (seqio's own repeat would replay the same per-example seeds every epoch).
-    ds = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string)).repeat()
+    del shuffle_files, seed  # one in-memory table: order is shuffled downstream
+    if split not in splits:
+      raise DataError(f"N-way source: no split {split!r}; it has {list(splits)}")
+    ds = tf.data.Dataset.from_tensor_slices(
+        tf.constant(np.array(splits[split], dtype=object).reshape(-1, len(languages)),
+                    tf.string))
+    # Training is endless, with a running draw number: each pass over the groups samples
+    # new views (seqio's own repeat would replay the same per-example seeds every epoch).
+    if split == "train":
+      ds = ds.repeat()
     return ds.enumerate().map(lambda i, t: {"texts": t, "draw": i})
 
-  return seqio.FunctionDataSource(dataset_fn, splits=("train",),
-                                  num_input_examples={"train": len(kept)})
+  return seqio.FunctionDataSource(dataset_fn, splits=tuple(splits),
+                                  num_input_examples={k: len(v) for k, v in splits.items()})
 
 
 @seqio.map_over_dataset(num_seeds=1)
@@ -293,13 +393,14 @@ def pad_views(dataset: tf.data.Dataset, sequence_length):
 
 
 def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: str,
-                       num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
+                       num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                       validation_percent: int = VALIDATION_PERCENT) -> str:
   """Registers a task of N-way groups yielding `views` [num_views, L] token ids."""
   vocab = seqio_vocabulary(vocab_path)
   features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(
-      name, source=nway_source(languages, rows, num_views),
+      name, source=nway_source(languages, rows, num_views, validation_percent),
       preprocessors=[functools.partial(sample_views, num_views=num_views),
                      seqio.preprocessors.tokenize, pad_views],
       output_features=features, shuffle_buffer_size=shuffle_buffer_size)
@@ -313,9 +414,23 @@ def temperature_rates(sizes: Sequence[int], alpha: float) -> list[float]:
   return [x / total for x in w]
 
 
-def register_mixture(name: str, task_names: Sequence[str], alpha: float) -> str:
-  sizes = [seqio.get_mixture_or_task(t).num_input_examples("train") for t in task_names]
-  rates = temperature_rates(sizes, alpha)
+def register_mixture(name: str, task_names: Sequence[str], alpha: float,
+                     lazy: bool = False) -> str:
+  """Registers tasks mixed with p ∝ n^alpha (n: a task's `train` examples). `lazy`: the
+  rates are computed (and the tasks' files validated) on first use, not now."""
   _unregister(seqio.MixtureRegistry, name)
-  seqio.MixtureRegistry.add(name, list(zip(task_names, rates)))
+  if lazy:
+    rates = [functools.partial(_temperature_rate, alpha=alpha)] * len(task_names)
+  else:
+    rates = temperature_rates(
+        [seqio.get_mixture_or_task(t).num_input_examples("train") for t in task_names], alpha)
+  # One pass (num_epochs=1, e.g. over `validation`) reads every task to its end; seqio's
+  # default would stop at the first exhausted task. Endless training streams never end.
+  seqio.MixtureRegistry.add(name, list(zip(task_names, rates)), sample_fn=functools.partial(
+      tf.data.Dataset.sample_from_datasets, stop_on_empty_dataset=False))
   return name
+
+
+def _temperature_rate(task: seqio.Task, alpha: float) -> float:
+  """A lazy mixing rate n^alpha; seqio normalizes the rates of a mixture."""
+  return float(task.num_input_examples("train")) ** alpha
