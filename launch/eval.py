@@ -48,7 +48,9 @@ def parse_args(argv):
   p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR, else the cache")
   p.add_argument("--languages", default="", help="Tatoeba languages (ISO 639-3), or 'all'; "
                                                  "default: the model's trained languages")
-  p.add_argument("--bucc_pairs", default=",".join(harness.bucc.PAIRS))
+  p.add_argument("--bucc_pairs", default="",
+                 help=f"comma-separated (default: every one of {','.join(harness.bucc.PAIRS)} "
+                      f"whose gold files are supplied)")
   p.add_argument("--sts17_dir", default=None)
   p.add_argument("--sts17_gs_dir", default=None)
   p.add_argument("--retrieval_dir", action="append", default=[],
@@ -73,7 +75,8 @@ def parse_args(argv):
     from vmx.evaluation import tatoeba
     langs = tatoeba.available_languages(args.data_dir)
   cfg = harness.EvalConfig(
-      data_dir=args.data_dir, tatoeba_languages=langs or None, bucc_pairs=_list(args.bucc_pairs),
+      data_dir=args.data_dir, tatoeba_languages=langs or None,
+      bucc_pairs=_list(args.bucc_pairs) or None,
       sts17_dir=args.sts17_dir, sts17_gs_dir=args.sts17_gs_dir, retrieval_dirs=args.retrieval_dir,
       geometry_files=geo, geometry_n=args.geometry_n,
       transfer_languages=_list(args.transfer_languages), transfer_source=args.transfer_source,

@@ -208,6 +208,22 @@ def test_bucc_perfect_encoder_and_train_test_threshold(tmp_path):
   assert {"deu", "eng"} <= set(enc.langs)
 
 
+def test_bucc_threshold_on_sample_as_xtreme_and_supplied_pairs(tmp_path):
+  assert bucc.threshold_and_report_splits(["sample", "training"]) == ("sample", "training")
+  assert bucc.threshold_and_report_splits(["sample", "training", "test"]) == ("sample", "test")
+  assert bucc.threshold_and_report_splits(["training", "test"]) == ("training", "test")
+  assert bucc.threshold_and_report_splits(["sample"]) == ("sample", "sample")
+  _bucc_dir(tmp_path, "fr-en", split="sample", seed=0)
+  _bucc_dir(tmp_path, "fr-en", split="training", seed=1)
+  _bucc_dir(tmp_path, "zh-en", split="sample", seed=2)
+  res = bucc.evaluate(common.as_encode_fn(MeaningEncoder(noise=0.05)), data_dir=str(tmp_path))
+  rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
+  assert sorted(rows) == ["fr-en", "zh-en"] and res["pairs_missing"] == ["de-en", "ru-en"]
+  assert (rows["fr-en"]["threshold_split"], rows["fr-en"]["split"]) == ("sample", "training")
+  assert rows["fr-en"]["margin_max"]["f1"] == pytest.approx(100.0)
+  assert rows["zh-en"]["languages"] == ["cmn", "eng"]
+
+
 def test_bucc_duplicate_texts_count_for_every_id(tmp_path):
   base = tmp_path / "eval/bucc2018/fr-en"
   write_lines(base / "fr-en.sample.fr", ["f1\tw1 x", "f2\tw1 x", "f3\tw2 y", "f4\tw3 z"])
@@ -477,7 +493,8 @@ def test_harness_missing_data_fails_that_task_only(tmp_path):
   cfg = harness.EvalConfig(data_dir=str(tmp_path / "data"), geometry_files=geo, progress=False)
   out = tmp_path / "out"
   with pytest.raises(harness.EvaluationFailed,
-                     match=r"bucc: DataError: task bucc: no gold file for de-en.*retrieval: "
+                     match=r"bucc: DataError: task bucc: no gold file for any of de-en, fr-en, "
+                           r"ru-en, zh-en.*retrieval: "
                            r"DataError: task retrieval: needs --retrieval_dir"):
     harness.run(MeaningEncoder(), tasks=["tatoeba", "bucc", "retrieval", "stsb"],
                 output_dir=str(out), config=cfg)

@@ -40,7 +40,7 @@ class EvalConfig:
   """Where the data are and what to run on; every field is a flag of launch/eval.py."""
   data_dir: Optional[str] = None               # default: $VMX_DATA_DIR, else download cache
   tatoeba_languages: Optional[Sequence[str]] = None   # default: the model's, else all
-  bucc_pairs: Sequence[str] = bucc.PAIRS
+  bucc_pairs: Optional[Sequence[str]] = None     # default: every pair of bucc.PAIRS supplied
   sts17_dir: Optional[str] = None              # SemEval-2017 STS.input.trackN.xx-yy.txt
   sts17_gs_dir: Optional[str] = None           # gold files, if not next to the inputs
   retrieval_dirs: Sequence[str] = ()           # queries.tsv / corpus.tsv / qrels.tsv dirs
