@@ -384,6 +384,10 @@ def test_geometry_metrics_behave():
   shifted = {l: base + 0.01 * rng.normal(size=base.shape) + 3 * rng.normal(size=16)
              for l in ("a", "b", "c")}
   assert geometry.invariance(aligned) < geometry.invariance(shifted)
+  # Eq. 16 by hand: mean of KL(P_a || P_b) over the ordered pairs of languages
+  g = {l: geometry.gaussian(mining.normalize(e)) for l, e in shifted.items()}
+  by_hand = np.mean([geometry.kl_gaussian(g[a], g[b]) for a in g for b in g if a != b])
+  assert geometry.invariance(shifted) == pytest.approx(by_hand)
   assert geometry.canonical_form(aligned) > geometry.canonical_form(shifted)
   from sklearn.metrics import calinski_harabasz_score
   x = np.concatenate([mining.normalize(e) for e in aligned.values()])

@@ -15,24 +15,28 @@ def _np_log_softmax(x):
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _np_mpcl(views, t, rescale=False):
+def _np_mpcl(views, t, rescale=False, anchors="first", positives="all"):
   G, V, D = views.shape
   z = views / np.linalg.norm(views, axis=-1, keepdims=True)
   flat = z.reshape(G * V, D)
   out = []
   for g in range(G):
-    i = g * V
-    s = flat[i] @ flat.T
-    others = [j for j in range(G * V) if j != i]
-    if rescale:
-      lo, hi = s[others].min(), s[others].max()
-      s = (2 * (s - lo) / (hi - lo) - 1) / t
-    else:
-      s = s / t
-    pos = [g * V + k for k in range(1, V)]
-    num = np.log(np.sum(np.exp(s[pos])))
-    den = np.log(np.sum(np.exp(s[others])))
-    out.append(den - num)
+    for v in ([0] if anchors == "first" else range(V)):
+      i = g * V + v
+      if positives == "all":
+        pos = [g * V + k for k in range(V) if k != v]
+        excluded = [i]
+      else:
+        pos = [g * V + (v ^ 1)]
+        excluded = [g * V + k for k in range(V) if k != (v ^ 1)]
+      others = [j for j in range(G * V) if j not in excluded]
+      s = flat[i] @ flat.T
+      if rescale:
+        lo, hi = s[others].min(), s[others].max()
+        s = (2 * (s - lo) / (hi - lo) - 1) / t
+      else:
+        s = s / t
+      out.append(np.log(np.sum(np.exp(s[others]))) - np.log(np.sum(np.exp(s[pos]))))
   return float(np.mean(out))
 
 
@@ -43,6 +47,19 @@ def test_multi_positive_loss_matches_numpy(rescale):
   loss, m = losses.multi_positive_infonce(jnp.asarray(views), 0.05, rescale)
   assert float(loss) == pytest.approx(_np_mpcl(views.astype(np.float64), 0.05, rescale), rel=1e-4)
   assert 0 <= float(m["positive_accuracy"]) <= 1
+
+
+@pytest.mark.parametrize("anchors,positives", [("all", "all"), ("first", "one"), ("all", "one")])
+def test_controls_match_numpy(anchors, positives):
+  rng = np.random.default_rng(2)
+  views = rng.normal(size=(5, 4, 8)).astype(np.float32)
+  for rescale in (False, True):
+    loss, _ = losses.multi_positive_infonce(jnp.asarray(views), 0.05, rescale,
+                                            anchors=anchors, positives=positives)
+    ref = _np_mpcl(views.astype(np.float64), 0.05, rescale, anchors, positives)
+    assert float(loss) == pytest.approx(ref, rel=1e-4)
+  with pytest.raises(ValueError, match="odd"):
+    losses.multi_positive_infonce(jnp.asarray(views[:, :3]), positives="one")
 
 
 def test_one_positive_is_single_positive_infonce_with_the_same_denominator():

@@ -126,7 +126,7 @@ def test_linear_kl_annealing_schedule():
 
 def test_objective_matches_numpy_elbo_and_annealing_state():
   model = _model(model_kw=dict(elbo_weight=0.1, kl_anneal_steps=4, contrastive_weight=0.01,
-                               contrastive_temperature=0.1))
+                               contrastive_temperature=0.1, contrastive_reduction="sum"))
   batch = _batch()
   v = _init(model, batch)
   params, mutables = v["params"], {"annealing": v["annealing"]}
@@ -165,6 +165,15 @@ def test_objective_matches_numpy_elbo_and_annealing_state():
   mean_loss, _ = mean_model.loss_fn(params, batch, rng,
                                     {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
   np.testing.assert_allclose(float(mean_loss), ref - 0.01 * c * (B - 1), rtol=1e-4)
+  # §6.4's reading: the contrastive loss (mean) is the base, lambda weights the VMSST loss.
+  paper = _model(model_kw=dict(elbo_weight=0.1, kl_anneal_steps=4, contrastive_weight=1.0,
+                               vmsst_weight=0.0005, contrastive_temperature=0.1))
+  paper_loss, (pm, _) = paper.loss_fn(params, batch, rng,
+                                      {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
+  np.testing.assert_allclose(float(paper_loss), c + 0.0005 * (translation + 0.1 * elbo_terms),
+                             rtol=1e-4)
+  np.testing.assert_allclose(float(pm["vmsst_loss"].compute()), translation + 0.1 * elbo_terms,
+                             rtol=1e-4)
   # Translation passes condition on [0 ; mu_sem(other side)].
   cond_check = model.module.apply(
       {"params": params}, decoders.decoder_targets(batch["left_tokens"])[0],

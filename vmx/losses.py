@@ -119,8 +119,13 @@ def minmax_rescale(sim_GxN: Array, mask_GxN: Array, temperature: float) -> Array
   return (2.0 * unit - 1.0) / temperature
 
 
+ANCHORS = ("first", "all")
+POSITIVES = ("all", "one")
+
+
 def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
-                           rescale: bool = False, normalize: bool = True):
+                           rescale: bool = False, normalize: bool = True,
+                           anchors: str = "first", positives: str = "all"):
   """MPCL's loss (Zhao et al., Eq. 2) over the GLOBAL batch.
 
   Group g holds V views: view 0 is the anchor h_g, views 1..V-1 its K = V-1
@@ -129,29 +134,49 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   the denominator running over every other sentence of the batch (its positives
   included). With V = 2 this is the single-positive InfoNCE with the same
   denominator (NT-Xent). `rescale`: similarities min-max rescaled per anchor into
-  [-1/t, 1/t] (over j != anchor) instead of dividing by t.
+  [-1/t, 1/t] (over the anchor's denominator) instead of dividing by t.
 
-  Returns (mean loss, metrics): loss, positive_accuracy (the anchor's nearest other
-  sentence is one of its positives).
+  Controls (the defaults are the paper's loss):
+  * `anchors='all'`: every view of every group is an anchor in turn (G*V terms, the
+    other views of its group its positives), not view 0 alone (G terms).
+  * `positives='one'`: each anchor's one positive is its partner view (0-1, 2-3, ...;
+    V even), and the group's other views leave its denominator (they are
+    translations, not negatives): the single-positive loss on the same sentences.
+
+  Returns (mean loss over anchors, metrics): loss, positive_accuracy (the anchor's
+  nearest sentence in its denominator is one of its positives).
   """
   G, V, D = views_GxVxD.shape
+  if anchors not in ANCHORS or positives not in POSITIVES:
+    raise ValueError(f"anchors={anchors!r}, positives={positives!r}: expected one of "
+                     f"{ANCHORS} and one of {POSITIVES}")
+  if positives == "one" and V % 2:
+    raise ValueError(f"positives='one' pairs the views 0-1, 2-3, ...: V={V} is odd")
   z = views_GxVxD.astype(jnp.float32)
   if normalize:
     z = l2_normalize(z.reshape(G * V, D)).reshape(G, V, D)
-  anchors_GxD = nnp.with_sharding_constraint(z[:, 0], ("batch", "embed"))
+  if anchors == "first":
+    anchors_AxD, anchor_idx = z[:, 0], jnp.arange(G) * V
+  else:
+    anchors_AxD, anchor_idx = z.reshape(G * V, D), jnp.arange(G * V)
+  anchors_AxD = nnp.with_sharding_constraint(anchors_AxD, ("batch", "embed"))
   all_NxD = gather_global_batch(z.reshape(G * V, D))
-  cos = jnp.einsum("gd,nd->gn", anchors_GxD, all_NxD)                    # [G, G*V]
-  col_group = jnp.arange(G * V) // V
-  col_view = jnp.arange(G * V) % V
-  own = col_group[None, :] == jnp.arange(G)[:, None]
-  is_self = own & (col_view[None, :] == 0)
-  is_pos = own & (col_view[None, :] > 0)
-  sim = minmax_rescale(cos, ~is_self, temperature) if rescale else cos / temperature
+  cos = jnp.einsum("ad,nd->an", anchors_AxD, all_NxD)                    # [A, G*V]
+  col = jnp.arange(G * V)
+  own = (col // V)[None, :] == (anchor_idx // V)[:, None]
+  is_self = col[None, :] == anchor_idx[:, None]
+  if positives == "all":
+    is_pos = own & ~is_self
+    excluded = is_self
+  else:
+    is_pos = own & ((col % V)[None, :] == ((anchor_idx % V) ^ 1)[:, None])
+    excluded = own & ~is_pos
+  sim = minmax_rescale(cos, ~excluded, temperature) if rescale else cos / temperature
   neg_inf = jnp.float32(-1e30)
   log_num = jax.nn.logsumexp(jnp.where(is_pos, sim, neg_inf), axis=1)
-  log_den = jax.nn.logsumexp(jnp.where(is_self, neg_inf, sim), axis=1)
+  log_den = jax.nn.logsumexp(jnp.where(excluded, neg_inf, sim), axis=1)
   loss = jnp.mean(log_den - log_num)
-  nearest = jnp.argmax(jnp.where(is_self, neg_inf, sim), axis=1)
+  nearest = jnp.argmax(jnp.where(excluded, neg_inf, sim), axis=1)
   acc = jnp.mean(jnp.take_along_axis(is_pos, nearest[:, None], axis=1))
   return loss, {"loss": loss, "positive_accuracy": acc}
 

@@ -64,7 +64,8 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
   for l in langs:   # resolve (and record) the files; missing ones fail here, named
     files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
     files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
-  res = tatoeba.evaluate(encode, langs, cfg.data_dir, progress=cfg.progress)
+  res = tatoeba.evaluate(encode, langs, cfg.data_dir, progress=cfg.progress,
+                         own_languages=ctx.get("languages"))
   subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
               "accuracy_xx2en": r["xx2en"], "accuracy_en2xx": r["en2xx"], "xsim_error": r["xsim"],
               "n": r["n"], "group": "head" if l in tatoeba.XTREME36 else "long_tail"}
@@ -214,14 +215,15 @@ def _details(r: dict) -> str:
     g = r["groups"]
     parts = [f"xx→en {r['mean']['xx2en']:.2f}, en→xx {r['mean']['en2xx']:.2f}, "
              f"xSIM err {r['mean']['xsim']:.2f}"]
-    parts += [f"{k} ({v['n_languages']}) {v['mean']:.2f}" for k, v in g.items() if v["n_languages"]]
+    parts += [f"{k} ({v['n_languages']}) {v['mean']:.2f}" for k, v in g.items()
+              if v["n_languages"] and k != "head"]     # head = xtreme36 here
     return "; ".join(parts)
   if name == "sts12-16":
     return f"VMSST Pearson {r['vmsst_pearson']:.2f}, SBERT Spearman {r['sbert_spearman']:.2f}"
   subsets = next(iter(r["scores"].values()))
   if name == "geometry":
     s = subsets[0]
-    return (f"sym. KL {s['invariance_sym_kl']:.2f} (lower better), CH "
+    return (f"KL {s['invariance_kl']:.2f} (lower better), CH "
             f"{s['canonical_form_ch']:.2f}, PR {s['isotropy_pr']:.3f}")
   shown = subsets if len(subsets) <= 6 else subsets[:6]
   more = "" if len(subsets) <= 6 else f", … ({len(subsets)} subsets)"

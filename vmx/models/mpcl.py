@@ -14,7 +14,10 @@ Schedule: the first `single_positive_steps` updates use the single-positive loss
 views 0 and 1 only (their warm-up, 2000 steps in the paper), then MPCL; the update
 counter is model state (`flax_mutables['phase']`), checkpointed with the run. The
 learning-rate change between the phases is the schedule's `scale_at`
-(runs/train.gin: LR_SCALE_AT). The "+Single" control is the same data with V = 2.
+(runs/train.gin: LR_SCALE_AT). The "+Single" control is the same data with V = 2
+(twice the groups for the same sentences a step), or, on the very same sentences,
+`positives='one'` (views paired 0-1, 2-3; the group's other views leave the
+denominator). `anchors='all'` makes every view an anchor in turn.
 
 Batch feature: `views` [B, V * L] (MultiViewFeatureConverter): the V token rows of
 each example, concatenated.
@@ -33,14 +36,22 @@ from vmx.models.dual_encoder import DualEncoder
 
 class MPCLModel(SentenceEncoderModel):
   """t5x-style model: multi-positive InfoNCE over N-way groups."""
-  CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps")
+  CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps",
+                   "anchors", "positives")
   HAS_MUTABLES = True
 
   def __init__(self, module: DualEncoder, num_views: int = 4, temperature: float = 0.05,
-               rescale: bool = False, single_positive_steps: int = 0):
+               rescale: bool = True, single_positive_steps: int = 0, anchors: str = "first",
+               positives: str = "all"):
     super().__init__(module)
     if num_views < 2:
       raise ConfigError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
+    if anchors not in losses.ANCHORS:
+      raise ConfigError(f"MPCLModel.anchors={anchors!r}: expected one of {losses.ANCHORS}")
+    if positives not in losses.POSITIVES or (positives == "one" and num_views % 2):
+      raise ConfigError(f"MPCLModel.positives={positives!r} with num_views={num_views}: "
+                        f"expected one of {losses.POSITIVES} ('one' pairs the views 0-1, 2-3, "
+                        f"...: an even num_views)")
     if module.encoder.num_languages:
       raise ConfigError("MPCLModel: the encoder must not read language ids "
                         "(TransformerEncoder.num_languages = 0)")
@@ -48,6 +59,7 @@ class MPCLModel(SentenceEncoderModel):
     self.temperature = temperature
     self.rescale = rescale
     self.single_positive_steps = single_positive_steps
+    self.anchors, self.positives = anchors, positives
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
@@ -71,8 +83,10 @@ class MPCLModel(SentenceEncoderModel):
 
   def objective(self, emb_BxVxD, multi):
     """(loss, metrics): MPCL when `multi` (a bool array), else single-positive on views 0, 1."""
-    mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale)
-    sp, sm = losses.multi_positive_infonce(emb_BxVxD[:, :2], self.temperature, self.rescale)
+    mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale,
+                                           anchors=self.anchors, positives=self.positives)
+    sp, sm = losses.multi_positive_infonce(emb_BxVxD[:, :2], self.temperature, self.rescale,
+                                           anchors=self.anchors)
     loss = jnp.where(multi, mp, sp)
     return loss, {"loss": loss, "mpcl_loss": mp, "single_positive_loss": sp,
                   "positive_accuracy": mm["positive_accuracy"],

@@ -31,6 +31,22 @@ with one reparameterized sample of every latent, KLs in closed form.
 log p(x) is the sum of token log-probabilities (EOS included): nats per sentence,
 as in the authors' fairseq code (`--sentence-avg`).
 
+The loss, with what each term is reduced over:
+  loss = vmsst_weight * L_VMSST + contrastive_weight * L_C
+  L_VMSST = mean over pairs of [translation NLLs + elbo_weight * (reconstruction NLLs
+            + beta_t * KLs)]; each NLL summed over the sentence's tokens, each KL over
+            the latent's dimensions
+  L_C     = symmetric in-batch InfoNCE of (mu_sem(x_i), mu_sem(x_j)) (cosine / tau):
+            mean over pairs (`contrastive_reduction='mean'`) or its sum ('sum')
+VMSST and BITRANSLATION: vmsst_weight 1, contrastive_weight 0. VMSST-CONTRASTIVE as
+§6.4 states it: the contrastive loss is the base and lambda weights the VMSST loss,
+  loss = L_C (mean) + lambda * L_VMSST,  lambda = .0005 (6L, pretrained), .001 (24L random)
+i.e. contrastive_weight 1, vmsst_weight lambda, the ELBO keeping its own elbo_weight
+inside L_VMSST (models/vmsst_contrastive.gin). The reading this repository used before,
+  loss = L_VMSST + lambda * L_C (sum over pairs),
+is contrastive_weight lambda, vmsst_weight 1, reduction 'sum'
+(ablations/vmsst_contrastive_tiny_summed.gin; the README compares the two).
+
 Choices where the paper leaves room (documented; switches where both readings
 are plausible):
 * Translation terms condition on [0 ; mu_sem(x_src)]: the language slot holds the
@@ -39,12 +55,10 @@ are plausible):
 * The conditioning sublayer is linear, [LN(x) ; c] -> d plus residual, as in the
   authors' BGT code (its ReLU result is discarded there).
 * Latent size = d_model (`latent_dim=None`), latent maps without bias.
-* VMSST-CONTRASTIVE adds `contrastive_weight` * in-batch InfoNCE on (mu_sem(x_i),
-  mu_sem(x_j)). With `contrastive_reduction='sum'` (default) the InfoNCE is summed
-  over the pairs of the batch: the paper's weights (.0005 / .001 at batch 2048)
-  then give it ~1-2 nats of weight per pair against ~100 for the per-sentence
-  generative terms; 'mean' averages it like the other terms (then those weights
-  make it negligible).
+* VMSST-CONTRASTIVE's InfoNCE is averaged over the pairs, like the contrastive
+  baseline's (vmx.losses.in_batch_softmax_loss); the generative terms keep their
+  per-sentence sums, so with lambda = .0005 they weigh ~0.05 nats against ~ln(B) for
+  the contrastive term: the VMSST loss acts as a regularizer of the contrastive model.
 * Several language encoders (Table 4 "4 enc.", Table 6 "per language"): every
   encoder runs on the whole batch and each row keeps the output of the encoder
   its language is assigned to (languages round-robin over encoders unless
@@ -258,13 +272,19 @@ class VMSSTModel(SentenceEncoderModel):
       (r"(?:semantic_encoder|language_encoder_\d+)/(.*)", r"encoder/\1"))
   FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
-                   "contrastive_weight", "contrastive_temperature", "contrastive_reduction")
+                   "contrastive_weight", "contrastive_temperature", "contrastive_reduction",
+                   "vmsst_weight")
   HAS_MUTABLES = True
 
   def __init__(self, module: VMSST, elbo_weight: float = 0.1, kl_weight: float = 1.0,
                kl_anneal_steps: int = 1_000_000, contrastive_weight: float = 0.0,
-               contrastive_temperature: float = 0.05, contrastive_reduction: str = "sum"):
+               contrastive_temperature: float = 0.05, contrastive_reduction: str = "mean",
+               vmsst_weight: float = 1.0):
     super().__init__(module)
+    if vmsst_weight <= 0:
+      raise ConfigError(f"vmsst_weight={vmsst_weight}: must be > 0 (the decoder and the "
+                        f"language encoders learn only from the VMSST loss); for a "
+                        f"contrastive model alone use models/contrastive.gin")
     if module.language_latents and elbo_weight <= 0:
       raise ConfigError("elbo_weight must be > 0 when the model has language latents (the "
                         "language encoders learn only from the ELBO); for BITRANSLATION set "
@@ -280,6 +300,7 @@ class VMSSTModel(SentenceEncoderModel):
     self.contrastive_weight = contrastive_weight
     self.contrastive_temperature = contrastive_temperature
     self.contrastive_reduction = contrastive_reduction
+    self.vmsst_weight = vmsst_weight
 
   def _apply(self, params, batch, dropout_rng, sample: bool):
     rngs = None
@@ -323,6 +344,9 @@ class VMSSTModel(SentenceEncoderModel):
       loss = loss + self.elbo_weight * (reconstruction + beta * kl)
       m.update(reconstruction_nll=reconstruction, kl=kl, kl_weight=beta,
                elbo=-(reconstruction + kl))
+    if self.contrastive_weight:
+      m["vmsst_loss"] = loss
+    loss = self.vmsst_weight * loss
     # In-batch retrieval accuracy of the semantic means: logged for every variant (it
     # tracks what Tatoeba measures); a loss term only for VMSST-CONTRASTIVE.
     c, cm = losses.in_batch_softmax_loss(pairs["sem_left"], pairs["sem_right"],
