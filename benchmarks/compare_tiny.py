@@ -10,11 +10,11 @@ the same batch/length/steps), one after the other, then prints a markdown table 
 Tatoeba accuracy (mean of xx->en and en->xx, x100) on the trained languages (per
 language when the runs share them), with the wall time of each run; `--sts` adds the
 STS benchmark (test Spearman x100) of each final checkpoint. Pair models see 64 pairs a
-step; MPCL 32 groups x 4 views and "+Single" 64 x 2 (128 sentences a step each, on
-N-way newstest groups, evaluated on their own 7 languages), "+Single same sentences" the
-very batches of MPCL with one positive each; "all anchors" makes every view an anchor. A run whose model_dir
-already holds the final checkpoint is not retrained (train.py resumes), so the script
-can be re-run to print the table. Extra --gin.X=V flags apply to every run.
+step; MPCL 32 groups x 4 views (128 sentences, on N-way newstest groups, evaluated on
+their own 7 languages), "+Single" the very batches of MPCL with one positive each,
+"+Single 64 pairs" 64 groups x 2 views; "all anchors" makes every view an anchor. A run
+whose model_dir already holds the final checkpoint is not retrained (train.py resumes),
+so the script can be re-run to print the table. Extra --gin.X=V flags apply to every run.
 """
 import argparse
 import json
@@ -40,14 +40,16 @@ RUNS = {  # name -> (gin file, extra bindings); pair models get BATCH pairs a st
     "EMS no XTR": ("ems_tiny.gin", PAIR_BATCH + ["--gin.XTR_WEIGHT=0.0"]),
     "EMS no contrastive": ("ems_tiny.gin", PAIR_BATCH + ["--gin.CONTRASTIVE_WEIGHT=0.0"]),
     "MPCL": ("mpcl_tiny.gin", []),
+    # the very batches of MPCL (32 groups x 4 views), one positive each (views paired 0-1, 2-3)
     "MPCL +Single": ("mpcl_single_tiny.gin", []),
-    # the same 32 groups x 4 views a step as MPCL, one positive each (views paired 0-1, 2-3)
-    "MPCL +Single same sentences": ("mpcl_tiny.gin", ["--gin.POSITIVES='one'"]),
+    # 64 groups x 2 views: as many sentences a step, twice the meanings
+    "MPCL +Single 64 pairs": ("ablations/mpcl_single_pairs_tiny.gin", []),
     "MPCL all anchors": ("mpcl_tiny.gin", ["--gin.ANCHORS='all'"]),
-    "MPCL +Single same sentences all anchors": (
-        "mpcl_tiny.gin", ["--gin.POSITIVES='one'", "--gin.ANCHORS='all'"]),
+    "MPCL +Single all anchors": ("mpcl_single_tiny.gin", ["--gin.ANCHORS='all'"]),
     "MPCL no rescaling": ("mpcl_tiny.gin", ["--gin.RESCALE_SIMILARITIES=False"]),
     "MPCL +Single no rescaling": ("mpcl_single_tiny.gin", ["--gin.RESCALE_SIMILARITIES=False"]),
+    "MPCL +Single 64 pairs no rescaling": ("ablations/mpcl_single_pairs_tiny.gin",
+                                           ["--gin.RESCALE_SIMILARITIES=False"]),
 }
 
 

@@ -217,7 +217,8 @@ def test_real_nway_corpora_are_aligned():
   assert sum(bool(r[0] and r[1]) for r in rows) > 0.99 * len(rows)   # de, en in every year
 
 
-MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.gin"]
+MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.gin",
+              "ablations/mpcl_single_pairs_tiny.gin"]
 
 
 @pytest.mark.parametrize("name", MPCL_FILES)
@@ -227,7 +228,8 @@ def test_every_mpcl_file_builds_and_takes_a_step(name):
       name, ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
              "VOCAB_SIZE = 40", "MAX_LENGTH = 8", "BATCH_SIZE = 4"],
       lambda m, b: _views_batch(b=b, v=m.num_views))
-  assert model.num_views == (2 if "single" in name else 4)
+  assert model.num_views == (2 if "pairs" in name else 4)
+  assert model.positives == ("one" if "single" in name and "pairs" not in name else "all")
   assert np.isfinite(float(metrics["loss"].compute()))
 
 
