@@ -60,6 +60,11 @@ def parse_args(argv):
   p.add_argument("--geometry_n", type=int, default=1000)
   p.add_argument("--transfer_languages", default=",".join(harness.transfer.XNLI_LANGS))
   p.add_argument("--transfer_source", default="en")
+  p.add_argument("--dev_sets", default=",".join(harness.devsets.DEFAULT_DEV_SETS),
+                 help="task dev: dev sets carved from the training data (vmx/data/devsets.py)")
+  p.add_argument("--dev_max_sentences", type=int, default=1000,
+                 help="task dev: the first N sentences of each set (0: all)")
+  p.add_argument("--dev_languages", default="", help="task dev: a subset of the languages")
   p.add_argument("--batch_size", type=int, default=256)
   p.add_argument("--no_plots", action="store_true")
   p.add_argument("--no_progress", action="store_true")
@@ -80,7 +85,8 @@ def parse_args(argv):
       sts17_dir=args.sts17_dir, sts17_gs_dir=args.sts17_gs_dir, retrieval_dirs=args.retrieval_dir,
       geometry_files=geo, geometry_n=args.geometry_n,
       transfer_languages=_list(args.transfer_languages), transfer_source=args.transfer_source,
-      plots=not args.no_plots, progress=not args.no_progress)
+      dev_sets=_list(args.dev_sets), dev_max_sentences=args.dev_max_sentences or None,
+      dev_languages=_list(args.dev_languages) or None, plots=not args.no_plots, progress=not args.no_progress)
   try:
     tasks = harness.resolve_tasks(args.suite, _list(args.tasks))
   except ValueError as e:

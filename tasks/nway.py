@@ -16,7 +16,7 @@ import gin
 
 from vmx.data import download, readers, tasks as vtasks
 from vmx.data.download import DataError
-from tasks.parallel import languages_key
+from tasks.parallel import held_out, languages_key
 
 WMT_YEARS = (2008, 2009, 2010, 2011, 2012, 2013)
 NWAY_CORPORA = ("tico19-multiway", "wmt-newstest-multiway", "bible-verses")
@@ -88,24 +88,29 @@ def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = g
               vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
               data_dir: Optional[str] = None,
               shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
-              validation_percent: int = vtasks.VALIDATION_PERCENT) -> str:
+              validation_percent: int = vtasks.VALIDATION_PERCENT,
+              holdout: Sequence[str] = ()) -> str:
   """Registers the MPCL task of an N-way corpus, `<corpus>.views<V>.<languages>`:
-  `num_views` translations per example (languages None: every language of the file)."""
+  `num_views` translations per example (languages None: every language of the file).
+  `holdout`: dev sets whose sentences' groups are dropped (name + `.minus_<sets>`)."""
   langs, rows = nway_groups(corpus, languages, data_dir)
   key = "all" if languages is None else languages_key(langs, every=())
-  return vtasks.register_nway_task(f"{corpus.replace('-', '_')}.views{num_views}.{key}",
-                                   langs, rows, vocabulary, num_views, shuffle_buffer_size,
-                                   validation_percent)
+  h, suffix = held_out(holdout, data_dir, "tasks.nway_task")
+  return vtasks.register_nway_task(
+      f"{corpus.replace('-', '_')}.views{num_views}.{key}{suffix}", langs, rows, vocabulary,
+      num_views, shuffle_buffer_size, validation_percent, h)
 
 
 @gin.configurable(module="tasks")
 def nway_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
                  num_views: int = gin.REQUIRED, alpha: float = 1.0,
                  data_dir: Optional[str] = None,
-                 validation_percent: int = vtasks.VALIDATION_PERCENT) -> str:
+                 validation_percent: int = vtasks.VALIDATION_PERCENT,
+                 holdout: Sequence[str] = ()) -> str:
   """Several N-way corpora {corpus: languages} mixed with p ∝ groups^alpha."""
   names = [nway_task(c, langs, vocabulary, num_views, data_dir,
-                     validation_percent=validation_percent) for c, langs in corpora.items()]
+                     validation_percent=validation_percent, holdout=holdout)
+           for c, langs in corpora.items()]
   if len(names) == 1:
     return names[0]
   key = vtasks.short_hash("|".join(names))

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from vmx.data import download, tasks as vtasks
+from vmx.data import devsets, download, tasks as vtasks
 from vmx.data.download import DataError
 
 
@@ -54,6 +54,15 @@ def languages_key(languages: Sequence[str], every: Sequence[str]) -> str:
   return f"{len(langs)}langs_{vtasks.short_hash(','.join(langs))}"
 
 
+def held_out(holdout: Sequence[str], data_dir: Optional[str], where: str):
+  """(devsets.HeldOut or None, task-name suffix): `holdout` names dev sets whose sentences
+  the tasks skip; their names carry `.minus_<sets>` (other data, another name)."""
+  if not holdout:
+    return None, ""
+  h = devsets.HeldOut(holdout, data_dir, where=f"{where}.holdout")
+  return h, ".minus_" + "_".join(h.names)
+
+
 @gin.configurable(module="tasks")
 def corpus_files(corpus: str, languages: Sequence[str], data_dir: Optional[str] = None
                  ) -> list[tuple[str, str, str]]:
@@ -88,25 +97,27 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
                      empty_lines: str = "error",
                      shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
                      validation_percent: int = vtasks.VALIDATION_PERCENT,
-                     lazy: bool = False) -> str:
+                     lazy: bool = False, holdout: Sequence[str] = ()) -> str:
   """Registers one pair task per language (xx -> pivot), `<corpus>.<xx>_<pivot>`, and
   their mixture `<corpus>.mix_<languages>_a<alpha>` (`languages_key`); returns its name.
 
   Languages are sampled with p ∝ n^alpha (n = training pairs per language).
   `model_languages` fixes the language ids (index in that list). Names do not depend
   on the vocabulary: registering again (another run's vocabulary) replaces the tasks.
-  `lazy`: files are validated and counted on first use instead of now.
+  `lazy`: files are validated and counted on first use instead of now. `holdout`: dev
+  sets (`vmx.data.devsets`) whose sentences are skipped; names end in `.minus_<sets>`.
   """
   c = _corpus(corpus)
   prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
+  h, suffix = held_out(holdout, data_dir, "tasks.parallel_mixture")
   names = []
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
-    source = vtasks.moses_source(src, piv, empty_lines, validation_percent)
+    source = vtasks.moses_source(src, piv, empty_lines, validation_percent, h)
     names.append(vtasks.register_pair_task(
-        f"{prefix}.{lang}_{c.pivot}", source, lang, c.pivot, vocabulary, model_languages,
-        shuffle_buffer_size))
+        f"{prefix}.{lang}_{c.pivot}{suffix}", source, lang, c.pivot, vocabulary,
+        model_languages, shuffle_buffer_size))
   key = languages_key(languages, corpus_languages(corpus))
-  return vtasks.register_mixture(f"{prefix}.mix_{key}_a{alpha}", names, alpha, lazy)
+  return vtasks.register_mixture(f"{prefix}.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
 
 
 def _checked(source):
@@ -119,11 +130,14 @@ def _checked(source):
 def moses_task(name: str, source_file: str, target_file: str, source_language: str,
                target_language: str, vocabulary: str, model_languages: Sequence[str],
                empty_lines: str = "error",
-               validation_percent: int = vtasks.VALIDATION_PERCENT) -> str:
-  """A pair task over any two aligned line files."""
+               validation_percent: int = vtasks.VALIDATION_PERCENT,
+               holdout: Sequence[str] = (), data_dir: Optional[str] = None) -> str:
+  """A pair task over any two aligned line files (`holdout`: dev sets to skip, read
+  from `data_dir`)."""
+  h, _ = held_out(holdout, data_dir, "tasks.moses_task")
   return vtasks.register_pair_task(
       name, _checked(vtasks.moses_source(source_file, target_file, empty_lines,
-                                         validation_percent)),
+                                         validation_percent, h)),
       source_language, target_language, vocabulary, model_languages)
 
 
@@ -131,10 +145,12 @@ def moses_task(name: str, source_file: str, target_file: str, source_language: s
 def tsv_task(name: str, path: str, source_language: str, target_language: str,
              vocabulary: str, model_languages: Sequence[str], columns: Sequence[int] = (0, 1),
              empty_lines: str = "error",
-             validation_percent: int = vtasks.VALIDATION_PERCENT) -> str:
-  """A pair task over a `source<TAB>target` file."""
+             validation_percent: int = vtasks.VALIDATION_PERCENT,
+             holdout: Sequence[str] = (), data_dir: Optional[str] = None) -> str:
+  """A pair task over a `source<TAB>target` file (`holdout` as in `moses_task`)."""
+  h, _ = held_out(holdout, data_dir, "tasks.tsv_task")
   return vtasks.register_pair_task(
-      name, _checked(vtasks.tsv_source(path, columns, empty_lines, validation_percent)),
+      name, _checked(vtasks.tsv_source(path, columns, empty_lines, validation_percent, h)),
       source_language, target_language, vocabulary, model_languages)
 
 
@@ -145,15 +161,17 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
                         disjoint_pairs: bool = False,
                         shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
                         validation_percent: int = vtasks.VALIDATION_PERCENT,
-                        lazy: bool = False) -> str:
+                        lazy: bool = False, holdout: Sequence[str] = ()) -> str:
   """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
   task per language (its side of the xx-pivot pairs), `<corpus>.mono_<xx>`, and, with
   `pivot`, one for the pivot language (the pivot side of every pair),
   `<corpus>.mono_<pivot>.<languages>`; languages sampled with p ∝ n^alpha (n = lines).
   `disjoint_pairs` (EMMA-X's non-parallel text): the xx side of the even pairs and the
   pivot side of the odd ones, so that no pair gives both of its sides (names end in
-  `_even` / `_odd`). Returns the mixture name, `<corpus>.mono_mix_<languages>_a<alpha>`."""
+  `_even` / `_odd`). `holdout`: as in `parallel_mixture`. Returns the mixture name,
+  `<corpus>.mono_mix_<languages>_a<alpha>`."""
   c = _corpus(corpus)
+  h, hsuffix = held_out(holdout, data_dir, "tasks.monolingual_mixture")
   prefix = corpus.replace("-", "_")
   key = languages_key(languages, corpus_languages(corpus))
   files = corpus_files(corpus, languages, data_dir)
@@ -165,8 +183,8 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
     parity = None if not disjoint_pairs else int(lang == c.pivot and pivot)
     suffix = "" if parity is None else ("_even", "_odd")[parity]
     names.append(vtasks.register_text_task(
-        name + suffix, vtasks.text_source(paths, parity, validation_percent), vocabulary,
-        shuffle_buffer_size))
+        name + suffix + hsuffix, vtasks.text_source(paths, parity, validation_percent, h),
+        vocabulary, shuffle_buffer_size))
   variant = ("" if pivot else "_nopivot") + ("_disjoint" if disjoint_pairs else "")
-  return vtasks.register_mixture(f"{prefix}.mono_mix_{key}{variant}_a{alpha}", names, alpha,
-                                 lazy)
+  return vtasks.register_mixture(f"{prefix}.mono_mix_{key}{variant}_a{alpha}{hsuffix}", names,
+                                 alpha, lazy)

@@ -11,7 +11,8 @@ Splits: every text source has a `train` and a `validation` split. An example is 
 `validation` when the FarmHash fingerprint of its text falls in the first
 `validation_percent` (default 1) of 100 buckets: the split is by content, so it does not
 depend on file order, and a repeated pair is on one side only. `validation_percent=0`
-gives a `train` split of every example and no `validation` split.
+gives a `train` split of every example and no `validation` split. Sources given
+`holdout` (a `devsets.HeldOut`) skip every example with a sentence of those dev sets.
 
 Caching: pair and monolingual tasks tokenize before a `seqio.CacheDatasetPlaceholder`
 (what follows it, language ids and truncation, depends on the run), so seqio's offline
@@ -25,13 +26,13 @@ import functools
 import hashlib
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import seqio
 import tensorflow as tf
 
-from vmx.data import readers
+from vmx.data import devsets, readers
 from vmx.data.download import DataError
 
 DEFAULT_SHUFFLE_BUFFER = 20_000
@@ -78,13 +79,17 @@ class SplitSource(seqio.FunctionDataSource):
   """
 
   def __init__(self, make_dataset, key, check, validation_percent: int = VALIDATION_PERCENT,
-               description: str = "source", paths: Sequence[str] = (), kind: str = ""):
+               description: str = "source", paths: Sequence[str] = (), kind: str = "",
+               holdout: Optional[devsets.HeldOut] = None):
     if (isinstance(validation_percent, bool) or not isinstance(validation_percent, int)
         or not 0 <= validation_percent < 100):
       raise DataError(f"{description}: validation_percent={validation_percent!r}; expected an "
                       f"integer in [0, 100) (the share of examples held out as `validation`)")
-    self._make, self._key, self._check = make_dataset, key, check
-    self._paths, self._kind = [str(p) for p in paths], kind
+    self._check = check
+    self._make = _without_held_out(make_dataset, holdout) if holdout else make_dataset
+    self._key = key
+    self._paths = [str(p) for p in paths]
+    self._kind = f"{kind}:holdout={holdout.key}" if holdout else kind
     self.validation_percent = validation_percent
     self.description = description
     self._counts = None
@@ -131,9 +136,32 @@ def _pair_key(ex):
   return tf.strings.join([ex["inputs"], ex["targets"]], "\t")
 
 
+def _text_fingerprint(text: tf.Tensor) -> tf.Tensor:
+  return tf.strings.to_hash_bucket_fast(tf.strings.strip(text), 1 << 62)
+
+
+def _without_held_out(make_dataset, holdout: devsets.HeldOut):
+  """`make_dataset` minus the examples with a sentence of the held-out dev sets (by the
+  FarmHash fingerprint of each stripped text feature)."""
+  def make():
+    sentences = sorted(holdout.sentences())
+    keys = _text_fingerprint(tf.constant(sentences or [""], tf.string))
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(keys, tf.ones_like(keys)), default_value=0)
+
+    def keep(ex):
+      hits = [table.lookup(_text_fingerprint(v)) for k, v in ex.items()
+              if k in ("inputs", "targets")]
+      return tf.equal(tf.add_n(hits), 0)
+    return make_dataset().filter(keep)
+  return make
+
+
 def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
-                 validation_percent: int = VALIDATION_PERCENT) -> SplitSource:
-  """Aligned line files; validated (line counts, empty lines, UTF-8) on first use."""
+                 validation_percent: int = VALIDATION_PERCENT,
+                 holdout: Optional[devsets.HeldOut] = None) -> SplitSource:
+  """Aligned line files; validated (line counts, empty lines, UTF-8) on first use.
+  `holdout`: dev sets whose sentences the source skips."""
   def make():
     ds = tf.data.Dataset.zip({"inputs": _text_lines(src_path), "targets": _text_lines(tgt_path)})
     return ds.filter(_drop_empty) if empty_lines == "skip" else ds
@@ -141,11 +169,12 @@ def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
   return SplitSource(make, _pair_key,
                      lambda: readers.validate_parallel(src_path, tgt_path, empty_lines),
                      validation_percent, f"{src_path} + {tgt_path}", [src_path, tgt_path],
-                     f"moses:{empty_lines}")
+                     f"moses:{empty_lines}", holdout)
 
 
 def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "error",
-               validation_percent: int = VALIDATION_PERCENT) -> SplitSource:
+               validation_percent: int = VALIDATION_PERCENT,
+               holdout: Optional[devsets.HeldOut] = None) -> SplitSource:
   """`source<TAB>target` lines (columns configurable); validated on first use."""
   columns = tuple(columns)
 
@@ -158,11 +187,13 @@ def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "e
     return ds.filter(_drop_empty) if empty_lines == "skip" else ds
 
   return SplitSource(make, _pair_key, lambda: readers.validate_tsv(path, columns, empty_lines),
-                     validation_percent, str(path), [path], f"tsv:{columns}:{empty_lines}")
+                     validation_percent, str(path), [path], f"tsv:{columns}:{empty_lines}",
+                     holdout)
 
 
 def text_source(paths: Sequence[str], line_parity: int | None = None,
-                validation_percent: int = VALIDATION_PERCENT) -> SplitSource:
+                validation_percent: int = VALIDATION_PERCENT,
+                holdout: Optional[devsets.HeldOut] = None) -> SplitSource:
   """Monolingual text: the non-empty lines of one or more files as `inputs` (validated
   on first use: UTF-8, at least one line per file). `line_parity` 0 or 1 keeps only the
   even or odd lines of each file (line numbers from 0, empty lines counted): two sides
@@ -190,7 +221,7 @@ def text_source(paths: Sequence[str], line_parity: int | None = None,
 
   return SplitSource(make, lambda ex: ex["inputs"], check, validation_percent,
                      ", ".join(paths[:3]) + (" …" if len(paths) > 3 else ""), paths,
-                     f"text:{line_parity}")
+                     f"text:{line_parity}", holdout)
 
 
 def add_language_ids(dataset: tf.data.Dataset, src_lang_id: int, tgt_lang_id: int):
@@ -340,10 +371,13 @@ def nway_split(row: Sequence[str], validation_percent: int) -> str:
 
 
 def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
-                validation_percent: int = VALIDATION_PERCENT) -> seqio.FunctionDataSource:
+                validation_percent: int = VALIDATION_PERCENT,
+                holdout: Optional[devsets.HeldOut] = None) -> seqio.FunctionDataSource:
   """N-way groups as string vectors `texts` [N] ("" = language missing): `train` repeats
-  without end, `validation` is one pass; groups with fewer than `min_views` languages
-  are dropped here."""
+  without end, `validation` is one pass; groups with fewer than `min_views` languages,
+  and (`holdout`) groups with a sentence of those dev sets, are dropped here."""
+  if holdout:
+    rows = [r for r in rows if holdout.keeps(r)]
   kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
   if not kept:
     raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
@@ -394,13 +428,14 @@ def pad_views(dataset: tf.data.Dataset, sequence_length):
 
 def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: str,
                        num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
-                       validation_percent: int = VALIDATION_PERCENT) -> str:
+                       validation_percent: int = VALIDATION_PERCENT,
+                       holdout: Optional[devsets.HeldOut] = None) -> str:
   """Registers a task of N-way groups yielding `views` [num_views, L] token ids."""
   vocab = seqio_vocabulary(vocab_path)
   features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(
-      name, source=nway_source(languages, rows, num_views, validation_percent),
+      name, source=nway_source(languages, rows, num_views, validation_percent, holdout),
       preprocessors=[functools.partial(sample_views, num_views=num_views),
                      seqio.preprocessors.tokenize, pad_views],
       output_features=features, shuffle_buffer_size=shuffle_buffer_size)

@@ -29,8 +29,9 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from vmx import storage
+from vmx.data import devsets
 from vmx.data.download import DataError
-from vmx.evaluation import bucc, common, geometry, retrieval, sts, tatoeba, transfer
+from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
 
 VMX_VERSION = "0.1.0"
 
@@ -49,6 +50,9 @@ class EvalConfig:
   geometry_cov: str = "diag"
   transfer_languages: Sequence[str] = transfer.XNLI_LANGS
   transfer_source: str = "en"
+  dev_sets: Sequence[str] = devsets.DEFAULT_DEV_SETS   # vmx.data.devsets
+  dev_max_sentences: Optional[int] = 1000
+  dev_languages: Optional[Sequence[str]] = None    # file codes or ISO 639-3; default all
   plots: bool = True
   progress: bool = True
 
@@ -87,6 +91,9 @@ TASKS: dict[str, Callable] = {
     "geometry": lambda e, c, x: geometry.evaluate(e, c.geometry_files, c.geometry_n,
                                                   c.geometry_cov, c.data_dir, c.progress,
                                                   files=x["files"]),
+    # the model's languages bound the dev languages only if the model reads language ids
+    "dev": lambda e, c, x: dev.evaluate(e, c.dev_sets, c.data_dir, c.dev_max_sentences,
+                                        c.dev_languages, x.get("id_languages"), c.progress),
     "xnli_transfer": lambda e, c, x: transfer.evaluate(
         e, languages=c.transfer_languages, source=c.transfer_source, data_dir=c.data_dir,
         progress=c.progress, files=x["files"]),
@@ -96,6 +103,7 @@ LOWER_IS_BETTER = {"geometry"}
 
 SUITES = {
     "tatoeba": ("tatoeba",),
+    "dev": ("dev",),              # model selection: retrieval on the dev sets only
     "mining": ("tatoeba", "bucc"),
     "sts": ("sts12-16", "stsb"),
     "quick": ("tatoeba", "stsb", "geometry"),
@@ -166,6 +174,7 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
   encode = common.as_encode_fn(encoder, progress=None if cfg.progress else False)
   model = model_info or {"name": common.model_name(encoder), "revision": None}
   ctx_langs = getattr(encoder, "languages", None)
+  reads_ids = getattr(getattr(encoder, "model", None), "uses_languages", False)
   out = storage.path(output_dir) if output_dir else None
   if out:
     out.mkdir(parents=True, exist_ok=True)
@@ -175,7 +184,8 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
     t0 = time.time()
     print(f"[vmx eval] {name} ...", flush=True)
     try:
-      res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs})
+      res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs,
+                                         "id_languages": ctx_langs if reads_ids else None})
     except (DataError, ValueError, OSError) as e:
       errors[name] = f"{type(e).__name__}: {e}"
       print(f"[vmx eval] {name} FAILED: {errors[name]}", flush=True)
@@ -218,6 +228,9 @@ def _details(r: dict) -> str:
     parts += [f"{k} ({v['n_languages']}) {v['mean']:.2f}" for k, v in g.items()
               if v["n_languages"] and k != "head"]     # head = xtreme36 here
     return "; ".join(parts)
+  if name == "dev":
+    return ", ".join(f"{k} {v:.2f}" for k, v in r["sets"].items()) + (
+        f" (first {r['max_sentences']} sentences)" if r.get("max_sentences") else "")
   if name == "sts12-16":
     return f"VMSST Pearson {r['vmsst_pearson']:.2f}, SBERT Spearman {r['sbert_spearman']:.2f}"
   subsets = next(iter(r["scores"].values()))

@@ -27,7 +27,8 @@ import contextlib
 import difflib
 import os
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+import warnings
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import flax
 import gin
@@ -38,7 +39,7 @@ import optax
 from clu import metrics as clu_metrics
 
 from vmx import storage
-from vmx.data import pipeline
+from vmx.data import devsets, pipeline
 from vmx.data.vocab import copy_any_vocabulary, load_tokenizer
 from vmx.errors import ConfigError, NonFiniteError
 from vmx.gin_utils import check_range, positive_int
@@ -67,6 +68,64 @@ class TatoebaEvalConfig:
                 "a positive integer")
     self.languages, self.data_dir = list(languages), data_dir
     self.english, self.batch_size = english, batch_size
+
+
+@gin.configurable
+class HarnessEvalConfig:
+  """Periodic evaluation during training with any tasks of the evaluation harness
+  (`vmx.evaluation.harness`, e.g. ['dev'] for the dev sets carved from the training data,
+  or ['dev', 'tatoeba', 'stsb']). Scalars written (and nameable by `train.best_metric`):
+  `<task>/main_score` for each task, `<task>/<subset>` for each of its subsets (e.g.
+  `dev/tico19/pt_BR`, `tatoeba/deu-eng`), and `dev/<set>` for each dev set. Tatoeba and
+  dev default to the model's languages; the other fields are harness.EvalConfig's."""
+
+  def __init__(self, tasks: Sequence[str] = ("dev",), data_dir: Optional[str] = None,
+               tatoeba_languages: Optional[Sequence[str]] = None,
+               dev_sets: Optional[Sequence[str]] = None, dev_max_sentences: Optional[int] = 1000,
+               dev_languages: Optional[Sequence[str]] = None, batch_size: int = 256):
+    from vmx.evaluation import harness
+    check_range(positive_int(batch_size), "HarnessEvalConfig", "batch_size", batch_size,
+                "a positive integer")
+    try:
+      self.tasks = harness.resolve_tasks(None, list(tasks))
+    except ValueError as e:
+      raise ConfigError(f"HarnessEvalConfig.tasks: {e}") from None
+    extra = {} if dev_sets is None else {"dev_sets": devsets.check_names(
+        dev_sets, "HarnessEvalConfig.dev_sets")}
+    self.config = harness.EvalConfig(
+        data_dir=data_dir, tatoeba_languages=tatoeba_languages,
+        dev_max_sentences=dev_max_sentences, dev_languages=dev_languages, plots=False,
+        progress=False, **extra)
+    self.batch_size = batch_size
+
+  def metric_names(self) -> list[str]:
+    """The scalars known before the run (subsets depend on the data and the model)."""
+    names = [f"{t}/main_score" for t in self.tasks]
+    if "dev" in self.tasks:
+      names += [f"dev/{s}" for s in self.config.dev_sets]
+    return names
+
+  def run(self, encoder) -> tuple[dict, str]:
+    """(scalars, a one-line summary)."""
+    import io
+    from vmx.evaluation import harness
+    # Quiet: the harness's per-task lines, and truncation at the run's MAX_LENGTH (the
+    # same at every evaluation, so it does not bias the comparison between steps).
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message=r".*longer than the model's max_length")
+      results = harness.run(encoder, config=self.config, tasks=self.tasks)
+    scalars, parts = {}, []
+    for task, r in results.items():
+      scalars[f"{task}/main_score"] = r["main_score"]
+      for subs in r["scores"].values():
+        for sub in subs:
+          scalars[f"{task}/{sub['hf_subset']}"] = sub["main_score"]
+      for name, v in r.get("sets", {}).items():
+        scalars[f"dev/{name}"] = v
+      parts.append(f"{task} {r['main_score']:.2f}" + (
+          " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["sets"].items()) + ")"
+          if r.get("sets") else ""))
+    return scalars, "; ".join(parts)
 
 
 @gin.configurable
@@ -354,7 +413,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           learning_rate: Optional[Callable] = None,
           partitioner: Optional[partitioning.Partitioner] = None,
           checkpoint_cfg: Optional[checkpoints.CheckpointConfig] = None,
-          eval_cfg: Optional[TatoebaEvalConfig] = None, eval_period: int = 1000,
+          eval_cfg: Union[None, TatoebaEvalConfig, HarnessEvalConfig] = None,
+          eval_period: int = 1000,
           log_period: int = 50, random_seed: int = 0, progress: bool = True,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
           initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None,
@@ -457,21 +517,38 @@ def train(*, model: BaseModel = gin.REQUIRED,
   encoder = (Encoder(model, None, load_tokenizer(vocabulary), languages, max_length,
                      eval_cfg.batch_size) if eval_cfg is not None else None)
 
+  timer = {"eval_s": 0.0, "start": time.time()}
+
   def evaluate(step):
     if eval_cfg is None:
       return {}
-    from vmx.evaluation import tatoeba
+    t0 = time.time()
     encoder.params = host_params(state.params)
     # Several processes: each evaluates the gathered parameters on its own first device.
     with (partitioner.context() if jax.process_count() == 1 else contextlib.nullcontext()):
-      res = tatoeba.evaluate(lambda s, l: encoder.encode(s, lang=l), eval_cfg.languages,
-                             eval_cfg.data_dir, eval_cfg.english)
-    scalars = {f"tatoeba/{l}": r["mean"] for l, r in res["languages"].items()}
-    scalars["tatoeba/mean"] = res["mean"]["mean"]
+      if isinstance(eval_cfg, HarnessEvalConfig):
+        scalars, line = eval_cfg.run(encoder)
+      else:
+        from vmx.evaluation import tatoeba
+        res = tatoeba.evaluate(lambda s, l: encoder.encode(s, lang=l), eval_cfg.languages,
+                               eval_cfg.data_dir, eval_cfg.english)
+        scalars = {f"tatoeba/{l}": r["mean"] for l, r in res["languages"].items()}
+        scalars["tatoeba/mean"] = res["mean"]["mean"]
+        per_lang = ", ".join(f"{l} {r['mean']:.1f}" for l, r in res["languages"].items())
+        line = f"tatoeba mean {res['mean']['mean']:.2f} ({per_lang})"
+    seconds = time.time() - t0
+    timer["eval_s"] += seconds
+    # Evaluation's share of this process's wall time so far (what EVAL_PERIOD trades).
+    share = 100.0 * timer["eval_s"] / max(time.time() - timer["start"], 1e-9)
+    scalars["eval/seconds"] = seconds
     writer.write_scalars(step, scalars)
-    per_lang = ", ".join(f"{l} {r['mean']:.1f}" for l, r in res["languages"].items())
-    _print(f"[vmx] step {step}: tatoeba mean {res['mean']['mean']:.2f} ({per_lang})")
+    _print(f"[vmx] step {step}: {line} [{seconds:.1f} s; evaluation {share:.1f}% of the run's "
+           f"time so far]")
     if best is not None:
+      if best_metric not in scalars:   # a subset name, checked against the first results
+        close = difflib.get_close_matches(str(best_metric), list(scalars), n=1)
+        raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
+                          f"evaluation" + (f"; did you mean {close[0]!r}?" if close else ""))
       before = best.record
       if best.update(step, scalars[best_metric], state.params):
         was = (f"; was {before['value']:.2f} at step {before['step']}" if before else "")
@@ -578,10 +655,12 @@ def train(*, model: BaseModel = gin.REQUIRED,
   return state, last
 
 
-def eval_metric_names(eval_cfg: Optional[TatoebaEvalConfig]) -> list[str]:
+def eval_metric_names(eval_cfg) -> list[str]:
   """The scalars a periodic evaluation writes (what train.best_metric may name)."""
   if eval_cfg is None:
     return []
+  if isinstance(eval_cfg, HarnessEvalConfig):
+    return eval_cfg.metric_names()
   return ["tatoeba/mean"] + [f"tatoeba/{l}" for l in eval_cfg.languages]
 
 
@@ -591,8 +670,11 @@ def check_best_metric(best_metric, eval_cfg, eval_period):
   names = eval_metric_names(eval_cfg)
   if not names or not eval_period:
     raise ConfigError(f"train.best_metric={best_metric!r} needs periodic evaluation: set "
-                      "train.eval_cfg (TatoebaEvalConfig) and EVAL_PERIOD > 0")
-  if best_metric not in names:
+                      "train.eval_cfg (TatoebaEvalConfig or HarnessEvalConfig) and "
+                      "EVAL_PERIOD > 0")
+  if best_metric not in names and not (
+      isinstance(eval_cfg, HarnessEvalConfig)
+      and any(str(best_metric).startswith(f"{t}/") for t in eval_cfg.tasks)):
     close = difflib.get_close_matches(str(best_metric), names, n=1)
     raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
                       f"evaluation ({', '.join(names[:8])}"

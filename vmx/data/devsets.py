@@ -1,0 +1,148 @@
+"""Dev sets carved from the training corpora, and the sentences training must then skip.
+
+A dev set is N-way parallel text with English: every language's sentence i translates
+English sentence i. Model selection (recipe sweeps, `train.best_metric`) reads these,
+never a test set:
+
+  newstest2013  train/wmt-newstest-multiway/2013/newstest2013.<xx>.gz, all 3,000 lines,
+                cs de es fr ru <-> en (news). The merged train/wmt-newstest pairs hold
+                this year too: training with `holdout=['newstest2013']` drops them.
+  tico19        train/tico19-multiway/tico19.<xx>.gz, lines 1-1,000 of 2,100 (a block,
+                so that documents stay on one side), 38 language variants <-> en
+                (COVID-19 texts; many long-tail languages).
+
+The Bible verses have no English side and are not a dev set here.
+
+`holdout=[names]` on the training tasks (`tasks.parallel_mixture`,
+`tasks.monolingual_mixture`, `tasks.nway_mixture`, ...) drops every training example
+that contains a sentence of those dev sets, in any of their languages (compared after
+stripping whitespace), so a dev sentence never reaches training through any corpus.
+No TensorFlow here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Optional, Sequence
+
+from vmx.data import download, readers
+from vmx.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class DevSet:
+  """N-way line files `pattern.format(lang=...)`; lines [start, stop) are the dev set."""
+  pattern: str
+  languages: tuple[str, ...]
+  english: str = "en"
+  start: int = 0
+  stop: Optional[int] = None
+  description: str = ""
+
+
+TICO19_LANGUAGES = (
+    "am", "ar", "bn", "ckb", "din", "es_LA", "fa", "fr", "fuv", "ha", "hi", "id", "km", "kr",
+    "ku", "lg", "ln", "mr", "ms", "my", "ne", "nus", "om", "prs", "ps", "pt_BR", "ru", "rw",
+    "so", "sw", "ta", "ti", "ti_ER", "ti_ET", "tl", "ur", "zh", "zu")
+
+DEV_SETS = {
+    "newstest2013": DevSet("train/wmt-newstest-multiway/2013/newstest2013.{lang}.gz",
+                           ("cs", "de", "es", "fr", "ru"),
+                           description="WMT newstest 2013, 3,000 news sentences"),
+    "tico19": DevSet("train/tico19-multiway/tico19.{lang}.gz", TICO19_LANGUAGES, stop=1000,
+                     description="TICO-19, its first 1,000 of 2,100 sentences"),
+}
+DEFAULT_DEV_SETS = ("newstest2013", "tico19")
+
+# The file codes of the dev sets -> the ISO 639-3 codes vmx models are trained with (those
+# of tatoeba-challenge where it has the language); codes not listed are kept.
+ISO3 = {
+    "am": "amh", "ar": "ara", "bn": "ben", "cs": "ces", "de": "deu", "en": "eng",
+    "es": "spa", "es_LA": "spa", "fa": "pes", "fr": "fra", "ha": "hau", "hi": "hin",
+    "id": "ind", "km": "khm", "kr": "kau", "ku": "kur", "lg": "lug", "ln": "lin", "mr": "mar",
+    "ms": "zsm", "my": "mya", "ne": "nep", "om": "orm", "ps": "pus", "pt_BR": "por",
+    "ru": "rus", "rw": "kin", "so": "som", "sw": "swh", "ta": "tam", "ti": "tir",
+    "ti_ER": "tir", "ti_ET": "tir", "tl": "tgl", "ur": "urd", "zh": "cmn", "zu": "zul",
+}
+
+
+def dev_set(name: str) -> DevSet:
+  if name not in DEV_SETS:
+    raise DataError(f"unknown dev set {name!r}; known: {', '.join(DEV_SETS)}")
+  return DEV_SETS[name]
+
+
+def check_names(names: Sequence[str], where: str) -> list[str]:
+  """The names as a list; an unknown one is an error naming `where` (a gin binding)."""
+  if isinstance(names, str):
+    names = [names]
+  unknown = [n for n in names if n not in DEV_SETS]
+  if unknown:
+    raise DataError(f"{where}: unknown dev set(s) {unknown}; known: {', '.join(DEV_SETS)}")
+  return list(names)
+
+
+def read(name: str, data_dir: Optional[str] = None, languages: Optional[Sequence[str]] = None,
+         max_sentences: Optional[int] = None) -> tuple[dict[str, list[str]], list[str]]:
+  """({lang: sentences}, english sentences), line i of each translating English line i.
+
+  `languages`: a subset of the set's file codes (default all); `max_sentences`: the first
+  that many lines of the dev block. A language missing from the data is an error.
+  """
+  d = dev_set(name)
+  langs = list(d.languages if languages is None else languages)
+  bad = [l for l in langs if l not in d.languages]
+  if bad:
+    raise DataError(f"dev set {name}: no language(s) {bad}; it has {', '.join(d.languages)}")
+  paths = {}
+  for lang in langs + [d.english]:
+    rel = d.pattern.format(lang=lang)
+    if not download.available(rel, data_dir):
+      raise DataError(f"dev set {name}: missing file {rel} (set VMX_DATA_DIR to the data)")
+    paths[lang] = download.resolve(rel, data_dir)
+  order, rows = readers.read_nway_lines(paths)
+  stop = d.stop if max_sentences is None else min(d.start + max_sentences, d.stop or 1 << 62)
+  rows = rows[d.start:stop]
+  cols = {l: [r[i] for r in rows] for i, l in enumerate(order)}
+  return {l: cols[l] for l in langs}, cols[d.english]
+
+
+def held_out_sentences(names: Sequence[str], data_dir: Optional[str] = None) -> set[str]:
+  """Every sentence (stripped, non-empty) of the dev sets `names`, in every language."""
+  out = set()
+  for name in names:
+    langs, english = read(name, data_dir)
+    for sentences in list(langs.values()) + [english]:
+      out.update(s.strip() for s in sentences if s.strip())
+  return out
+
+
+class HeldOut:
+  """The dev sets a training source skips; their sentences are read on first use."""
+
+  def __init__(self, names: Sequence[str], data_dir: Optional[str] = None,
+               where: str = "holdout"):
+    self.names = check_names(names, where)
+    self.data_dir = data_dir
+    self._sentences = None
+
+  def __bool__(self):
+    return bool(self.names)
+
+  @property
+  def key(self) -> str:
+    """Names the exclusion in cached split counts."""
+    return "+".join(self.names)
+
+  def sentences(self) -> set[str]:
+    if self._sentences is None:
+      self._sentences = held_out_sentences(self.names, self.data_dir)
+    return self._sentences
+
+  def keeps(self, texts: Sequence[str]) -> bool:
+    """Whether an example with these texts may be trained on."""
+    s = self.sentences()
+    return not any(t.strip() in s for t in texts if t)
+
+  def fingerprint(self) -> str:
+    return hashlib.sha256("\n".join(sorted(self.sentences())).encode()).hexdigest()[:8]
