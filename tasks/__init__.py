@@ -19,8 +19,9 @@ Any other Moses or TSV corpus: `tasks.moses_task` / `tasks.tsv_task`.
 N-way corpora for MPCL (`tasks.nway_task`): tico19-multiway, wmt-newstest-multiway,
 bible-verses (see tasks/nway.py).
 """
-from tasks.parallel import (CORPORA, ParallelCorpus, corpus_files, corpus_languages,
-                            corpus_text_files, languages_key, monolingual_mixture, moses_task,
+from tasks.parallel import (CORPORA, ParallelCorpus, corpora_text_files, corpus_files,
+                            corpus_languages, corpus_text_files, languages_key,
+                            monolingual_mixture, moses_task, parallel_corpora_mixture,
                             parallel_mixture, tsv_task)
 from tasks.nway import (NWAY_CORPORA, nway_groups, nway_mixture, nway_mixture_text_files,
                         nway_task, nway_text_files)

@@ -107,17 +107,56 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
   `lazy`: files are validated and counted on first use instead of now. `holdout`: dev
   sets (`vmx.data.devsets`) whose sentences are skipped; names end in `.minus_<sets>`.
   """
-  c = _corpus(corpus)
-  prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
   h, suffix = held_out(holdout, data_dir, "tasks.parallel_mixture")
+  names = _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
+                      shuffle_buffer_size, validation_percent, h, suffix)
+  key = languages_key(languages, corpus_languages(corpus))
+  prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
+  return vtasks.register_mixture(f"{prefix}.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
+
+
+def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
+                shuffle_buffer_size, validation_percent, h, suffix) -> list[str]:
+  """Registers `<corpus>.<xx>_<pivot><suffix>` for each language; returns the names."""
+  c = _corpus(corpus)
+  prefix = corpus.replace("-", "_")
   names = []
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
     source = vtasks.moses_source(src, piv, empty_lines, validation_percent, h)
     names.append(vtasks.register_pair_task(
         f"{prefix}.{lang}_{c.pivot}{suffix}", source, lang, c.pivot, vocabulary,
         model_languages, shuffle_buffer_size))
-  key = languages_key(languages, corpus_languages(corpus))
-  return vtasks.register_mixture(f"{prefix}.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
+  return names
+
+
+@gin.configurable(module="tasks")
+def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
+                             model_languages: Sequence[str] = gin.REQUIRED,
+                             alpha: float = 0.3, data_dir: Optional[str] = None,
+                             empty_lines: str = "error",
+                             shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
+                             validation_percent: int = vtasks.VALIDATION_PERCENT,
+                             lazy: bool = False, holdout: Sequence[str] = ()) -> str:
+  """The pair tasks of several corpora ({corpus: languages}, e.g. tatoeba-challenge and
+  wmt-newstest) in one mixture, every (corpus, language) task sampled with p ∝ n^alpha:
+  `pairs.mix_<hash of the task names>_a<alpha>[.minus_<sets>]`. Other arguments as in
+  `parallel_mixture`; `model_languages` must hold every corpus's codes and pivot."""
+  if not isinstance(corpora, dict) or not corpora:
+    raise DataError(f"tasks.parallel_corpora_mixture.corpora={corpora!r}: expected a "
+                    f"non-empty {{corpus: [languages]}} dict (corpora: {', '.join(CORPORA)})")
+  h, suffix = held_out(holdout, data_dir, "tasks.parallel_corpora_mixture")
+  names = []
+  for corpus, languages in corpora.items():
+    names += _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir,
+                         empty_lines, shuffle_buffer_size, validation_percent, h, suffix)
+  key = vtasks.short_hash("|".join(names))
+  return vtasks.register_mixture(f"pairs.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
+
+
+@gin.configurable(module="tasks")
+def corpora_text_files(corpora=gin.REQUIRED, data_dir: Optional[str] = None) -> list[str]:
+  """`corpus_text_files` of every corpus of a `parallel_corpora_mixture`."""
+  return [f for c, langs in corpora.items() for f in corpus_text_files(c, langs, data_dir)]
 
 
 def _checked(source):

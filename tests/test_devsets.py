@@ -166,3 +166,35 @@ def test_real_dev_sets_and_their_hold_out_from_newstest_pairs():
   assert 2900 <= dropped <= 3100, dropped
   for ex in held.get_dataset("train").take(2000).as_numpy_iterator():
     assert not h.sentences() & {ex["inputs"].decode().strip(), ex["targets"].decode().strip()}
+
+
+def test_parallel_corpora_mixture_mixes_corpora_without_the_dev_sets(dev_data, toy_task):
+  """tatoeba-challenge and wmt-newstest pairs in one mixture (p ∝ n^alpha over every
+  (corpus, language) task), the held-out dev sentences dropped from both."""
+  from pathlib import Path
+  import seqio
+  import tasks
+  from vmx.data.download import DataError
+  vp = toy_task[1]
+  root = Path(dev_data) / "train"
+  write_lines(root / "tatoeba-challenge/deu-eng/train.deu.gz",
+              [f"hallo {i}" for i in range(6)], gz=True)
+  write_lines(root / "tatoeba-challenge/deu-eng/train.eng.gz",
+              [f"hello {i}" for i in range(6)], gz=True)
+  write_lines(root / "wmt-newstest/de-en/train.de.gz",
+              ["de satz 0", "neu 1", "neu 2"], gz=True)
+  write_lines(root / "wmt-newstest/de-en/train.en.gz", ["english 0", "new 1", "new 2"], gz=True)
+  name = tasks.parallel_corpora_mixture(
+      {"tatoeba-challenge": ["deu"], "wmt-newstest": ["de"]}, vp, ["deu", "eng", "de", "en"],
+      alpha=0.5, data_dir=dev_data, validation_percent=0, holdout=["newstest2013"])
+  assert name.startswith("pairs.mix_") and name.endswith("_a0.5.minus_newstest2013")
+  mix = seqio.get_mixture_or_task(name)
+  rates = {t.name: mix.get_rate(t) for t in mix.tasks}
+  assert set(rates) == {"tatoeba_challenge.deu_eng.minus_newstest2013",
+                        "wmt_newstest.de_en.minus_newstest2013"}
+  assert rates["tatoeba_challenge.deu_eng.minus_newstest2013"] / rates[
+      "wmt_newstest.de_en.minus_newstest2013"] == pytest.approx((6 / 2) ** 0.5)
+  assert tasks.corpora_text_files({"wmt-newstest": ["de"]}, dev_data) == [
+      str(root / "wmt-newstest/de-en/train.de.gz"), str(root / "wmt-newstest/de-en/train.en.gz")]
+  with pytest.raises(DataError, match=r"parallel_corpora_mixture.corpora=\[\]: expected"):
+    tasks.parallel_corpora_mixture([], vp, ["deu"])

@@ -79,8 +79,12 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
 
 @gin.configurable
 def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
-                    vocab_size: int = 32000, languages: Sequence[str] = ()) -> str:
+                    vocab_size: int = 32000, languages: Sequence[str] = (),
+                    max_sentences_per_file: int = 200_000) -> str:
   """An existing vocabulary, or a SentencePiece model built from `train_files` and cached.
+
+  `max_sentences_per_file`: a seeded sample of at most that many lines from each file
+  (lower: the languages of small files weigh more against the large ones).
 
   `path` a vmx model directory (e.g. launch/import_checkpoint.py's output): its
   vocabulary (`vmx_tokenizer.json` or `vocab.model`). `path` a file that exists: used
@@ -101,13 +105,15 @@ def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
   if not train_files:
     raise DataError(f"vocabulary {path!r} does not exist and no train_files to build it from")
   if not path:
-    key = hashlib.sha256("|".join([*map(str, train_files), str(vocab_size), *languages])
+    cap = [] if max_sentences_per_file == 200_000 else [f"cap={max_sentences_per_file}"]
+    key = hashlib.sha256("|".join([*map(str, train_files), str(vocab_size), *languages, *cap])
                          .encode()).hexdigest()[:16]
     path = cache_dir().parent / "vocab" / f"spm_{vocab_size}_{key}.model"
     if path.exists():
       return str(path)
   print(f"[vmx] building SentencePiece vocabulary ({vocab_size} pieces) -> {path}", flush=True)
-  return train_sentencepiece(list(train_files), str(path), vocab_size, languages)
+  return train_sentencepiece(list(train_files), str(path), vocab_size, languages,
+                             max_sentences_per_file=max_sentences_per_file)
 
 
 class Tokenizer:

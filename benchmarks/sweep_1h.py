@@ -1,0 +1,108 @@
+#!/usr/bin/env python
+"""The sweep behind contrastive_small_1h.gin: settings compared at one wall-clock budget
+on the dev sets only (never a test set).
+
+  VMX_DATA_DIR=../shared/data python benchmarks/sweep_1h.py --out=/tmp/vmx/sweep \
+      [--minutes=6] [--only="2L d128,4L d256"]
+
+Every setting is contrastive_small_1h.gin with a few bindings, trained for as many steps
+as fit `--minutes` of training on this machine: a 40-step calibration run per distinct
+shape (layers, width, length, batch) measures steps/s, then the run gets
+steps = minutes x 60 x steps/s (so the learning-rate schedule ends with the budget).
+The final checkpoint is scored with the harness's `dev` task (newstest2013 and the
+first 1,000 TICO-19 sentences, both held out from training; the first 1,000 sentences
+of each) and the table printed: setting, steps, dev mean, newstest2013, tico19, wall
+time. Run on an otherwise idle machine: the calibration decides the steps. A run whose
+model_dir already holds the final checkpoint is not retrained (train.py resumes).
+Extra --gin.X=V flags apply to every run.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = "contrastive_small_1h.gin"
+SHAPE_KEYS = ("NUM_LAYERS", "EMB_DIM", "MLP_DIM", "NUM_HEADS", "MAX_LENGTH", "BATCH_SIZE",
+              "VOCAB_SIZE")
+SMALL = {"NUM_LAYERS": 2, "EMB_DIM": 128, "NUM_HEADS": 4, "MLP_DIM": 512}
+SETTINGS = {  # name -> bindings on top of contrastive_small_1h.gin
+    "2L d128": {**SMALL},
+    "4L d256": {"NUM_LAYERS": 4, "EMB_DIM": 256, "NUM_HEADS": 8, "MLP_DIM": 1024},
+    "3L d192": {"NUM_LAYERS": 3, "EMB_DIM": 192, "NUM_HEADS": 6, "MLP_DIM": 768},
+    "2L d128, length 48": {**SMALL, "MAX_LENGTH": 48},
+    "2L d128, batch 256": {**SMALL, "BATCH_SIZE": 256},
+    "2L d128, alpha 0.5": {**SMALL, "ALPHA": 0.5},
+    "2L d128, lr 2e-3": {**SMALL, "LEARNING_RATE": 2e-3},
+    "2L d128, tatoeba-challenge only": {
+        **SMALL, "PAIR_CORPORA": "{'tatoeba-challenge': %TRAIN_LANGUAGES}"},
+}
+
+
+def flags(bindings: dict) -> list[str]:
+  return [f"--gin.{k}={v}" for k, v in bindings.items()]
+
+
+def run(cmd):
+  print("[sweep] " + " ".join(cmd[1:]), flush=True)
+  subprocess.run(cmd, check=True, cwd=REPO)
+
+
+def metrics(model_dir: Path) -> list[dict]:
+  return [json.loads(l) for l in (model_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def steps_per_sec(out: Path, bindings: dict, extra) -> float:
+  shape = {k: bindings[k] for k in SHAPE_KEYS if k in bindings}
+  d = out / ("calibrate_" + "_".join(f"{k.lower()}{v}" for k, v in sorted(shape.items())))
+  run([sys.executable, str(REPO / "launch/train.py"), f"--gin_file={BASE}",
+       f"--gin.MODEL_DIR={d}", *flags(bindings), "--gin.TRAIN_STEPS=40", "--gin.LOG_PERIOD=20",
+       "--gin.EVAL_PERIOD=0", "--gin.BEST_METRIC=None", "--gin.CHECKPOINT_PERIOD=40", *extra])
+  rows = [r for r in metrics(d) if "train/steps_per_sec" in r]
+  return rows[-1]["train/steps_per_sec"]     # steps 21-40: compiled, buffers filled
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", default="/tmp/vmx/sweep")
+  p.add_argument("--minutes", type=float, default=6.0, help="training budget per setting")
+  p.add_argument("--only", default="", help="comma-separated subset of: " + "; ".join(SETTINGS))
+  args, extra = p.parse_known_args()
+  names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SETTINGS)
+  for n in names:
+    if n not in SETTINGS:
+      raise SystemExit(f"error: --only: unknown setting {n!r}; expected some of {list(SETTINGS)}")
+  out = Path(args.out)
+  speeds, results = {}, {}
+  for name in names:
+    b = SETTINGS[name]
+    key = tuple(sorted((k, v) for k, v in b.items() if k in SHAPE_KEYS))
+    if key not in speeds:
+      speeds[key] = steps_per_sec(out, b, extra)
+    steps = max(100, int(args.minutes * 60 * speeds[key]) // 100 * 100)
+    d = out / name.lower().replace(", ", "_").replace(" ", "_").replace("-", "_")
+    t = time.time()
+    run([sys.executable, str(REPO / "launch/train.py"), f"--gin_file={BASE}",
+         f"--gin.MODEL_DIR={d}", *flags(b), f"--gin.TRAIN_STEPS={steps}",
+         f"--gin.WARMUP_STEPS={max(10, steps // 20)}", f"--gin.EVAL_PERIOD={steps}",
+         f"--gin.CHECKPOINT_PERIOD={steps}", *extra])
+    last = [r for r in metrics(d) if "dev/main_score" in r][-1]
+    results[name] = {"steps": steps, "steps_per_sec": speeds[key], "wall_s": time.time() - t,
+                     "dev": last["dev/main_score"], "newstest2013": last["dev/newstest2013"],
+                     "tico19": last["dev/tico19"]}
+  print(f"\n| setting ({args.minutes:g} min of training each) | steps | steps/s | **dev mean** "
+        f"| newstest2013 | tico19 | wall |")
+  print("|---|---|---|---|---|---|---|")
+  for name, r in results.items():
+    print(f"| {name} | {r['steps']} | {r['steps_per_sec']:.2f} | **{r['dev']:.2f}** | "
+          f"{r['newstest2013']:.2f} | {r['tico19']:.2f} | {r['wall_s'] / 60:.1f} min |")
+  print(json.dumps(results))
+
+
+if __name__ == "__main__":
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  main()
