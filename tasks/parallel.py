@@ -116,7 +116,7 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
 
 
 def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
-                shuffle_buffer_size, validation_percent, h, suffix) -> list[str]:
+                shuffle_buffer_size, validation_percent, h, suffix, teacher=None) -> list[str]:
   """Registers `<corpus>.<xx>_<pivot><suffix>` for each language; returns the names."""
   c = _corpus(corpus)
   prefix = corpus.replace("-", "_")
@@ -125,7 +125,7 @@ def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_
     source = vtasks.moses_source(src, piv, empty_lines, validation_percent, h)
     names.append(vtasks.register_pair_task(
         f"{prefix}.{lang}_{c.pivot}{suffix}", source, lang, c.pivot, vocabulary,
-        model_languages, shuffle_buffer_size))
+        model_languages, shuffle_buffer_size, teacher))
   return names
 
 
@@ -136,19 +136,25 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
                              empty_lines: str = "error",
                              shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
                              validation_percent: int = vtasks.VALIDATION_PERCENT,
-                             lazy: bool = False, holdout: Sequence[str] = ()) -> str:
+                             lazy: bool = False, holdout: Sequence[str] = (),
+                             teacher: Optional[str] = None) -> str:
   """The pair tasks of several corpora ({corpus: languages}, e.g. tatoeba-challenge and
   wmt-newstest) in one mixture, every (corpus, language) task sampled with p ∝ n^alpha:
-  `pairs.mix_<hash of the task names>_a<alpha>[.minus_<sets>]`. Other arguments as in
-  `parallel_mixture`; `model_languages` must hold every corpus's codes and pivot."""
+  `pairs.mix_<hash of the task names>_a<alpha>[.minus_<sets>][.teacher_<hash>]`. Other
+  arguments as in `parallel_mixture`; `model_languages` must hold every corpus's codes
+  and pivot. `teacher`: a teacher-embedding cache (`teacher_embeddings`): every pair also
+  yields `teacher` [D], the teacher's embedding of its pivot sentence (distillation)."""
   if not isinstance(corpora, dict) or not corpora:
     raise DataError(f"tasks.parallel_corpora_mixture.corpora={corpora!r}: expected a "
                     f"non-empty {{corpus: [languages]}} dict (corpora: {', '.join(CORPORA)})")
   h, suffix = held_out(holdout, data_dir, "tasks.parallel_corpora_mixture")
+  if teacher:   # another feature, another name
+    suffix += ".teacher_" + vtasks.short_hash(str(teacher))
   names = []
   for corpus, languages in corpora.items():
     names += _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir,
-                         empty_lines, shuffle_buffer_size, validation_percent, h, suffix)
+                         empty_lines, shuffle_buffer_size, validation_percent, h, suffix,
+                         teacher)
   key = vtasks.short_hash("|".join(names))
   return vtasks.register_mixture(f"pairs.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
 

@@ -7,7 +7,7 @@ import gin
 
 from vmx import decoders, encoders
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
-from vmx.models import dual_encoder, emmax, ems, infoxlm, mpcl, vmsst
+from vmx.models import distill, dual_encoder, emmax, ems, infoxlm, mpcl, vmsst
 from vmx.training import checkpoints, optimizers, partitioning, trainer  # noqa: F401
 import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
 
@@ -15,6 +15,7 @@ gin.external_configurable(encoders.TransformerEncoder, module="vmx.encoders")
 gin.external_configurable(decoders.ConditionedDecoder, module="vmx.decoders")
 gin.external_configurable(dual_encoder.DualEncoder, module="vmx.models")
 gin.external_configurable(dual_encoder.DualEncoderModel, module="vmx.models")
+gin.external_configurable(distill.DistillationModel, module="vmx.models")
 gin.external_configurable(pipeline.DatasetConfig, module="vmx.data")
 gin.external_configurable(pipeline.MultiTaskConfig, module="vmx.data")
 gin.external_configurable(vmsst.VMSST, module="vmx.models")

@@ -55,6 +55,15 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float 
   return loss, {"loss": loss, "in_batch_accuracy": acc}
 
 
+def distillation_mse(student_BxD: Array, teacher_BxD: Array) -> Array:
+  """Multilingual knowledge distillation (Reimers & Gurevych 2020): the mean over the
+  batch and the dimensions of (student - teacher)^2, as torch's MSELoss; the teacher
+  vector is a fixed target (no gradient)."""
+  diff = student_BxD.astype(jnp.float32) - jax.lax.stop_gradient(
+      teacher_BxD.astype(jnp.float32))
+  return jnp.mean(diff * diff)
+
+
 # ----------------------------------------------------------------------------
 # Generative (VMSST / BITRANSLATION) terms.
 

@@ -53,6 +53,34 @@ class PairFeatureConverter(seqio.FeatureConverter):
             "right_tokens": task_feature_lengths["targets"], "left_lang": 1, "right_lang": 1}
 
 
+class DistillFeatureConverter(PairFeatureConverter):
+  """Pairs with the teacher's embedding of the pivot side (multilingual distillation):
+  PairFeatureConverter's features + teacher [D] float32 (task feature length D)."""
+  TASK_FEATURES = {**PairFeatureConverter.TASK_FEATURES,
+                   "teacher": FeatureSpec(dtype=tf.float32)}
+  MODEL_FEATURES = {**PairFeatureConverter.MODEL_FEATURES,
+                    "teacher": FeatureSpec(dtype=tf.float32)}
+
+  def __call__(self, ds, task_feature_lengths):
+    if "teacher" not in task_feature_lengths:
+      raise ConfigError("DistillFeatureConverter: task_feature_lengths needs 'teacher' (the "
+                        "teacher's embedding size, TEACHER_DIM)")
+    return super().__call__(ds, task_feature_lengths)
+
+  def _convert_features(self, ds, task_feature_lengths):
+    d = task_feature_lengths["teacher"]
+    ds = seqio.utils.trim_and_pad_dataset(
+        ds, {k: task_feature_lengths[k] for k in ("inputs", "targets")})
+    return ds.map(lambda ex: {"left_tokens": ex["inputs"], "right_tokens": ex["targets"],
+                              "left_lang": ex["inputs_lang"], "right_lang": ex["targets_lang"],
+                              "teacher": tf.ensure_shape(ex["teacher"], [d])},
+                  num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {**super().get_model_feature_lengths(task_feature_lengths),
+            "teacher": task_feature_lengths["teacher"]}
+
+
 class MultiViewFeatureConverter(seqio.FeatureConverter):
   """N-way examples for MPCL: views [V, L] (V translations, padded) -> views [V * L].
 

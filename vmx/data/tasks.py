@@ -320,10 +320,28 @@ def seqio_vocabulary(vocab_path: str) -> seqio.Vocabulary:
   return seqio.SentencePieceVocabulary(str(vocab_path))
 
 
+def add_teacher_embeddings(dataset: tf.data.Dataset, cache: str, task: str = ""):
+  """Preprocessor (after tokenizing): `teacher` [D] float32, the cached teacher embedding
+  of the pair's pivot (`targets`) sentence (vmx.data.teacher)."""
+  from vmx.data import teacher
+  d = teacher.dim(cache)
+
+  def find(keys):
+    return teacher.lookup(cache, keys, f"task {task}: ").astype(np.float32)
+
+  def add(ex):
+    key = tf.strings.to_hash_bucket_fast(tf.strings.strip(ex["targets_pretokenized"]), 1 << 62)
+    vec = tf.numpy_function(find, [tf.reshape(key, [1])], tf.float32, stateful=False)
+    return {**ex, "teacher": tf.reshape(vec, [d])}
+  return dataset.map(add, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_lang: str,
                        vocab_path: str, languages: Sequence[str],
-                       shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
-  """Registers (or re-registers) a tokenized pair task; returns its name."""
+                       shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                       teacher: Optional[str] = None) -> str:
+  """Registers (or re-registers) a tokenized pair task; returns its name. `teacher`: a
+  teacher-embedding cache (vmx.data.teacher); the task then also yields `teacher` [D]."""
   vocab = seqio_vocabulary(vocab_path)
   features = {k: seqio.Feature(vocab, add_eos=False, dtype=tf.int32)
               for k in ("inputs", "targets")}
@@ -343,6 +361,10 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   ]
   if isinstance(vocab, HfVocabulary) and vocab.tokenizer.closing_special:
     preprocessors.append(truncate_keeping_last)
+  if teacher:
+    preprocessors.append(functools.partial(add_teacher_embeddings, cache=teacher, task=name))
+    features["teacher"] = seqio.Feature(seqio.PassThroughVocabulary(size=1), add_eos=False,
+                                        dtype=tf.float32, rank=1)
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(name, source=source, preprocessors=preprocessors,
                          output_features=features, shuffle_buffer_size=shuffle_buffer_size)

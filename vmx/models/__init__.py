@@ -1,5 +1,6 @@
 """Model classes: one module per method family, all with t5x's BaseModel interface."""
 from vmx.models.base import BaseModel, SentenceEncoderModel, model_from_config
+from vmx.models.distill import DistillationModel
 from vmx.models.dual_encoder import DualEncoder, DualEncoderModel
 from vmx.models.emmax import EmmaX, EmmaXModel
 from vmx.models.ems import EMS, EMSModel
