@@ -32,12 +32,11 @@ SMALL = {"NUM_LAYERS": 2, "EMB_DIM": 128, "NUM_HEADS": 4, "MLP_DIM": 512}
 SETTINGS = {  # name -> bindings on top of contrastive_small_1h.gin
     "2L d128": {**SMALL},
     "4L d256": {"NUM_LAYERS": 4, "EMB_DIM": 256, "NUM_HEADS": 8, "MLP_DIM": 1024},
-    "3L d192": {"NUM_LAYERS": 3, "EMB_DIM": 192, "NUM_HEADS": 6, "MLP_DIM": 768},
-    "2L d128, length 48": {**SMALL, "MAX_LENGTH": 48},
-    "2L d128, batch 256": {**SMALL, "BATCH_SIZE": 256},
-    "2L d128, alpha 0.5": {**SMALL, "ALPHA": 0.5},
-    "2L d128, lr 2e-3": {**SMALL, "LEARNING_RATE": 2e-3},
-    "2L d128, tatoeba-challenge only": {
+    "2L d128 length 48": {**SMALL, "MAX_LENGTH": 48},
+    "2L d128 batch 256": {**SMALL, "BATCH_SIZE": 256},
+    "2L d128 alpha 0.5": {**SMALL, "ALPHA": 0.5},
+    "2L d128 lr 2e-3": {**SMALL, "LEARNING_RATE": 2e-3},
+    "2L d128 tatoeba-challenge only": {
         **SMALL, "PAIR_CORPORA": "{'tatoeba-challenge': %TRAIN_LANGUAGES}"},
 }
 
@@ -70,7 +69,7 @@ def main():
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", default="/tmp/vmx/sweep")
   p.add_argument("--minutes", type=float, default=6.0, help="training budget per setting")
-  p.add_argument("--only", default="", help="comma-separated subset of: " + "; ".join(SETTINGS))
+  p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(SETTINGS))
   args, extra = p.parse_known_args()
   names = [n.strip() for n in args.only.split(",") if n.strip()] or list(SETTINGS)
   for n in names:
@@ -84,7 +83,7 @@ def main():
     if key not in speeds:
       speeds[key] = steps_per_sec(out, b, extra)
     steps = max(100, int(args.minutes * 60 * speeds[key]) // 100 * 100)
-    d = out / name.lower().replace(", ", "_").replace(" ", "_").replace("-", "_")
+    d = out / name.lower().replace(" ", "_").replace("-", "_")
     t = time.time()
     run([sys.executable, str(REPO / "launch/train.py"), f"--gin_file={BASE}",
          f"--gin.MODEL_DIR={d}", *flags(b), f"--gin.TRAIN_STEPS={steps}",

@@ -133,3 +133,11 @@ def test_the_one_hour_distillation_recipe_builds_and_takes_a_step():
   assert type(model).__name__ == "DistillationModel"
   assert list(model.module.projection_dims) == [12]
   assert np.isfinite(float(metrics["loss"].compute()))
+
+
+def test_sentence_length_ignores_the_teacher_vector():
+  """The model's max_length (inference, evaluation) comes from the token features only."""
+  from vmx.data import pipeline
+  from vmx.models import DistillationModel
+  cfg = pipeline.DatasetConfig("unset", {"inputs": 8, "targets": 8, "teacher": 384}, 4)
+  assert pipeline.token_lengths(cfg, DistillationModel.FEATURE_CONVERTER_CLS) == [8, 8]

@@ -82,6 +82,19 @@ def task_configs(cfg) -> dict:
   return dict(cfg.tasks) if isinstance(cfg, MultiTaskConfig) else {None: cfg}
 
 
+def token_lengths(cfg, feature_converter_cls) -> list[int]:
+  """The task lengths of the token features (int32 in the converters' TASK_FEATURES; not,
+  say, a float vector such as distillation's `teacher`): what sentences are cut to."""
+  out = []
+  for key, c in task_configs(cfg).items():
+    fc = (feature_converter_cls[key] if isinstance(feature_converter_cls, Mapping)
+          else feature_converter_cls)
+    specs = getattr(fc, "func", fc).TASK_FEATURES
+    out += [n for f, n in c.task_feature_lengths.items()
+            if f not in specs or specs[f].dtype == tf.int32]
+  return out
+
+
 def model_feature_shapes(cfg, feature_converter_cls) -> dict:
   """Global batch shapes of the model features ([B] scalars, [B, length] sequences);
   `feature_converter_cls` is a model's FEATURE_CONVERTER_CLS (a dict for several tasks)."""

@@ -474,7 +474,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
 
   check_vocabulary_fits(model, vocabulary)
   # Self-contained model_dir for inference: vocabulary + model config.
-  max_length = max(n for ph in phases for n in ph.train_dataset_cfg.task_feature_lengths.values())
+  max_length = max(n for ph in phases
+                   for n in pipeline.token_lengths(ph.train_dataset_cfg,
+                                                   ph.model.FEATURE_CONVERTER_CLS))
   storage.path(model_dir).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
     vocab_name = copy_any_vocabulary(vocabulary, model_dir)
