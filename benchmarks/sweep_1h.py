@@ -5,7 +5,8 @@ on the dev sets only (never a test set).
   VMX_DATA_DIR=../shared/data python benchmarks/sweep_1h.py --out=/tmp/vmx/sweep \
       [--minutes=6] [--only="2L d128,4L d256"]
 
-Every setting is contrastive_small_1h.gin with a few bindings, trained for as many steps
+Every setting is contrastive_small_1h.gin with the sweep's base bindings (`SMALL`: Adam
+1e-3, alpha 0.3) and its own, trained for as many steps
 as fit `--minutes` of training on this machine: a 40-step calibration run per distinct
 shape (layers, width, length, batch) measures steps/s, then the run gets
 steps = minutes x 60 x steps/s (so the learning-rate schedule ends with the budget).
@@ -28,13 +29,16 @@ REPO = Path(__file__).resolve().parents[1]
 BASE = "contrastive_small_1h.gin"
 SHAPE_KEYS = ("NUM_LAYERS", "EMB_DIM", "MLP_DIM", "NUM_HEADS", "MAX_LENGTH", "BATCH_SIZE",
               "VOCAB_SIZE")
-SMALL = {"NUM_LAYERS": 2, "EMB_DIM": 128, "NUM_HEADS": 4, "MLP_DIM": 512}
+# The sweep's base (what contrastive_small_1h.gin was before the sweep): Adam 1e-3, p ∝ n^0.3.
+SMALL = {"NUM_LAYERS": 2, "EMB_DIM": 128, "NUM_HEADS": 4, "MLP_DIM": 512,
+         "LEARNING_RATE": 1e-3, "ALPHA": 0.3}
 SETTINGS = {  # name -> bindings on top of contrastive_small_1h.gin
     "2L d128": {**SMALL},
-    "4L d256": {"NUM_LAYERS": 4, "EMB_DIM": 256, "NUM_HEADS": 8, "MLP_DIM": 1024},
+    "4L d256": {**SMALL, "NUM_LAYERS": 4, "EMB_DIM": 256, "NUM_HEADS": 8, "MLP_DIM": 1024},
     "2L d128 length 48": {**SMALL, "MAX_LENGTH": 48},
     "2L d128 batch 256": {**SMALL, "BATCH_SIZE": 256},
     "2L d128 alpha 0.5": {**SMALL, "ALPHA": 0.5},
+    "2L d128 alpha 0.5 lr 2e-3": {**SMALL, "ALPHA": 0.5, "LEARNING_RATE": 2e-3},
     "2L d128 lr 2e-3": {**SMALL, "LEARNING_RATE": 2e-3},
     "2L d128 tatoeba-challenge only": {
         **SMALL, "PAIR_CORPORA": "{'tatoeba-challenge': %TRAIN_LANGUAGES}"},
