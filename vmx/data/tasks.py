@@ -136,7 +136,9 @@ def _pair_key(ex):
   return tf.strings.join([ex["inputs"], ex["targets"]], "\t")
 
 
-def _text_fingerprint(text: tf.Tensor) -> tf.Tensor:
+def text_fingerprint(text: tf.Tensor) -> tf.Tensor:
+  """int64 FarmHash fingerprint (2^62 buckets) of stripped text: how held-out dev sentences
+  and cached teacher embeddings are found."""
   return tf.strings.to_hash_bucket_fast(tf.strings.strip(text), 1 << 62)
 
 
@@ -145,12 +147,12 @@ def _without_held_out(make_dataset, holdout: devsets.HeldOut):
   FarmHash fingerprint of each stripped text feature)."""
   def make():
     sentences = sorted(holdout.sentences())
-    keys = _text_fingerprint(tf.constant(sentences or [""], tf.string))
+    keys = text_fingerprint(tf.constant(sentences or [""], tf.string))
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(keys, tf.ones_like(keys)), default_value=0)
 
     def keep(ex):
-      hits = [table.lookup(_text_fingerprint(v)) for k, v in ex.items()
+      hits = [table.lookup(text_fingerprint(v)) for k, v in ex.items()
               if k in ("inputs", "targets")]
       return tf.equal(tf.add_n(hits), 0)
     return make_dataset().filter(keep)
@@ -330,7 +332,7 @@ def add_teacher_embeddings(dataset: tf.data.Dataset, cache: str, task: str = "")
     return teacher.lookup(cache, keys, f"task {task}: ").astype(np.float32)
 
   def add(ex):
-    key = tf.strings.to_hash_bucket_fast(tf.strings.strip(ex["targets_pretokenized"]), 1 << 62)
+    key = text_fingerprint(ex["targets_pretokenized"])
     vec = tf.numpy_function(find, [tf.reshape(key, [1])], tf.float32, stateful=False)
     return {**ex, "teacher": tf.reshape(vec, [d])}
   return dataset.map(add, num_parallel_calls=tf.data.AUTOTUNE)

@@ -34,13 +34,13 @@ CHUNK = 16384
 
 
 def text_fingerprints(texts) -> np.ndarray:
-  """int64 fingerprints of stripped texts (tf.strings.to_hash_bucket_fast, 2^62 buckets):
-  the key of a sentence in the cache and in the pipeline."""
+  """int64 fingerprints of texts (`vmx.data.tasks.text_fingerprint`, the pipeline's
+  lookup key)."""
   import tensorflow as tf
+  from vmx.data.tasks import text_fingerprint
   if not len(texts):
     return np.zeros([0], np.int64)
-  return tf.strings.to_hash_bucket_fast(tf.strings.strip(tf.constant(list(texts))),
-                                        1 << 62).numpy()
+  return text_fingerprint(tf.constant(list(texts))).numpy()
 
 
 def pivot_sentences(paths: Sequence[str], holdout: Optional[devsets.HeldOut] = None
