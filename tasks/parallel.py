@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from vmx.data import devsets, download, tasks as vtasks
+from vmx.data import devsets, download, tasks as vtasks, teacher as teacher_lib
 from vmx.data.download import DataError
 
 
@@ -121,8 +121,10 @@ def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_
   c = _corpus(corpus)
   prefix = corpus.replace("-", "_")
   names = []
+  # a teacher cache that embeds a sample of the pivots: the pairs with an embedded pivot
+  pivots_in = teacher if teacher and teacher_lib.partial(teacher) else None
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
-    source = vtasks.moses_source(src, piv, empty_lines, validation_percent, h)
+    source = vtasks.moses_source(src, piv, empty_lines, validation_percent, h, pivots_in)
     names.append(vtasks.register_pair_task(
         f"{prefix}.{lang}_{c.pivot}{suffix}", source, lang, c.pivot, vocabulary,
         model_languages, shuffle_buffer_size, teacher))
@@ -143,7 +145,9 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
   `pairs.mix_<hash of the task names>_a<alpha>[.minus_<sets>][.teacher_<hash>]`. Other
   arguments as in `parallel_mixture`; `model_languages` must hold every corpus's codes
   and pivot. `teacher`: a teacher-embedding cache (`teacher_embeddings`): every pair also
-  yields `teacher` [D], the teacher's embedding of its pivot sentence (distillation)."""
+  yields `teacher` [D], the teacher's embedding of its pivot sentence (distillation); a
+  partial cache (`max_sentences_per_file`) keeps the pairs whose pivot it embeds, and the
+  mixing rates count those."""
   if not isinstance(corpora, dict) or not corpora:
     raise DataError(f"tasks.parallel_corpora_mixture.corpora={corpora!r}: expected a "
                     f"non-empty {{corpus: [languages]}} dict (corpora: {', '.join(CORPORA)})")

@@ -1,6 +1,8 @@
 """Multilingual distillation: the MSE loss against NumPy, the teacher-embedding cache
 (built once, resumed from its parts, looked up by the pipeline), the feature converter,
 and a step of the one-hour recipe's model."""
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +82,17 @@ def test_teacher_cache_is_built_once_resumes_from_parts_and_feeds_the_pipeline(
   corpora = {"tatoeba-challenge": ["xxx"]}
   monkeypatch.setattr(teacher_lib, "CHUNK", 8)        # 5 parts for the distinct sentences
   out = tmp_path / "cache"
-  path = tasks.teacher_embeddings(teacher_dir, corpora, data, output_dir=str(out),
-                                  progress=False)
-  english = teacher_lib.pivot_sentences([f"{data}/train/tatoeba-challenge/xxx-eng/train.eng.gz"])
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    path = tasks.teacher_embeddings(teacher_dir, corpora, data, output_dir=str(out),
+                                    progress=False)
+  # the chunks' truncation warnings, summed into one
+  said = [str(w.message) for w in caught if "longer than" in str(w.message)]
+  assert len(said) == 1 and re.search(r"\d+ of \d+ sentences are longer than its max_length=8",
+                                      said[0]), said
+  english, capped = teacher_lib.pivot_sentences(
+      [f"{data}/train/tatoeba-challenge/xxx-eng/train.eng.gz"])
+  assert capped == 0 and not teacher_lib.partial(path)
   keys, emb = teacher_lib.load(path)
   assert len(keys) == len(english) and np.all(np.diff(keys) > 0)
   ref = np.asarray(Encoder.from_checkpoint(teacher_dir).encode(english), np.float32)
@@ -115,6 +125,40 @@ def test_teacher_cache_is_built_once_resumes_from_parts_and_feeds_the_pipeline(
                .batch(3).as_numpy_iterator())
   assert batch["teacher"].shape == (3, ref.shape[1]) and batch["left_tokens"].shape == (3, 8)
   assert batch["teacher"].dtype == np.float32
+
+
+def test_a_capped_teacher_pass_embeds_a_fixed_sample_and_the_tasks_keep_its_pairs(
+    teacher_setup, tmp_path):
+  """max_sentences_per_file: the sentences with the smallest fingerprints of each file are
+  embedded; the tasks keep (and count) exactly the pairs whose English side was."""
+  import seqio
+  import tasks
+  from vmx.data import readers, teacher as teacher_lib
+  from vmx.errors import ConfigError
+  data, teacher_dir, vp = teacher_setup
+  corpora = {"tatoeba-challenge": ["xxx"]}
+  src = f"{data}/train/tatoeba-challenge/xxx-eng/train.xxx.gz"
+  eng = f"{data}/train/tatoeba-challenge/xxx-eng/train.eng.gz"
+  everything, _ = teacher_lib.pivot_sentences([eng])
+  with pytest.raises(ConfigError, match="max_sentences_per_file=0"):
+    tasks.teacher_embeddings(teacher_dir, corpora, data, max_sentences_per_file=0)
+  path = tasks.teacher_embeddings(teacher_dir, corpora, data, output_dir=str(tmp_path / "c"),
+                                  progress=False, max_sentences_per_file=10)
+  keys, _ = teacher_lib.load(path)
+  np.testing.assert_array_equal(keys, np.sort(teacher_lib.text_fingerprints(everything))[:10])
+  assert teacher_lib.partial(path)
+  embedded = {s for s in everything if teacher_lib.text_fingerprints([s])[0] in set(keys)}
+  pairs = [(a.strip(), b.strip()) for a, b in readers.read_parallel(src, eng)]
+  kept = [p for p in pairs if p[1] in embedded]
+  assert 10 <= len(kept) < len(pairs)
+  name = tasks.parallel_corpora_mixture(corpora, vp, ["xxx", "eng"], data_dir=data,
+                                        validation_percent=0, teacher=path)
+  task = seqio.get_mixture_or_task(name).tasks[0]
+  assert task.num_input_examples("train") == len(kept)
+  got = [(ex["inputs_pretokenized"].decode().strip(), ex["targets_pretokenized"].decode().strip())
+         for ex in task.get_dataset({"inputs": 8, "targets": 8, "teacher": 12}, split="train",
+                                    shuffle=False, num_epochs=1).as_numpy_iterator()]
+  assert got == kept
 
 
 def test_the_one_hour_distillation_recipe_builds_and_takes_a_step():

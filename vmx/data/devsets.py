@@ -54,18 +54,6 @@ DEV_SETS = {
 }
 DEFAULT_DEV_SETS = ("newstest2013", "tico19")
 
-# The file codes of the dev sets -> the ISO 639-3 codes vmx models are trained with (those
-# of tatoeba-challenge where it has the language); codes not listed are kept.
-ISO3 = {
-    "am": "amh", "ar": "ara", "bn": "ben", "cs": "ces", "de": "deu", "en": "eng",
-    "es": "spa", "es_LA": "spa", "fa": "pes", "fr": "fra", "ha": "hau", "hi": "hin",
-    "id": "ind", "km": "khm", "kr": "kau", "ku": "kur", "lg": "lug", "ln": "lin", "mr": "mar",
-    "ms": "zsm", "my": "mya", "ne": "nep", "om": "orm", "ps": "pus", "pt_BR": "por",
-    "ru": "rus", "rw": "kin", "so": "som", "sw": "swh", "ta": "tam", "ti": "tir",
-    "ti_ER": "tir", "ti_ET": "tir", "tl": "tgl", "ur": "urd", "zh": "cmn", "zu": "zul",
-}
-
-
 def dev_set(name: str) -> DevSet:
   if name not in DEV_SETS:
     raise DataError(f"unknown dev set {name!r}; known: {', '.join(DEV_SETS)}")

@@ -80,16 +80,20 @@ class SplitSource(seqio.FunctionDataSource):
 
   def __init__(self, make_dataset, key, check, validation_percent: int = VALIDATION_PERCENT,
                description: str = "source", paths: Sequence[str] = (), kind: str = "",
-               holdout: Optional[devsets.HeldOut] = None):
+               holdout: Optional[devsets.HeldOut] = None, pivots_in: Optional[str] = None):
     if (isinstance(validation_percent, bool) or not isinstance(validation_percent, int)
         or not 0 <= validation_percent < 100):
       raise DataError(f"{description}: validation_percent={validation_percent!r}; expected an "
                       f"integer in [0, 100) (the share of examples held out as `validation`)")
     self._check = check
     self._make = _without_held_out(make_dataset, holdout) if holdout else make_dataset
+    self._kind = f"{kind}:holdout={holdout.key}" if holdout else kind
+    if pivots_in:
+      from vmx.data import teacher
+      self._make = _only_pivots_in(self._make, pivots_in)
+      self._kind += f":pivots={teacher.info(pivots_in)['stamp']}"
     self._key = key
     self._paths = [str(p) for p in paths]
-    self._kind = f"{kind}:holdout={holdout.key}" if holdout else kind
     self.validation_percent = validation_percent
     self.description = description
     self._counts = None
@@ -159,11 +163,26 @@ def _without_held_out(make_dataset, holdout: devsets.HeldOut):
   return make
 
 
+def _only_pivots_in(make_dataset, cache: str):
+  """`make_dataset` restricted to the pairs whose pivot (`targets`) sentence the teacher
+  cache `cache` embeds (a partial cache: `vmx.data.teacher.partial`)."""
+  def make():
+    from vmx.data import teacher
+    keys = tf.constant(teacher.load(cache)[0])
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(keys, tf.ones_like(keys)), default_value=0)
+    return make_dataset().filter(
+        lambda ex: tf.equal(table.lookup(text_fingerprint(ex["targets"])), 1))
+  return make
+
+
 def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
                  validation_percent: int = VALIDATION_PERCENT,
-                 holdout: Optional[devsets.HeldOut] = None) -> SplitSource:
+                 holdout: Optional[devsets.HeldOut] = None,
+                 pivots_in: Optional[str] = None) -> SplitSource:
   """Aligned line files; validated (line counts, empty lines, UTF-8) on first use.
-  `holdout`: dev sets whose sentences the source skips."""
+  `holdout`: dev sets whose sentences the source skips. `pivots_in`: a teacher cache;
+  the source keeps the pairs whose target sentence it embeds."""
   def make():
     ds = tf.data.Dataset.zip({"inputs": _text_lines(src_path), "targets": _text_lines(tgt_path)})
     return ds.filter(_drop_empty) if empty_lines == "skip" else ds
@@ -171,7 +190,7 @@ def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
   return SplitSource(make, _pair_key,
                      lambda: readers.validate_parallel(src_path, tgt_path, empty_lines),
                      validation_percent, f"{src_path} + {tgt_path}", [src_path, tgt_path],
-                     f"moses:{empty_lines}", holdout)
+                     f"moses:{empty_lines}", holdout, pivots_in)
 
 
 def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "error",

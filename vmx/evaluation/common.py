@@ -15,23 +15,9 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from vmx.data import download, readers
+from vmx.data.languages import iso3  # noqa: F401  (the evaluation modules call common.iso3)
 
 EncodeFn = Callable[[list, str], np.ndarray]
-
-# ISO 639-1 -> the ISO 639-3 codes of the training data and Tatoeba (XTREME's mapping).
-ISO3 = {
-    "af": "afr", "ar": "ara", "bg": "bul", "bn": "ben", "de": "deu", "el": "ell", "en": "eng",
-    "es": "spa", "et": "est", "eu": "eus", "fa": "pes", "fi": "fin", "fr": "fra", "he": "heb",
-    "hi": "hin", "hu": "hun", "id": "ind", "it": "ita", "ja": "jpn", "jv": "jav", "ka": "kat",
-    "kk": "kaz", "ko": "kor", "ml": "mal", "mr": "mar", "nl": "nld", "pt": "por", "ru": "rus",
-    "sw": "swh", "ta": "tam", "te": "tel", "th": "tha", "tl": "tgl", "tr": "tur", "ur": "urd",
-    "vi": "vie", "zh": "cmn", "cs": "ces", "pl": "pol", "ro": "ron", "lt": "lit", "lv": "lav",
-}
-
-
-def iso3(code: str) -> str:
-  """ISO 639-3 for a 2-letter code we know; other codes are returned unchanged."""
-  return ISO3.get(code, code)
 
 
 def as_encode_fn(encoder, progress: Optional[bool] = None) -> EncodeFn:

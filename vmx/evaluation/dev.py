@@ -17,6 +17,7 @@ import time
 from typing import Optional, Sequence
 
 from vmx.data import devsets
+from vmx.data.languages import iso3
 from vmx.evaluation import common, tatoeba
 
 
@@ -32,9 +33,9 @@ def evaluate(encode: common.EncodeFn, sets: Sequence[str] = devsets.DEFAULT_DEV_
   for name in sets:
     d = devsets.dev_set(name)
     langs = [l for l in d.languages if languages is None or l in languages
-             or devsets.ISO3.get(l, l) in languages]
+             or iso3(l) in languages]
     if model_languages:
-      langs = [l for l in langs if devsets.ISO3.get(l, l) in model_languages]
+      langs = [l for l in langs if iso3(l) in model_languages]
     if not langs:
       skipped.append(name)
       continue
@@ -46,7 +47,7 @@ def evaluate(encode: common.EncodeFn, sets: Sequence[str] = devsets.DEFAULT_DEV_
       keep = [i for i, x in enumerate(texts[lang]) if x and i in rows]
       if len(keep) < 2:
         continue
-      code = devsets.ISO3.get(lang, lang)
+      code = iso3(lang)
       r = tatoeba.score_language(encode([texts[lang][i] for i in keep], code),
                                  eng_vecs[[rows[i] for i in keep]])
       scores.append(r["mean"])
