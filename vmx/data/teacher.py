@@ -15,10 +15,9 @@ Cache layout (a directory; `gs://` works):
   parts/           chunks written while embedding (a killed build resumes from them)
 
 A teacher pass over every English sentence of a large corpus can take much of the budget
-of the training it serves (all-MiniLM-L6-v2 on 2 CPU cores: ~350 short Tatoeba or ~100 news
-sentences a second);
-`max_sentences_per_file` embeds a uniform sample of each file instead, and the training
-tasks then keep the pairs whose English side was embedded.
+of the training it serves (all-MiniLM-L6-v2 on 2 CPU cores: ~350 short Tatoeba or ~100
+news sentences a second). `max_sentences_per_file` embeds a uniform sample of each file
+instead, and the training tasks then keep the pairs whose English side was embedded.
 """
 from __future__ import annotations
 
