@@ -135,6 +135,12 @@ def test_periodic_harness_evaluation_writes_dev_scalars_and_keeps_the_best(
           for r in evals] == [(0, 5.0, 5.0, 6.0), (2, 30.0, 30.0, 31.0), (4, 20.0, 20.0, 21.0)]
   assert all(r["eval/seconds"] > 0 for r in evals)
   assert json.loads((d / "best/best.json").read_text())["step"] == 2
+  # Resumed when finished: the last step's evaluation is in metrics.jsonl, so it is not
+  # run again (`scripted` has no scores left to give).
+  toy_train(d, name, vp, total_steps=4, period=2, keep=5, eval_cfg=cfg, eval_period=2,
+            best_metric="dev/newstest2013/cs")
+  rows = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "dev/main_score" in r] == [0, 2, 4]
   with pytest.raises(ConfigError, match=r"HarnessEvalConfig.tasks: unknown task"):
     HarnessEvalConfig(tasks=["dve"])
   with pytest.raises(ConfigError, match=r"best_metric='tatoeba/mean' is not a metric"):

@@ -369,4 +369,10 @@ def test_encode_counts_truncation(toy_encoder):
   assert v.shape == (3, 16) and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
   assert [str(x.message) for x in w] == [
       "2 of 3 sentences are longer than the model's max_length=8 tokens and were truncated"]
+  # encode_counting: the same vectors and the count, without the warning
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    v2, cut = toy_encoder.encode_counting([long, "alpha", long], lang="xx", batch_size=2)
+  assert cut == 2
+  np.testing.assert_array_equal(v2, v)
   assert toy_encoder.encode([], lang="xx").shape == (0, 0)

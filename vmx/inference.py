@@ -243,7 +243,10 @@ class Encoder:
       sentences = [prompt + s for s in sentences]
     if show_progress_bar is not None:
       progress = show_progress_bar
-    out = self._encode(sentences, lang, batch_size, progress)
+    out, truncated = self._encode(sentences, lang, batch_size, progress)
+    if truncated:
+      warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
+                    f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
     if single:
       out = out[0]
     if convert_to_tensor:
@@ -254,6 +257,12 @@ class Encoder:
                          ) from None
       return torch.from_numpy(out)
     return out if convert_to_numpy or single else list(out)
+
+  def encode_counting(self, sentences: Sequence[str], lang=None,
+                      batch_size: Optional[int] = None, progress: Optional[bool] = None):
+    """(`encode(sentences, lang, ...)`, the number of sentences truncated to `max_length`),
+    without the warning: for callers that encode in chunks and report one total."""
+    return self._encode(self.check_sentences(sentences), lang, batch_size, progress)
 
   def _prompt(self, prompt, prompt_name, task_name, prompt_type) -> str:
     if prompt is not None and prompt_name is not None:
@@ -285,7 +294,8 @@ class Encoder:
       raise InputError(f"similarity_pairwise needs equal shapes, got {a.shape} and {b.shape}")
     return np.sum(_unit(a) * _unit(b), axis=1)
 
-  def _encode(self, sentences: list, lang, batch_size, progress) -> np.ndarray:
+  def _encode(self, sentences: list, lang, batch_size, progress):
+    """([len(sentences), D] float32, how many sentences were truncated)."""
     bs = self.batch_size if batch_size is None else batch_size
     if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
@@ -325,9 +335,6 @@ class Encoder:
       if out is None:
         out = np.zeros((len(sentences), emb.shape[1]), np.float32)
       out[rows] = emb
-    if truncated:
-      warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
-                    f"max_length={self.max_length} tokens and were truncated", stacklevel=3)
     if out is None:
-      return np.zeros((0, 0), np.float32)
-    return out
+      out = np.zeros((0, 0), np.float32)
+    return out, truncated

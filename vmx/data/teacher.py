@@ -25,7 +25,6 @@ import functools
 import hashlib
 import io
 import json
-import re
 import warnings
 from typing import Optional, Sequence
 
@@ -38,8 +37,6 @@ from vmx.data.download import cache_dir
 from vmx.errors import ConfigError, DataError
 
 CHUNK = 4096
-# Encoder.encode's warning about truncated sentences: summed over the chunks, said once
-_TRUNCATED = re.compile(r"(\d+) of \d+ sentences are longer than")
 
 
 def text_fingerprints(texts) -> np.ndarray:
@@ -150,15 +147,8 @@ def teacher_embeddings(teacher: str = gin.REQUIRED, corpora=gin.REQUIRED,
     if part.exists():
       emb = _load_npy(part)
     else:
-      with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        emb = np.asarray(enc.encode(chunk, lang=language, progress=False), np.float32)
-      for w in caught:
-        m = _TRUNCATED.match(str(w.message))
-        if m:
-          truncated += int(m.group(1))
-        else:
-          warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+      emb, cut = enc.encode_counting(chunk, lang=language, progress=False)
+      truncated += cut
       if not np.all(np.isfinite(emb)):
         raise DataError(f"teacher {teacher}: non-finite embeddings in chunk {i}")
       _save_npy(part, emb)
