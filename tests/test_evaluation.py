@@ -433,15 +433,17 @@ def test_transfer_probe_split_and_accuracy(tmp_path):
 
 def test_tatoeba_xsim_and_head_tail_groups(tmp_path):
   d = tmp_path / "eval/tatoeba/v1"
-  for lang in ("deu", "xyz"):
+  for lang in ("deu", "pes", "xyz"):
     write_lines(d / f"tatoeba.{lang}-eng.{lang}", [f"w{i} {lang}" for i in range(30)])
     write_lines(d / f"tatoeba.{lang}-eng.eng", [f"w{i} eng" for i in range(30)])
-  res = tatoeba.evaluate(common.as_encode_fn(MeaningEncoder(noise=0.01)), ["deu", "xyz"],
-                         str(tmp_path))
+  res = tatoeba.evaluate(common.as_encode_fn(MeaningEncoder(noise=0.01)), ["deu", "pes", "xyz"],
+                         str(tmp_path), own_languages=["deu", "fas"])
   assert res["languages"]["deu"]["mean"] == pytest.approx(100.0)
   assert res["languages"]["deu"]["xsim"] == pytest.approx(0.0)
-  assert res["groups"]["head"]["n_languages"] == 1 and res["groups"]["long_tail"]["n_languages"] == 1
-  assert tatoeba.available_languages(str(tmp_path)) == ["deu", "xyz"]
+  assert res["groups"]["head"]["n_languages"] == 2 and res["groups"]["long_tail"]["n_languages"] == 1
+  # a model trained on `fas` (tatoeba-challenge's code) knows Tatoeba's `pes`
+  assert res["groups"]["own"]["n_languages"] == 2
+  assert tatoeba.available_languages(str(tmp_path)) == ["deu", "pes", "xyz"]
 
 
 # ----------------------------------------------------------------------------- harness

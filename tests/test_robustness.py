@@ -361,6 +361,22 @@ def test_encode_takes_sentence_transformers_keywords(toy_encoder):
   assert toy_encoder.max_seq_length == toy_encoder.max_length
 
 
+def test_language_ids_take_a_language_under_its_other_iso_639_3_code():
+  from vmx.data.languages import resolve
+  known = ["fas", "msa", "cmn_Hans", "cmn_Hant", "bos_Latn", "hbs", "eng"]
+  assert [resolve(c, known) for c in ("pes", "zsm", "cmn", "bos", "srp", "eng", "arz", "wuu")
+          ] == ["fas", "msa", "cmn_Hans", "bos_Latn", "hbs", "eng", None, None]
+  assert resolve("fas", ["pes"]) == "pes" and resolve("zho", ["cmn"]) == "cmn"
+
+  class ReadsIds:
+    uses_languages = True
+  enc = Encoder(ReadsIds(), None, None, ["fas", "cmn_Hans", "eng"], max_length=8)
+  np.testing.assert_array_equal(enc._lang_ids(["pes", "fas", "cmn", "eng"], 4), [0, 0, 1, 2])
+  np.testing.assert_array_equal(enc._lang_ids("pes", 2), [0, 0])
+  with pytest.raises(InputError, match=r"languages \['arz'\] are not among the model's 3"):
+    enc._lang_ids(["pes", "arz"], 2)
+
+
 def test_encode_counts_truncation(toy_encoder):
   long = " ".join(["alpha beta gamma"] * 20)
   with warnings.catch_warnings(record=True) as w:

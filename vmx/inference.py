@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from vmx import storage, t5x_compat
+from vmx.data.languages import resolve as resolve_language
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
@@ -171,12 +172,15 @@ class Encoder:
     langs = [lang] * n if isinstance(lang, str) else list(lang)
     if len(langs) != n:
       raise InputError(f"lang has {len(langs)} entries for {n} sentences")
-    unknown = sorted(set(langs) - set(self.languages))
+    # One language under another code (pes for a model trained on fas, cmn for cmn_Hans):
+    # vmx.data.languages.resolve.
+    named = {l: resolve_language(l, self.languages) for l in set(langs)}
+    unknown = sorted(l for l, r in named.items() if r is None)
     if unknown:
       raise InputError(f"languages {unknown} are not among the model's {len(self.languages)} "
                        f"languages ({', '.join(self.languages[:12])}…)")
     index = {l: i for i, l in enumerate(self.languages)}
-    return np.array([index[l] for l in langs], np.int32)
+    return np.array([index[named[l]] for l in langs], np.int32)
 
   @staticmethod
   def check_sentences(sentences) -> list[str]:

@@ -9,7 +9,8 @@ language is scored on the first that many sentences (the candidates are as many:
 accuracy falls as the pool grows, so compare runs at one `max_sentences`).
 
 Languages: the sets' own (`languages=None`), or those of the model (`model_languages`,
-ISO 639-3) when given; a set with none of them is skipped (listed in `skipped`).
+ISO 639-3, a language also under another code: vmx.data.languages.resolve) when given;
+a set with none of them is skipped (listed in `skipped`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import time
 from typing import Optional, Sequence
 
 from vmx.data import devsets
-from vmx.data.languages import iso3
+from vmx.data.languages import iso3, resolve
 from vmx.evaluation import common, tatoeba
 
 
@@ -35,7 +36,7 @@ def evaluate(encode: common.EncodeFn, sets: Sequence[str] = devsets.DEFAULT_DEV_
     langs = [l for l in d.languages if languages is None or l in languages
              or iso3(l) in languages]
     if model_languages:
-      langs = [l for l in langs if iso3(l) in model_languages]
+      langs = [l for l in langs if resolve(iso3(l), model_languages)]
     if not langs:
       skipped.append(name)
       continue

@@ -31,6 +31,7 @@ import numpy as np
 from vmx import storage
 from vmx.data import devsets
 from vmx.data.download import DataError
+from vmx.data.languages import resolve as resolve_language
 from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
 
 VMX_VERSION = "0.1.0"
@@ -63,7 +64,9 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
   if not langs:
     langs = available
   elif ctx.get("languages") and not cfg.tatoeba_languages:
-    langs = [l for l in langs if l in available]
+    # Tatoeba's languages that the model knows, under their code or another one
+    # (pes for fas: vmx.data.languages.resolve)
+    langs = [l for l in available if resolve_language(l, langs) is not None]
   files = ctx["files"]
   for l in langs:   # resolve (and record) the files; missing ones fail here, named
     files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")

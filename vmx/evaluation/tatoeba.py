@@ -10,8 +10,9 @@ Averages: `mean` over every language evaluated (all 112 of Tatoeba v1 with
 `--languages=all`: VMSST's and LASER's figure; `n_languages` says how many), and groups:
 `xtreme36` (XTREME's 36 languages, its Tatoeba figure), `head` / `long_tail` (EMMA-X's
 split, taken here as XTREME's 36 and the rest: the paper's exact split was not checked)
-and `own` (the model's training languages, when given). A group's mean is over its
-languages that were evaluated; compare figures only at equal `n_languages`.
+and `own` (the model's training languages, when given, under their code or another:
+`pes` counts for a model trained on `fas`, vmx.data.languages.resolve). A group's mean
+is over its languages that were evaluated; compare figures only at equal `n_languages`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from vmx.data import download, readers
+from vmx.data.languages import resolve
 from vmx.evaluation import knn, mining
 
 EncodeFn = Callable[[list, str], np.ndarray]
@@ -93,7 +95,7 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
   groups = {"xtreme36": _group_means(per, XTREME36), "head": _group_means(per, XTREME36),
             "long_tail": _group_means(per, [l for l in per if l not in XTREME36])}
   if own_languages:
-    groups["own"] = _group_means(per, own_languages)
+    groups["own"] = _group_means(per, [l for l in per if resolve(l, own_languages)])
   return {"languages": per, "mean": mean, "groups": groups, "seconds": time.time() - t0}
 
 
