@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from conftest import load_benchmark
+from conftest import DATA_DIR, load_benchmark, needs_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,3 +43,15 @@ def test_grad_cache_benchmark_runs_and_keeps_the_loss():
   row = json.loads([l for l in out.stdout.splitlines() if l.startswith("{")][0])
   assert row["global_batch"] == 16 and row["time_ratio"] > 0
   assert abs(row["grad_cache_loss"] - row["uncached_loss"]) < 1e-4 * abs(row["uncached_loss"])
+
+
+@needs_data
+def test_input_pipeline_benchmark_times_first_batch_stream_and_resume():
+  env = dict(os.environ, VMX_DATA_DIR=DATA_DIR)
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
+                        "--gin_file=contrastive_tiny.gin", "--batches=3", "--skip=4"],
+                       capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-2000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  assert r["first_batch_s"] > 0 and r["batches_per_s"] > 0 and r["skip_batches"] == 4
+  assert r["examples_per_s"] == pytest.approx(r["batches_per_s"] * r["batch_size"], rel=0.01)
