@@ -45,9 +45,8 @@ def main(argv):
   p.add_argument("--batches", type=int, default=100, help="batches timed after the first")
   p.add_argument("--skip", type=int, default=0, help="also time a resume at this step")
   args = p.parse_args(rest)
-  gin_utils.parse_gin(args.gin_file, ["MODEL_DIR = '/tmp/unused'",
-                                      "INITIAL_CHECKPOINT_PATH = None", *bindings,
-                                      "input_objects.model = %MODEL"], args.gin_search_paths)
+  gin_utils.parse_experiment(args.gin_file, [*bindings, "input_objects.model = %MODEL"],
+                             args.gin_search_paths)
   for name in ("train_dataset_cfg", "phases", "random_seed"):
     try:
       gin.bind_parameter(f"input_objects.{name}", gin.query_parameter(f"train.{name}"))

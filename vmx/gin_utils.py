@@ -354,17 +354,24 @@ def experiment_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gi
   return model, optimizer, batch_size, max_length, partitioner
 
 
+def parse_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                     search_paths_flag: str = ""):
+  """parse_gin for tools that inspect an experiment without running it (benchmarks,
+  tests): MODEL_DIR and INITIAL_CHECKPOINT_PATH may stay unset."""
+  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
+                        *bindings], search_paths_flag)
+
+
 def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
                      search_paths_flag: str = ""):
   """(model, optimizer, batch_size, max_length, partitioner) of an experiment file,
-  without reading data, a vocabulary or an initial checkpoint (benchmarks, tests).
-  MODEL_DIR and INITIAL_CHECKPOINT_PATH may stay unset."""
-  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
-                        *bindings,
-                        "experiment_objects.model = %MODEL",
-                        "experiment_objects.batch_size = %BATCH_SIZE",
-                        "experiment_objects.max_length = %MAX_LENGTH",
-                        "experiment_objects.partitioner = @Partitioner()"], search_paths_flag)
+  without reading data, a vocabulary or an initial checkpoint (benchmarks, tests)."""
+  parse_experiment(gin_files, [*bindings,
+                               "experiment_objects.model = %MODEL",
+                               "experiment_objects.batch_size = %BATCH_SIZE",
+                               "experiment_objects.max_length = %MAX_LENGTH",
+                               "experiment_objects.partitioner = @Partitioner()"],
+                   search_paths_flag)
   # The run's optimizer binding (create_optimizer, or multi_optimizer over subsets).
   gin.bind_parameter("experiment_objects.optimizer", gin.query_parameter("train.optimizer"))
   return experiment_objects()

@@ -27,8 +27,9 @@ def read_rows(path) -> list[dict]:
   return rows
 
 
-def has_row(model_dir, step: int, key: str) -> bool:
-  return any(r.get("step") == step and key in r
+def has_row(model_dir, step: int, *keys: str) -> bool:
+  """Whether metrics.jsonl has a row of `step` with any of `keys` (one read)."""
+  return any(r.get("step") == step and any(k in r for k in keys)
              for r in read_rows(storage.path(model_dir) / "metrics.jsonl"))
 
 

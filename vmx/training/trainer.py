@@ -596,8 +596,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   try:
     # Step 0, or (one process) an evaluation that the stopped run did not get to: every
     # evaluation writes eval/seconds (runs before it wrote it: tatoeba/mean).
-    if eval_due(start) and (start == 0 or (jax.process_count() == 1 and not any(
-        metrics_lib.has_row(model_dir, start, k) for k in ("eval/seconds", "tatoeba/mean")))):
+    if eval_due(start) and (start == 0 or (jax.process_count() == 1 and not metrics_lib.has_row(
+        model_dir, start, "eval/seconds", "tatoeba/mean"))):
       last.update(evaluate(start))
     if len(phases) > 1 and start == 0:
       _print(f"[vmx] phase {phases[0].name!r} ({phases[0].steps} steps, to step "
