@@ -34,7 +34,7 @@ setup(
         "scikit-learn>=1.4",
         "matplotlib>=3.8",
         "tqdm>=4.66",
-        # Hugging Face checkpoint import without torch (vmx/checkpoint_import.py)
+        # Hugging Face checkpoint import without torch (vmx/modeldir/hf_import.py)
         "safetensors>=0.4",
         "tokenizers>=0.15",
     ],

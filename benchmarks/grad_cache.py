@@ -55,7 +55,7 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
 
 
 def main(argv):
-  from vmx import gin_utils
+  from vmx import experiment, gin_utils
   from vmx.data import pipeline
   from vmx.training.trainer import input_shapes
   bindings, rest = gin_utils.split_gin_bindings(argv)
@@ -72,7 +72,7 @@ def main(argv):
   for b in batches:
     if b % args.chunk:
       raise SystemExit(f"error: --batches: {b} is not a multiple of --chunk={args.chunk}")
-    model, tx, _, length, _ = gin_utils.build_experiment(
+    model, tx, _, length, _ = experiment.build_experiment(
         gin_files, bindings + [f"BATCH_SIZE = {b}"], args.gin_search_paths)
     shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length),
                           model)
@@ -93,5 +93,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vmx import gin_utils
-  gin_utils.run_main(main)
+  from vmx import cli
+  cli.run_main(main)

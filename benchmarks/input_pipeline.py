@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gin  # noqa: E402
 
-from vmx import gin_utils  # noqa: E402
+from vmx import cli, gin_utils  # noqa: E402
 
 
 @gin.configurable
@@ -45,7 +45,8 @@ def main(argv):
   p.add_argument("--batches", type=int, default=100, help="batches timed after the first")
   p.add_argument("--skip", type=int, default=0, help="also time a resume at this step")
   args = p.parse_args(rest)
-  gin_utils.parse_experiment(args.gin_file, [*bindings, "input_objects.model = %MODEL"],
+  from vmx import experiment  # lazy: jax only after cli.run_main's host set-up
+  experiment.parse_experiment(args.gin_file, [*bindings, "input_objects.model = %MODEL"],
                              args.gin_search_paths)
   for name in ("train_dataset_cfg", "phases", "random_seed"):
     try:
@@ -80,4 +81,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  gin_utils.run_main(main)
+  cli.run_main(main)

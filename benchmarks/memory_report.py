@@ -33,7 +33,7 @@ def parse_mesh(text: str) -> tuple[int, int]:
 
 
 def main(argv):
-  from vmx import gin_utils
+  from vmx import experiment, gin_utils
   bindings, rest = gin_utils.split_gin_bindings(argv)
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,7 +51,7 @@ def main(argv):
   import jax.numpy as jnp
   import numpy as np
 
-  model, tx, B, L, _ = gin_utils.build_experiment(
+  model, tx, B, L, _ = experiment.build_experiment(
       args.gin_file, bindings + [f"NUM_PARTITIONS = {model_par}"], args.gin_search_paths)
   from vmx.training import partitioning
   from vmx.data import pipeline
@@ -94,5 +94,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vmx import gin_utils
-  gin_utils.run_main(main)
+  from vmx import cli
+  cli.run_main(main)

@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vmx import gin_utils  # noqa: E402
+from vmx import cli, gin_utils  # noqa: E402
 
 
 def measure_peak_flops(n: int = 2048, repeats: int = 10) -> float:
@@ -48,7 +48,7 @@ def encoder_forward_flops(enc, batch: int, length: int) -> float:
 
 def main(argv):
   import jax
-  from vmx import host_memory  # configured by gin_utils.run_main, before jax started
+  from vmx import host_memory  # configured by cli.run_main, before jax started
   import numpy as np
 
   bindings, rest = gin_utils.split_gin_bindings(argv)
@@ -58,7 +58,8 @@ def main(argv):
   p.add_argument("--steps", type=int, default=20)
   p.add_argument("--warmup", type=int, default=3)
   args = p.parse_args(rest)
-  model, tx, B, L, part = gin_utils.build_experiment(args.gin_file, bindings,
+  from vmx import experiment  # lazy: jax only after cli.run_main's host set-up
+  model, tx, B, L, part = experiment.build_experiment(args.gin_file, bindings,
                                                      args.gin_search_paths)
   from vmx.training.trainer import Trainer
   enc = model.module.encoder
@@ -100,4 +101,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  gin_utils.run_main(main)
+  cli.run_main(main)

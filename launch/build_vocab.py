@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv):
-  from vmx.data import vocab
+  from vmx.data import vocab  # lazy: after cli.run_main's host set-up
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--output", required=True, help="path of the .model to write")
@@ -29,7 +29,7 @@ def main(argv):
   langs = [l for l in args.languages.split(",") if l]
   files = [f for f in args.input.split(",") if f]
   if args.corpus:
-    from tasks.parallel import CORPORA, corpus_text_files
+    from tasks.parallel import CORPORA, corpus_text_files  # lazy: seqio/TensorFlow, after cli.run_main
     if args.corpus not in CORPORA:
       p.error(f"--corpus={args.corpus!r}: expected one of {', '.join(sorted(CORPORA))}")
     files += corpus_text_files(args.corpus, [l for l in langs if l != CORPORA[args.corpus].pivot],
@@ -43,5 +43,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vmx.gin_utils import run_main
+  from vmx.cli import run_main
   run_main(main)

@@ -33,9 +33,9 @@ def main(argv):
   p.add_argument("--overwrite", action="store_true")
   p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
-  import seqio
-  import tasks
-  from vmx.data import cache
+  import seqio  # lazy: seqio/TensorFlow, after cli.run_main's host set-up
+  import tasks  # lazy: seqio
+  from vmx.data import cache  # lazy: seqio
   if not tasks.DEFAULT_MIXTURES:
     p.error("no tasks registered: set VMX_VOCABULARY (and VMX_DATA_DIR), see tasks/defaults.py")
   names = []
@@ -52,5 +52,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vmx.gin_utils import run_main
+  from vmx.cli import run_main
   run_main(main)

@@ -24,17 +24,18 @@ def _list(s):
   return [x for x in s.split(",") if x] if s else []
 
 
-def _step(s):
-  if s == "best":
-    return s
-  try:
-    return int(s)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"{s!r}: a step number or 'best'") from None
-
-
 def parse_args(argv):
-  from vmx.evaluation import harness
+  from vmx.evaluation import harness  # lazy: jax, after cli.run_main's host set-up
+  from vmx.modeldir.layout import BEST_DIR, BEST_STEP  # lazy: after cli.run_main
+
+  def _step(s):
+    if s == BEST_STEP:
+      return s
+    try:
+      return int(s)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"{s!r}: a step number or {BEST_STEP!r}") from None
+
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True, help="a vmx model_dir")
@@ -42,8 +43,8 @@ def parse_args(argv):
   p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
                                              f"{sorted(harness.TASKS)}")
   p.add_argument("--step", type=_step, default=None,
-                 help="checkpoint step, or 'best' (MODEL_DIR/best/, kept by runs with "
-                      "BEST_METRIC); default: the latest")
+                 help=f"checkpoint step, or {BEST_STEP!r} (MODEL_DIR/{BEST_DIR}/, kept by runs "
+                      "with BEST_METRIC); default: the latest")
   p.add_argument("--output_dir", default=None)
   p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR, else the cache")
   p.add_argument("--languages", default="", help="Tatoeba languages (ISO 639-3), or 'all'; "
@@ -77,7 +78,7 @@ def parse_args(argv):
       p.error(f"--geometry_files={args.geometry_files!r}: expected lang=path,lang=path")
   langs = _list(args.languages)
   if langs == ["all"]:
-    from vmx.evaluation import tatoeba
+    from vmx.evaluation import tatoeba  # lazy: jax
     langs = tatoeba.available_languages(args.data_dir)
   cfg = harness.EvalConfig(
       data_dir=args.data_dir, tatoeba_languages=langs or None,
@@ -95,9 +96,9 @@ def parse_args(argv):
 
 
 def main(argv):
-  from vmx import storage
-  from vmx.evaluation import harness
-  from vmx.inference import Encoder
+  from vmx import storage  # lazy: after cli.run_main
+  from vmx.evaluation import harness  # lazy: jax, after cli.run_main's host set-up
+  from vmx.inference import Encoder  # lazy: jax
   args, cfg, tasks = parse_args(argv)
   enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step, batch_size=args.batch_size)
   out = storage.path(args.output_dir or
@@ -115,5 +116,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vmx.gin_utils import run_main
+  from vmx.cli import run_main
   sys.exit(1 if run_main(main) == 1 else 0)

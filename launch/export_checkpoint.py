@@ -5,7 +5,7 @@ launch/import_checkpoint.py, then trained or not) as a sentence-transformers fol
   python launch/export_checkpoint.py --checkpoint_dir=DIR --output_dir=DIR [--step=N]
 
 `sentence_transformers.SentenceTransformer(output_dir)` then gives the same embeddings as
-`vmx.inference.Encoder.from_checkpoint(checkpoint_dir)` (vmx/checkpoint_export.py says
+`vmx.inference.Encoder.from_checkpoint(checkpoint_dir)` (vmx/modeldir/hf_export.py says
 which models can be exported; any other is a one-line error and nothing is written).
 """
 import argparse
@@ -22,12 +22,12 @@ def main(argv):
   p.add_argument("--output_dir", required=True, help="sentence-transformers folder to create")
   p.add_argument("--step", type=int, default=None, help="default: the newest intact checkpoint")
   args = p.parse_args(argv)
-  from vmx.checkpoint_export import export_sentence_transformers
+  from vmx.modeldir.hf_export import export_sentence_transformers  # lazy: jax, after cli.run_main's host set-up
   s = export_sentence_transformers(args.checkpoint_dir, args.output_dir, args.step)
   print(f"exported checkpoint_{s['step']} as a {s['architecture']} with {s['pooling']} "
         f"pooling, max_length {s['max_length']} ({s['tensors']} tensors) -> {s['output_dir']}")
 
 
 if __name__ == "__main__":
-  from vmx.gin_utils import run_main
+  from vmx.cli import run_main
   run_main(main)

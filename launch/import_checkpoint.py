@@ -8,7 +8,7 @@ MT5EncoderModel, or a model built on one) as a vmx model directory.
 The output opens with `vmx.inference.Encoder.from_checkpoint(output_dir)` and starts a
 training run with `--gin.INITIAL_CHECKPOINT_PATH="'output_dir'"`. safetensors are read
 without torch; pytorch_model.bin needs torch. Nothing is written unless every tensor
-of the checkpoint is accounted for (see vmx/checkpoint_import.py).
+of the checkpoint is accounted for (see vmx/modeldir/hf_import.py).
 """
 import argparse
 import os
@@ -29,7 +29,7 @@ def main(argv):
                  help="tokens per sentence (default: sentence-transformers' max_seq_length, "
                       "else 128)")
   args = p.parse_args(argv)
-  from vmx.checkpoint_import import import_checkpoint
+  from vmx.modeldir.hf_import import import_checkpoint  # lazy: jax, after cli.run_main's host set-up
   s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length)
   print(f"imported {s['family']} encoder: {s['tensors']} tensors, {s['parameters']:,} "
         f"parameters, {s['pooling']} pooling, max_length {s['max_length']}, tokenizer "
@@ -39,5 +39,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from vmx.gin_utils import run_main
+  from vmx.cli import run_main
   run_main(main)

@@ -15,14 +15,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
-from vmx import gin_utils  # noqa: E402
+from vmx import cli, gin_utils  # noqa: E402
+from vmx.errors import ConfigError  # noqa: E402
 
 
 def require_training_extra():
   """`pip install vmx` is inference only; say how to get the training pipeline."""
   missing = [m for m in ("seqio", "tensorflow") if importlib.util.find_spec(m) is None]
   if missing:
-    raise gin_utils.ConfigError(
+    raise ConfigError(
         f"training needs {' and '.join(missing)}, which the base install leaves out "
         "(it is inference and evaluation only): pip install 'vmx[train]' "
         "(in a checkout: pip install -e '.[train]')")
@@ -51,29 +52,30 @@ def main(argv):
   args = parser.parse_args(rest)
   require_training_extra()
   if args.seqio_additional_cache_dirs:
-    import seqio
+    import seqio  # lazy: seqio/TensorFlow (the train extra, checked first)
     seqio.add_global_cache_dirs([d for d in args.seqio_additional_cache_dirs.split(",") if d])
   # Config errors first: nothing is initialized, built or written for a bad config
   # (--check_cluster checks the config too when it is given one).
   if args.gin_file or bindings or not args.check_cluster:
-    gin_utils.parse_gin(args.gin_file, bindings, args.gin_search_paths)
+    from vmx import experiment  # lazy: jax/TF only after cli.run_main's host set-up
+    experiment.parse_gin(args.gin_file, bindings, args.gin_search_paths)
   if args.multihost or args.coordinator_address or args.check_cluster:
-    from vmx.training import distributed
+    from vmx.training import distributed  # lazy: jax, after cli.run_main's host set-up
     cluster = "single process"
     if args.multihost or args.coordinator_address:
       cluster = distributed.initialize(args.coordinator_address, args.num_processes,
                                        args.process_id)
     print(distributed.layout(cluster), flush=True)
     if args.check_cluster:
-      import jax
+      import jax  # lazy: after cli.run_main
       total, n = distributed.check_all_reduce(), jax.device_count()
       print(f"[vmx] all-reduce over {n} devices: {total:g} ({'ok' if total == n else 'WRONG'})",
             flush=True)
       sys.exit(0 if total == n else 1)
-  from vmx.training.trainer import train
+  from vmx.training.trainer import train  # lazy: jax/TF, after cli.run_main's host set-up
   _, metrics = train()
   return metrics
 
 
 if __name__ == "__main__":
-  gin_utils.run_main(main)
+  cli.run_main(main)

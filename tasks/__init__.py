@@ -23,7 +23,7 @@ from tasks.parallel import (CORPORA, ParallelCorpus, corpora_text_files, corpus_
                             corpus_languages, corpus_text_files, languages_key,
                             monolingual_mixture, moses_task, parallel_corpora_mixture,
                             parallel_mixture, tsv_task)
-from vmx.data.teacher import teacher_embeddings
+from tasks.teacher import pivot_sentences, teacher_embeddings
 from tasks.nway import (NWAY_CORPORA, nway_groups, nway_mixture, nway_mixture_text_files,
                         nway_task, nway_text_files)
 from tasks.defaults import default_languages, register_defaults, register_from_environment

@@ -23,8 +23,9 @@ import os
 from typing import Optional
 
 from tasks.parallel import CORPORA, corpus_languages, monolingual_mixture, parallel_mixture
+from vmx import storage
 from vmx.data import download
-from vmx.data.download import DataError
+from vmx.errors import DataError
 
 VOCABULARY_VARIABLE = "VMX_VOCABULARY"
 PAIR_ALPHA, MONO_ALPHA = 0.3, 0.7
@@ -38,7 +39,6 @@ def default_languages(corpus: str) -> list[str]:
 def register_defaults(vocabulary: str, data_dir: Optional[str] = None) -> list[str]:
   """Registers the default tasks and mixtures (see the module docstring); returns the
   mixture names."""
-  from vmx import storage
   if not storage.path(vocabulary).exists():
     raise DataError(f"{VOCABULARY_VARIABLE}={vocabulary!r}: no such file (a SentencePiece "
                     f".model or an imported checkpoint's vmx_tokenizer.json)")

@@ -14,8 +14,9 @@ from typing import Optional, Sequence
 
 import gin
 
+from vmx import storage
 from vmx.data import download, readers, tasks as vtasks
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from tasks.parallel import held_out, languages_key
 
 WMT_YEARS = (2008, 2009, 2010, 2011, 2012, 2013)
@@ -68,7 +69,7 @@ def nway_text_files(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str
 
   langs, rows = nway_groups(corpus, languages, data_dir)
   key = hashlib.sha256(",".join(langs).encode()).hexdigest()[:12]
-  out = download.cache_dir().parent / "nway_text" / f"bible-verses.{key}.txt"
+  out = storage.cache_dir().parent / "nway_text" / f"bible-verses.{key}.txt"
   if not out.exists():
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import gin
 
 from vmx.data import devsets, download, tasks as vtasks, teacher as teacher_lib
-from vmx.data.download import DataError
+from vmx.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)

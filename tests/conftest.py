@@ -160,12 +160,12 @@ def build_and_step(gin_file, bindings, make_batch):
   step on `make_batch(batch_size)`; returns (model, state, metrics)."""
   import gin
   import jax
-  from vmx import gin_utils
+  from vmx import experiment
   from vmx.training import partitioning
   from vmx.training.trainer import Trainer
   gin.clear_config()
   try:
-    model, tx, b, _, _ = gin_utils.build_experiment([gin_file], bindings)
+    model, tx, b, _, _ = experiment.build_experiment([gin_file], bindings)
   finally:
     gin.clear_config()
   batch = make_batch(model, b)

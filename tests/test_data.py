@@ -10,7 +10,7 @@ import pytest
 
 from conftest import DATA_DIR, needs_data, write_lines
 from vmx.data import download, readers, vocab
-from vmx.data.download import DataError
+from vmx.errors import DataError
 
 
 # --- validation errors name the file and the line --------------------------------------

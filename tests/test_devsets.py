@@ -32,7 +32,7 @@ def one_hot_encode(sentences, lang):
 
 
 def test_dev_task_scores_match_hand_computed_accuracies(dev_data):
-  from vmx.data.download import DataError
+  from vmx.errors import DataError
   from vmx.evaluation import dev
   r = dev.evaluate(one_hot_encode, ["newstest2013"], dev_data, max_sentences=None,
                    languages=["cs", "deu"])
@@ -78,7 +78,7 @@ def test_holdout_drops_every_example_with_a_dev_sentence(dev_data, tmp_path, toy
   (after stripping); task names say so; an unknown dev set names the binding."""
   import tasks
   from vmx.data import devsets, tasks as vtasks
-  from vmx.data.download import DataError
+  from vmx.errors import DataError
   h = devsets.HeldOut(["newstest2013"], dev_data)
   assert "de satz 1" in h.sentences() and "english 2" in h.sentences()
   src = write_lines(tmp_path / "c.xx", ["free a", "  cs satz 2 ", "free c", "free e"])
@@ -180,7 +180,7 @@ def test_parallel_corpora_mixture_mixes_corpora_without_the_dev_sets(dev_data, t
   from pathlib import Path
   import seqio
   import tasks
-  from vmx.data.download import DataError
+  from vmx.errors import DataError
   vp = toy_task[1]
   root = Path(dev_data) / "train"
   write_lines(root / "tatoeba-challenge/deu-eng/train.deu.gz",

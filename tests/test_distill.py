@@ -32,14 +32,14 @@ def test_distillation_model_loss_is_both_sides_mse_plus_weighted_infonce():
   enc = TransformerEncoder(vocab_size=20, num_layers=1, emb_dim=8, num_heads=2, mlp_dim=16,
                            max_length=4)
   plain = DistillationModel(DualEncoder(enc, projection_dims=(6,)))
-  loss, m = plain.grad_cache_loss((jnp.asarray(t_), jnp.asarray(s_)),
-                                  {"teacher": jnp.asarray(teacher)})
+  loss, m, _ = plain.grad_cache_loss((jnp.asarray(t_), jnp.asarray(s_)),
+                                     {"teacher": jnp.asarray(teacher)})
   ref = np.mean((s_ - teacher) ** 2) + np.mean((t_ - teacher) ** 2)
   np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
   np.testing.assert_allclose(float(m["mse_pivot"]), np.mean((s_ - teacher) ** 2), rtol=1e-5)
   both = DistillationModel(DualEncoder(enc, projection_dims=(6,)), contrastive_weight=0.5)
-  loss2, m2 = both.grad_cache_loss((jnp.asarray(t_), jnp.asarray(s_)),
-                                   {"teacher": jnp.asarray(teacher)})
+  loss2, m2, _ = both.grad_cache_loss((jnp.asarray(t_), jnp.asarray(s_)),
+                                      {"teacher": jnp.asarray(teacher)})
   c, _ = losses.in_batch_softmax_loss(jnp.asarray(t_), jnp.asarray(s_), 0.05)
   np.testing.assert_allclose(float(loss2), ref + 0.5 * float(c), rtol=1e-5)
   assert "in_batch_accuracy" in m2
@@ -74,13 +74,14 @@ def test_teacher_cache_is_built_once_resumes_from_parts_and_feeds_the_pipeline(
     teacher_setup, tmp_path, monkeypatch):
   import seqio
   import tasks
+  from tasks import teacher as teacher_pass
   from vmx.data import teacher as teacher_lib
-  from vmx.data.download import DataError
+  from vmx.errors import DataError
   from vmx.data.feature_converters import DistillFeatureConverter
   from vmx.inference import Encoder
   data, teacher_dir, vp = teacher_setup
   corpora = {"tatoeba-challenge": ["xxx"]}
-  monkeypatch.setattr(teacher_lib, "CHUNK", 8)        # 5 parts for the distinct sentences
+  monkeypatch.setattr(teacher_pass, "CHUNK", 8)        # 5 parts for the distinct sentences
   out = tmp_path / "cache"
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
@@ -90,7 +91,7 @@ def test_teacher_cache_is_built_once_resumes_from_parts_and_feeds_the_pipeline(
   said = [str(w.message) for w in caught if "longer than" in str(w.message)]
   assert len(said) == 1 and re.search(r"\d+ of \d+ sentences are longer than its max_length=8",
                                       said[0]), said
-  english, capped = teacher_lib.pivot_sentences(
+  english, capped = teacher_pass.pivot_sentences(
       [f"{data}/train/tatoeba-challenge/xxx-eng/train.eng.gz"])
   assert capped == 0 and not teacher_lib.partial(path)
   keys, emb = teacher_lib.load(path)
@@ -133,13 +134,14 @@ def test_a_capped_teacher_pass_embeds_a_fixed_sample_and_the_tasks_keep_its_pair
   embedded; the tasks keep (and count) exactly the pairs whose English side was."""
   import seqio
   import tasks
+  from tasks import teacher as teacher_pass
   from vmx.data import readers, teacher as teacher_lib
   from vmx.errors import ConfigError
   data, teacher_dir, vp = teacher_setup
   corpora = {"tatoeba-challenge": ["xxx"]}
   src = f"{data}/train/tatoeba-challenge/xxx-eng/train.xxx.gz"
   eng = f"{data}/train/tatoeba-challenge/xxx-eng/train.eng.gz"
-  everything, _ = teacher_lib.pivot_sentences([eng])
+  everything, _ = teacher_pass.pivot_sentences([eng])
   with pytest.raises(ConfigError, match="max_sentences_per_file=0"):
     tasks.teacher_embeddings(teacher_dir, corpora, data, max_sentences_per_file=0)
   path = tasks.teacher_embeddings(teacher_dir, corpora, data, output_dir=str(tmp_path / "c"),

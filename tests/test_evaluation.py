@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from conftest import write_lines
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.evaluation import (bucc, common, geometry, harness, knn, mining, retrieval, sts,
                             tatoeba, transfer)
 

@@ -106,13 +106,13 @@ _value = st.one_of(st.integers(-3, 10 ** 7).map(str), st.floats(allow_nan=True).
 @given(st.lists(st.tuples(_key, _value), min_size=1, max_size=3))
 def test_fuzz_gin_bindings(bindings):
   import gin
-  from vmx import gin_utils
+  from vmx import experiment, gin_utils
   from vmx.training import checkpoints
   argv = [f"--gin.{k}={v}" for k, v in bindings]
   gin.clear_config()
   try:
     parsed, _ = gin_utils.split_gin_bindings(argv)
-    gin_utils.build_experiment(["contrastive_tiny.gin"], parsed)
+    experiment.build_experiment(["contrastive_tiny.gin"], parsed)
     checkpoints.CheckpointConfig()
   except VmxError:
     pass

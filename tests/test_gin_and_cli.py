@@ -7,7 +7,7 @@ import gin
 import pytest
 
 from conftest import REPO
-from vmx import gin_utils
+from vmx import experiment, gin_utils
 
 EXPERIMENTS = sorted(str(p.relative_to(REPO / "gin_configs"))
                      for pat in ("*.gin", "ablations/*.gin") for p in (REPO / "gin_configs").glob(pat))
@@ -19,7 +19,7 @@ REQUIRED_MACROS = ("MODEL_DIR", "TRAIN_STEPS", "BATCH_SIZE", "NUM_LAYERS", "EMB_
 def test_experiment_file_parses_and_exposes_macros(name):
   gin.clear_config()
   try:
-    gin_utils.parse_gin([name], ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 7",
+    experiment.parse_gin([name], ["MODEL_DIR = '/tmp/x'", "TRAIN_STEPS = 7",
                                  "INITIAL_CHECKPOINT_PATH = '/tmp/imported'"])
     for m in REQUIRED_MACROS:
       gin.query_parameter(f"%{m}")

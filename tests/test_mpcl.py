@@ -198,7 +198,7 @@ def test_nway_task_yields_aligned_views(tmp_path):
   group3 = {s.split()[-1] for s in seen if s.startswith("group3 ")}
   assert len(group3) >= 2, group3
   write_lines(tmp_path / "x.dd", ["short"])
-  from vmx.data.download import DataError
+  from vmx.errors import DataError
   with pytest.raises(DataError, match=r"x.dd has 1 lines"):
     readers.read_nway_lines({**files, "dd": str(tmp_path / "x.dd")})
 
@@ -243,7 +243,7 @@ def test_learning_rate_scale_at_halves_after_the_warmup():
 
 def test_nway_tsv_groups_by_id_and_bible_text_for_the_vocabulary(tmp_path):
   from vmx.data import readers
-  from vmx.data.download import DataError
+  from vmx.errors import DataError
   p = write_lines(tmp_path / "b.tsv", ["f1\teus\tv1\tkaixo", "f2\tfin\tv1\thei", "f3\tfin\tv1\tmoi",
                                        "f1\teus\tv2\tagur", "f2\tfin\tv3\tterve"])
   langs, rows = readers.read_nway_tsv(p)

@@ -54,6 +54,15 @@ def test_inference_and_evaluation_without_tensorflow_or_seqio(checkpoint, tmp_pa
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "loaded: []" in proc.stdout
 
+  # Inference depends on nothing of the training package (vmx/modeldir/ owns MODEL_DIR).
+  proc = _python(f"""
+      sys.modules["vmx.training"] = None
+      from vmx.inference import Encoder
+      enc = Encoder.from_checkpoint({str(checkpoint)!r})
+      print(enc.encode(["alpha beta"]).shape)
+      """, tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+
   run_eval = (f"import runpy; sys.argv = ['eval.py'] + sys.argv[1:]\n"
               f"runpy.run_path({str(REPO / 'launch/eval.py')!r}, run_name='__main__')\n")
   if DATA_DIR and Path(DATA_DIR, "eval/tatoeba").is_dir():

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from conftest import REPO, toy_train, write_lines
-from vmx import gin_utils
+from vmx import experiment
 from vmx.data import readers
 from vmx.errors import CheckpointError, ConfigError, DataError, InputError, NonFiniteError
 from vmx.inference import Encoder
@@ -60,9 +60,9 @@ def test_nonfinite_loss_names_the_terms(tmp_path, toy_task, monkeypatch):
   import vmx.models
 
   class NanLoss(vmx.models.DualEncoderModel):
-    def loss_fn(self, params, batch, dropout_rng):
-      loss, metrics = super().loss_fn(params, batch, dropout_rng)
-      return loss * jnp.nan, metrics
+    def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
+      loss, metrics, mutables = super().compute_loss(params, batch, dropout_rng, flax_mutables)
+      return loss * jnp.nan, metrics, mutables
 
   # toy_train builds its model through vmx.models: swap in the NaN variant.
   monkeypatch.setattr(vmx.models, "DualEncoderModel", NanLoss)
@@ -221,7 +221,7 @@ def test_config_mistakes_are_caught_at_parse_time(binding, expected):
   gin.clear_config()
   try:
     with pytest.raises(ConfigError) as e:
-      gin_utils.parse_gin(["contrastive_tiny.gin"], ["MODEL_DIR = '/tmp/x'", binding])
+      experiment.parse_gin(["contrastive_tiny.gin"], ["MODEL_DIR = '/tmp/x'", binding])
     assert expected in str(e.value)
   finally:
     gin.clear_config()
@@ -235,7 +235,7 @@ def test_config_mistakes_are_caught_at_parse_time(binding, expected):
 def test_out_of_range_values_name_the_macro(binding, expected):
   gin.clear_config()
   try:
-    gin_utils.parse_gin(["contrastive_tiny.gin"], ["MODEL_DIR = '/tmp/x'", binding])
+    experiment.parse_gin(["contrastive_tiny.gin"], ["MODEL_DIR = '/tmp/x'", binding])
     with pytest.raises(ConfigError) as e:
       checkpoints.CheckpointConfig()
     assert expected in str(e.value)
@@ -252,7 +252,7 @@ def test_out_of_range_values_name_the_macro(binding, expected):
 def test_model_size_mistakes_are_config_errors(binding, expected):
   gin.clear_config()
   try:
-    model, *_ = gin_utils.build_experiment(["contrastive_tiny.gin"], [binding])
+    model, *_ = experiment.build_experiment(["contrastive_tiny.gin"], [binding])
     with pytest.raises(ConfigError) as e:
       jax.eval_shape(lambda: model.get_initial_variables(
           jax.random.PRNGKey(0), {"left_tokens": (2, 32), "right_tokens": (2, 32)}))

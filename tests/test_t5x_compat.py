@@ -34,12 +34,12 @@ EXPERIMENTS = ["contrastive_tiny.gin", "contrastive_minilm.gin", "contrastive_24
 
 def _variables(name):
   import gin
-  from vmx import gin_utils
+  from vmx import experiment
   from vmx.data import pipeline
   from vmx.training.trainer import input_shapes
   gin.clear_config()
   try:
-    model, _, b, length, _ = gin_utils.build_experiment([name], TINY)
+    model, _, b, length, _ = experiment.build_experiment([name], TINY)
   finally:
     gin.clear_config()
   shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length), model)

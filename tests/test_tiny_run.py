@@ -87,7 +87,7 @@ VMSST_STEPS = 600  # vmsst_tiny.gin's own length (~10 min on 2 cores)
 def test_tiny_vmsst_run_lifts_tatoeba(tmp_path):
   """The full generative model (ELBO, annealed KL, sampled latents) learns retrieval.
 
-  A generative objective aligns languages more slowly than InfoNCE at this scale (README,
+  A generative objective aligns languages more slowly than InfoNCE at this scale (docs/vmsst.md,
   "VMSST and baselines on one CPU budget": 2.4 -> 5.8 here vs 16 for CONTRASTIVE on the same
   budget), so the bar is relative: the mean at least doubles and at least 6 of the 8
   languages gain >= 50% and >= 2 points over the random-init model.
@@ -108,7 +108,7 @@ def test_tiny_vmsst_run_lifts_tatoeba(tmp_path):
 @needs_data
 def test_tiny_ems_run_lifts_tatoeba(tmp_path):
   """EMS (XTR + contrastive head) on the tiny budget: Tatoeba 3.2 -> 11.5 when measured
-  (README, "EMS and MPCL on one CPU budget"); both loss terms fall."""
+  (docs/ems_mpcl.md, "EMS and MPCL on one CPU budget"); both loss terms fall."""
   model_dir, rows = _train(tmp_path / "ems", "ems_tiny.gin", 600)
   _assert_lifts_tatoeba(model_dir, rows, 600, factor=2.0, points=3.0, min_languages=6,
                         mean_factor=2.5)

@@ -75,7 +75,7 @@ STEP_IN_FAST_TIER = ("vmsst_tiny.gin", BF16, "vmsst_24l.gin", "vmsst_contrastive
                                   else v for v in VARIANTS] + [BF16])
 def test_every_variant_builds_and_takes_a_step(name, request):
   import gin
-  from vmx import gin_utils
+  from vmx import experiment
   from vmx.training import partitioning
   from vmx.training.trainer import Trainer
   bindings = TINY + ([] if name in DECODER_DEPTH_ABLATIONS else [SMALL_DECODER])
@@ -84,7 +84,7 @@ def test_every_variant_builds_and_takes_a_step(name, request):
     name, bindings = "vmsst_tiny.gin", bindings + ["ACTIVATION_DTYPE = 'bfloat16'"]
   gin.clear_config()
   try:
-    model, tx, b, length, _ = gin_utils.build_experiment([name], bindings)
+    model, tx, b, length, _ = experiment.build_experiment([name], bindings)
   finally:
     gin.clear_config()
   if bf16:

@@ -8,7 +8,9 @@ import gin
 from vmx import decoders, encoders
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
 from vmx.models import distill, dual_encoder, emmax, ems, infoxlm, mpcl, vmsst
-from vmx.training import checkpoints, optimizers, partitioning, trainer  # noqa: F401
+from vmx.evaluation import periodic  # noqa: F401  (TatoebaEvalConfig, HarnessEvalConfig)
+from vmx.modeldir import checkpoints  # noqa: F401  (CheckpointConfig)
+from vmx.training import optimizers, partitioning, phases, trainer  # noqa: F401
 import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
 
 gin.external_configurable(encoders.TransformerEncoder, module="vmx.encoders")

@@ -12,7 +12,7 @@ share one token table by passing the same `Embed` module as `shared_embedding`.
           embedding LayerNorm, biases everywhere, exact GELU, optional tanh pooler;
   't5'    T5 v1.1 / mT5 encoder: RMSNorm pre-norm, bucketed relative position bias
           computed once and shared by all layers, gated-GELU MLP, no biases.
-Each family's parameter names are what vmx/checkpoint_import.py maps Hugging Face
+Each family's parameter names are what vmx/modeldir/hf_import.py maps Hugging Face
 checkpoints onto; the module interface, logical axes, scan and remat are shared.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from flax.linen import partitioning as nnp
 
 from vmx import layers
 from vmx.errors import ConfigError
+from vmx.gin_utils import check_range, positive_int
 
 Array = jax.Array
 POOLING_METHODS = ("mean", "first", "pooler")
@@ -309,7 +310,6 @@ class TransformerEncoder(nn.Module):
 
 def check_sizes(stack: nn.Module):
   """ConfigError naming the binding for a non-positive size or a dropout rate outside [0, 1)."""
-  from vmx.gin_utils import check_range, positive_int
   cls = type(stack).__name__
   for field in ("vocab_size", "emb_dim", "num_heads", "mlp_dim", "max_length"):
     value = getattr(stack, field)

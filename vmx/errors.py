@@ -1,6 +1,6 @@
 """vmx's own error types: what a user did wrong, said in one line.
 
-Every launcher enters through `gin_utils.run_main`, which prints a `VmxError` as
+Every launcher enters through `cli.run_main`, which prints a `VmxError` as
 `error: <message>` on stderr (no traceback unless `--verbose`) and exits with the
 error's `exit_code`. Anything else escaping a launcher is a bug in vmx and keeps its
 traceback. Messages name the file (and line), the gin binding, the checkpoint or the

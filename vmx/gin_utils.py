@@ -5,13 +5,17 @@
   --gin.KEY=VALUE            (repeatable) a binding; VALUE is a gin literal, or a
                              plain string when it is not one (--gin.MODEL_DIR=/tmp/run)
   --gin_search_paths=A,B     extra directories for gin files and their includes
-  --verbose                  print the traceback of a vmx error too
+  --verbose                  print the traceback of a vmx error too (vmx/cli.py)
 Errors are reported as one line naming the file, line or binding, before anything
 is built or compiled: a missing file, an unknown configurable or parameter, a macro
 that is set but used by nothing (a misspelt `--gin.TRAIN_STEP=5`) or used but never
 set, a literal of the wrong type for the parameter it reaches (`--gin.BATCH_SIZE=abc`);
 each with the closest valid name. Range checks (`check_range`) name the binding and
 the macro it came through.
+
+This module imports no configurable: everything may use `check_range`. Parsing an
+experiment (which registers every configurable first) is `vmx/experiment.py`; a
+launcher's error handling is `vmx/cli.py`.
 """
 from __future__ import annotations
 
@@ -21,9 +25,7 @@ import collections.abc
 import difflib
 import inspect
 import logging
-import os
 import re
-import sys
 import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -31,7 +33,7 @@ from typing import Any, Optional, Sequence
 import gin
 from gin import config as gin_config
 
-from vmx.errors import ConfigError, VmxError
+from vmx.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SEARCH_PATHS = (REPO_ROOT / "gin_configs",)
@@ -93,9 +95,10 @@ class _QuietSearch(logging.Filter):
     return not str(record.msg).startswith("Path not found")
 
 
-def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_flag: str = ""):
-  """Imports vmx's configurables, then parses files and bindings (errors -> ConfigError)."""
-  import vmx.configurables  # noqa: F401
+def parse_gin_files(gin_files: Sequence[str], bindings: Sequence[str],
+                    search_paths_flag: str = ""):
+  """Parses files and bindings into gin's config and checks it (errors -> ConfigError).
+  The configurables must be registered first: `vmx.experiment.parse_gin` does both."""
   logging.getLogger().addFilter(_QuietSearch())
   search = [Path(p) for p in search_paths_flag.split(",") if p] + list(DEFAULT_SEARCH_PATHS)
   for d in search:
@@ -293,7 +296,6 @@ def positive_int(value) -> bool:
 
 def unset_required_macros() -> list[str]:
   """Macros still bound to %gin.REQUIRED (gin itself would pass the marker on)."""
-  from gin import config as gin_config
   out = []
   for (scope, selector), params in gin_config._CONFIG.items():
     if selector == "gin.macro" and str(params.get("value")) == "%gin.REQUIRED":
@@ -311,67 +313,7 @@ def one_line(e: BaseException) -> str:
   return text.replace("  ", " ")
 
 
-def run_main(main, argv=None):
-  """Runs main(argv); a vmx error is one `error:` line on stderr and its exit code.
-
-  `--verbose` (anywhere in argv, or VMX_VERBOSE=1) adds the traceback. Errors that
-  are not vmx's own are bugs and keep their traceback. Every launcher enters here
-  before it imports jax, so this is where the host allocator is set up
-  (vmx/host_memory.py: it must precede the runtime's threads).
-  """
-  from vmx import host_memory
-  argv = list(sys.argv[1:] if argv is None else argv)
-  verbose = "--verbose" in argv or os.environ.get("VMX_VERBOSE") == "1"
-  argv = [a for a in argv if a != "--verbose"]
-  try:
-    try:
-      host_memory.configure()
-    except ValueError as e:  # a bad VMX_HOST_MALLOC
-      raise ConfigError(str(e)) from None
-    return main(argv)
-  except (VmxError, FileNotFoundError, ValueError, TypeError) as e:
-    msg = one_line(e)
-    if not isinstance(e, (VmxError, FileNotFoundError)) and not any(p in msg for p in
-                                                                   _GIN_ERRORS):
-      raise
-    if verbose:
-      import traceback
-      traceback.print_exc()
-    print(f"error: {with_suggestion(msg)}", file=sys.stderr)
-    sys.exit(getattr(e, "exit_code", 2))
-
-
 # Messages of gin's own configuration errors (raised when a configurable is called).
-_GIN_ERRORS = ("No configurable matching", "Required bindings", "not provided in config",
-               "Unbound macro", "No binding for macro", "unknown parameter",
-               "Configurable", "is not a parameter")
-
-
-@gin.configurable
-def experiment_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gin.REQUIRED,
-                       max_length=gin.REQUIRED, partitioner=None):
-  """What a train step needs, without data: see `build_experiment`."""
-  return model, optimizer, batch_size, max_length, partitioner
-
-
-def parse_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
-                     search_paths_flag: str = ""):
-  """parse_gin for tools that inspect an experiment without running it (benchmarks,
-  tests): MODEL_DIR and INITIAL_CHECKPOINT_PATH may stay unset."""
-  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
-                        *bindings], search_paths_flag)
-
-
-def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
-                     search_paths_flag: str = ""):
-  """(model, optimizer, batch_size, max_length, partitioner) of an experiment file,
-  without reading data, a vocabulary or an initial checkpoint (benchmarks, tests)."""
-  parse_experiment(gin_files, [*bindings,
-                               "experiment_objects.model = %MODEL",
-                               "experiment_objects.batch_size = %BATCH_SIZE",
-                               "experiment_objects.max_length = %MAX_LENGTH",
-                               "experiment_objects.partitioner = @Partitioner()"],
-                   search_paths_flag)
-  # The run's optimizer binding (create_optimizer, or multi_optimizer over subsets).
-  gin.bind_parameter("experiment_objects.optimizer", gin.query_parameter("train.optimizer"))
-  return experiment_objects()
+GIN_ERRORS = ("No configurable matching", "Required bindings", "not provided in config",
+              "Unbound macro", "No binding for macro", "unknown parameter",
+              "Configurable", "is not a parameter")

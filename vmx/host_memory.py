@@ -7,14 +7,14 @@ heap is unmapped), so the next step page-faults every one of them in again. On
 the benchmark config (4 layers, d 256, batch 64, 2 cores) that is ~120,000 minor
 faults and ~0.3 s of kernel time per 0.85 s train step. With `configure()` it is 0
 faults; the benchmark step is ~6% shorter and the real `contrastive_tiny.gin` run makes
-~30% more steps per second (README "Performance").
+~30% more steps per second (docs/performance.md).
 
 `configure()` sets, via mallopt(3):
   M_MMAP_MAX = 0          no mmap'ed blocks, big blocks come from the heap;
   M_TRIM_THRESHOLD = 2 GiB the heap top is not given back;
   M_ARENA_MAX = 1          no per-thread heaps (glibc unmaps those when they empty).
 It must run before threads that allocate start (i.e. before importing jax or
-TensorFlow): every launcher calls it from `gin_utils.run_main`, before main() imports
+TensorFlow): every launcher calls it from `cli.run_main`, before main() imports
 jax; a notebook calls it in its first cell. The price is that the process keeps
 its peak host memory until it exits.
 

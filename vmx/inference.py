@@ -6,106 +6,29 @@
 A model_dir holds `vmx_model.json` (model config, languages, max length),
 its vocabulary (`vocab.model`, SentencePiece, or an imported checkpoint's own tokenizer,
 `vmx_tokenizer.json`: vmx/data/vocab.py) and orbax checkpoints `checkpoint_<step>/`, each
-verified against its checksum manifest before use (vmx/training/checkpoints.py).
+verified against its checksum manifest before use: vmx/modeldir/ reads and writes it
+(`read_model_info`, `write_model_info` and `restore_params` are re-exported here).
+The model says how it is initialised and how token ids become sentence vectors
+(`abstract_params`, `encode_tokens`: vmx/models/base.py); this module asks it.
 """
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Optional, Sequence, Union
 
-import flax
 import jax
 import numpy as np
+from tqdm.auto import tqdm
 
-from vmx import storage, t5x_compat
+from vmx import storage
 from vmx.data.languages import resolve as resolve_language
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
-from vmx.training.checkpoints import (BEST_DIR, CHECKPOINT_PREFIX, read_only_manager,
-                                      restore_intact, step_dir)
-
-MODEL_INFO_FILE = "vmx_model.json"
-
-
-def write_model_info(model_dir, model, languages: Sequence[str], max_length: int,
-                     vocabulary: str = "vocab.model"):
-  """Everything `Encoder.from_checkpoint` needs besides the parameters."""
-  info = {"model": model.get_config(), "languages": list(languages),
-          "max_length": int(max_length), "vocabulary": vocabulary}
-  storage.path(model_dir).mkdir(parents=True, exist_ok=True)
-  storage.write_atomic(storage.path(model_dir) / MODEL_INFO_FILE, json.dumps(info, indent=1))
-
-
-def read_model_info(model_dir) -> dict:
-  path = storage.path(model_dir) / MODEL_INFO_FILE
-  if not path.exists():
-    raise CheckpointError(f"{path}: not found; is {model_dir} a vmx model_dir?")
-  try:
-    return json.loads(path.read_text())
-  except ValueError as e:
-    raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-
-
-def nonfinite_leaves(tree) -> list[str]:
-  """Paths of the array leaves of `tree` holding NaN or Inf."""
-  bad = []
-  for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-    a = np.asarray(leaf)
-    if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-      bad.append(jax.tree_util.keystr(path))
-  return bad
-
-
-def restore_params(model_dir, model, step: Optional[int] = None, input_shapes=None):
-  """Parameters of checkpoint `step` (default: the newest intact one) on the default device.
-
-  A damaged latest checkpoint is reported and the previous intact one used; an explicit
-  damaged `step` is a CheckpointError. Non-finite parameters are a NonFiniteError.
-  """
-  import orbax.checkpoint as ocp
-  mngr = read_only_manager(model_dir)
-  shapes = jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0),
-                                                              input_shapes))["params"]
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-                        shapes)
-  steps = mngr.all_steps()
-  newest = step if step is not None else (max(steps) if steps else None)
-  if newest is not None and t5x_compat.is_t5x_checkpoint(step_dir(model_dir, newest)):
-    # A run of t5x's trainer (vmx/t5x_compat.py): its own checkpoint format, no manifest.
-    params, step = t5x_compat.read_t5x_params(step_dir(model_dir, newest)), newest
-    check_param_shapes(params, shapes, step_dir(model_dir, step))
-    params = jax.device_put(jax.tree.map(lambda a, s: np.asarray(a, s.dtype), params,
-                                         flax.core.unfreeze(shapes)), device)
-  else:
-    step, restored = restore_intact(
-        model_dir, steps, step=step,
-        restore_fn=lambda s: mngr.restore(s, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(target))))
-    params = restored["params"]
-  bad = nonfinite_leaves(params)
-  if bad:
-    raise NonFiniteError(f"{model_dir}/{CHECKPOINT_PREFIX}_{step} has non-finite parameters "
-                         f"({len(bad)} arrays, e.g. {', '.join(bad[:3])})")
-  return params, step
-
-
-def check_param_shapes(params, shapes, where):
-  """CheckpointError naming the differences between a parameter tree and the model's."""
-  from flax import traverse_util
-  got = {"/".join(k): np.shape(v) for k, v in traverse_util.flatten_dict(params).items()}
-  want = {"/".join(k): tuple(v.shape)
-          for k, v in traverse_util.flatten_dict(flax.core.unfreeze(shapes)).items()}
-  problems = [f"{k} missing" for k in sorted(set(want) - set(got))]
-  problems += [f"{k} not in the model" for k in sorted(set(got) - set(want))]
-  problems += [f"{k} has shape {got[k]}, the model {want[k]}"
-               for k in sorted(set(got) & set(want)) if tuple(got[k]) != want[k]]
-  if problems:
-    more = f" (+{len(problems) - 4} more)" if len(problems) > 4 else ""
-    raise CheckpointError(f"{where}: parameters do not fit this model's config: "
-                          + "; ".join(problems[:4]) + more)
+from vmx.modeldir.checkpoints import (check_param_shapes, nonfinite_leaves,  # noqa: F401
+                                      restore_params)
+from vmx.modeldir.layout import (BEST_DIR, BEST_STEP, CHECKPOINT_PREFIX,  # noqa: F401
+                                 MODEL_INFO_FILE, read_model_info, write_model_info)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -134,7 +57,7 @@ class Encoder:
     self.batch_size = batch_size
     self.name, self.revision = type(model).__name__, None   # set by from_checkpoint
     self.prompts: dict = {}      # sentence-transformers' prompts: {name: text put before}
-    self._predict = jax.jit(lambda p, b: model.predict_batch(p, b))
+    self._predict = jax.jit(lambda p, t, l: model.encode_tokens(p, t, l))
 
   @classmethod
   def from_checkpoint(cls, model_dir, step: Union[None, int, str] = None,
@@ -145,17 +68,15 @@ class Encoder:
     info = read_model_info(model_dir)
     model = model_from_config(info["model"])
     L = info["max_length"]
-    shapes = {"left_tokens": (1, L), "right_tokens": (1, L), "left_lang": (1,),
-              "right_lang": (1,)}
     ckpt_dir, prefix = model_dir, ""
-    if step == "best":
+    if step == BEST_STEP:
       ckpt_dir, prefix, step = storage.path(model_dir) / BEST_DIR, f"{BEST_DIR}/", None
       if not ckpt_dir.is_dir():
         raise CheckpointError(f"{model_dir} has no {BEST_DIR}/ checkpoint: it is written by "
                               "runs with train.best_metric (BEST_METRIC) set")
     elif step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-      raise InputError(f"step={step!r}: expected a step number, 'best' or None (latest)")
-    params, step = restore_params(ckpt_dir, model, step, shapes)
+      raise InputError(f"step={step!r}: expected a step number, {BEST_STEP!r} or None (latest)")
+    params, step = restore_params(ckpt_dir, model, step, L)
     enc = cls(model, params, load_tokenizer(str(storage.path(model_dir) / info["vocabulary"])),
               info["languages"], L, batch_size)
     enc.name = storage.path(model_dir).name
@@ -255,7 +176,7 @@ class Encoder:
       out = out[0]
     if convert_to_tensor:
       try:
-        import torch
+        import torch  # lazy: torch (optional: convert_to_tensor=True)
       except ImportError:
         raise InputError("convert_to_tensor=True needs torch; use the default numpy output"
                          ) from None
@@ -319,7 +240,6 @@ class Encoder:
     if progress is None:
       progress = len(sentences) > 20 * bs
     if progress:
-      from tqdm.auto import tqdm
       starts = tqdm(starts, desc="encode", unit="batch")
     out = None
     for s in starts:
@@ -330,8 +250,7 @@ class Encoder:
       batch[:len(rows)] = tokens[rows, :width]
       ids = np.zeros((n,), np.int32)
       ids[:len(rows)] = lang_ids[rows]
-      emb = np.asarray(self._predict(self.params, {"left_tokens": batch, "left_lang": ids})
-                       [:len(rows)], np.float32)
+      emb = np.asarray(self._predict(self.params, batch, ids)[:len(rows)], np.float32)
       if not np.isfinite(emb).all():
         row = int(rows[np.argwhere(~np.isfinite(emb).all(axis=1))[0, 0]])
         raise NonFiniteError(f"the model produced a non-finite embedding (sentences[{row}]); "

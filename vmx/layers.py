@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from flax.linen import partitioning as nnp
+from vmx.errors import ConfigError
 
 Array = jax.Array
 param_with_axes = nnp.param_with_axes
@@ -104,7 +105,6 @@ def activation(name: str) -> Callable:
     return lambda x: jax.nn.gelu(x, approximate=False)
   fn = getattr(jax.nn, name, None)
   if not callable(fn):
-    from vmx.errors import ConfigError
     raise ConfigError(f"activation={name!r} is not a jax.nn function nor 'gelu_exact'")
   return fn
 

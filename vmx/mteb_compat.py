@@ -30,7 +30,7 @@ except ImportError as e:   # pragma: no cover  (mteb is optional)
 def model_meta(encoder, name: Optional[str] = None, revision: Optional[str] = None):
   """MTEB's ModelMeta of a vmx Encoder (name, revision, size, dimension, max tokens,
   cosine similarity, JAX)."""
-  from mteb.models.model_meta import ModelMeta, ScoringFunction
+  from mteb.models.model_meta import ModelMeta, ScoringFunction  # lazy: mteb (optional)
   n_params = int(sum(np.size(x) for x in jax.tree.leaves(encoder.params)))
   return ModelMeta(
       loader=None, name=name or f"vmx/{encoder.name}",

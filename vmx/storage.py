@@ -27,6 +27,12 @@ from etils import epath
 PathLike = Union[str, os.PathLike]
 
 
+def cache_dir() -> LocalPath:
+  """vmx's local data cache: `VMX_CACHE_DIR`, default ~/.cache/vmx/data. Downloads live in
+  it; derived caches (remote copies, vocabularies, teacher vectors) in its parent."""
+  return LocalPath(os.environ.get("VMX_CACHE_DIR", LocalPath.home() / ".cache" / "vmx" / "data"))
+
+
 def is_remote(p: PathLike) -> bool:
   """True for a URI (`gs://bucket/dir`, `s3://...`), False for a local path."""
   return "://" in os.fspath(p)
@@ -98,7 +104,6 @@ def local_copy(p: PathLike) -> str:
   under VMX_CACHE_DIR's `remote/` keyed by the URI and the object's size and time."""
   if not is_remote(p):
     return os.fspath(path(p))
-  from vmx.data.download import cache_dir
   src = path(p)
   st = src.stat()
   key = hashlib.sha256(f"{src}|{st.length}|{st.mtime}".encode()).hexdigest()[:16]

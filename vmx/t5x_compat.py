@@ -17,9 +17,8 @@ which this module supplies (`gin_configs/t5x/contrastive_tiny.gin` wires them):
 * `additional_axis_rules()`: the logical axes of vmx parameters that t5x's
   `standard_logical_axis_rules()` does not name (replicated), for
   `partitioning.standard_logical_axis_rules.additional_rules`.
-* `read_t5x_params(step_dir)`: the parameters of a t5x checkpoint, in its Orbax layout
-  (`checkpoint_<step>/state/`, t5x's default) or its legacy one (`checkpoint_<step>/
-  checkpoint`, msgpack with arrays in TensorStore zarr directories), without t5x.
+* `read_t5x_params(step_dir)`: the parameters of a t5x checkpoint (its Orbax or legacy
+  layout), without t5x: vmx/modeldir/t5x_format.py, re-exported here.
 
 What t5x's trainer does not do: it calls none of vmx's trainer hooks (`after_update`,
 `derive_mutables`: InfoXLM's and EMMA-X's momentum encoders) and reads one task a step
@@ -34,16 +33,20 @@ tests/test_t5x_compat.py`).
 """
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional, Sequence
 
 import gin
 import jax
 import numpy as np
 from flax import traverse_util
+from flax.linen import partitioning as nnp
+from flax.core import freeze, unfreeze
 
-from vmx import storage
-from vmx.errors import CheckpointError, ConfigError
+from vmx.errors import ConfigError
+from vmx.models.base import BaseModel
+from vmx.modeldir import layout
+from vmx.modeldir.t5x_format import (T5X_LEGACY_FILE, T5X_STATE_DIR,  # noqa: F401 (old path)
+                                     is_t5x_checkpoint, read_t5x_params)
 
 # The logical axis names of t5x's standard_logical_axis_rules() (t5x/partitioning.py, with
 # its always-appended rules) and the rules of standard_logical_factor_rules()
@@ -68,8 +71,7 @@ VMX_AXIS_RULES = (("languages", None), ("ranks", None), ("token_types", None))
 def logical_factor_rules():
   """t5x's standard Adafactor factor rules plus vmx's axis names (for
   `adafactor.Adafactor.logical_factor_rules`)."""
-  from flax.core import freeze, unfreeze
-  from t5x import adafactor
+  from t5x import adafactor  # lazy: t5x (optional, not on PyPI)
   rules = unfreeze(adafactor.standard_logical_factor_rules())
   rules.update({k: adafactor.FactorDim.NONE for k in VMX_FACTOR_RULES})
   return freeze(rules)
@@ -83,7 +85,6 @@ def additional_axis_rules():
 
 
 def _overrides(model, name: str) -> bool:
-  from vmx.models.base import BaseModel
   return getattr(type(model), name) is not getattr(BaseModel, name)
 
 
@@ -91,7 +92,6 @@ def mutables_axes_collections(model, variables) -> dict:
   """`{collection}_axes` entries (flax AxisMetadata leaves named `<leaf>_axes`, as
   `param_with_axes` makes for `params_axes`) for every non-params collection of
   `variables`, from the model's `flax_mutables_axes` hook (default: replicated)."""
-  from flax.linen import partitioning as nnp
   params_axes = {k: tuple(v) for k, v in traverse_util.flatten_dict(
       nnp.get_axis_names(variables["params_axes"])).items()}
   params_axes = traverse_util.unflatten_dict(params_axes)
@@ -139,11 +139,7 @@ class T5XModel:
     self.model, self.optimizer_def = model, optimizer_def
     self.module = model.module
     if model_dir is not None and jax.process_index() == 0:
-      from vmx.data.vocab import copy_any_vocabulary
-      from vmx.inference import write_model_info
-      storage.path(model_dir).mkdir(parents=True, exist_ok=True)
-      write_model_info(model_dir, model, languages, max_length,
-                       copy_any_vocabulary(vocabulary, model_dir))
+      layout.write_inference_files(model_dir, model, languages, max_length, vocabulary)
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's name)
@@ -155,9 +151,8 @@ class T5XModel:
     return variables
 
   def loss_fn(self, params, batch, dropout_rng, flax_mutables=None):
-    if self.model.HAS_MUTABLES:
-      return self.model.loss_fn(params, batch, dropout_rng, flax_mutables)
-    return self.model.loss_fn(params, batch, dropout_rng)
+    # t5x's arity (flax_mutables only for models with HAS_MUTABLES): vmx/models/base.py.
+    return self.model.loss_fn(params, batch, dropout_rng, flax_mutables)
 
   def eval_fn(self, params, batch, flax_mutables=None):
     del flax_mutables
@@ -171,80 +166,3 @@ class T5XModel:
 
   def predict_batch(self, params, batch, rng=None, **kwargs):
     return self.predict_batch_with_aux(params, batch, rng=rng, **kwargs)[0]
-
-
-# ----------------------------------------------------------------------------
-# t5x checkpoints.
-
-T5X_STATE_DIR = "state"        # t5x's Orbax layout: checkpoint_<step>/state/
-T5X_LEGACY_FILE = "checkpoint"  # t5x's legacy layout: checkpoint_<step>/checkpoint
-
-
-def is_t5x_checkpoint(step_dir) -> bool:
-  d = storage.path(step_dir)
-  return (d / T5X_STATE_DIR).is_dir() or (d / T5X_LEGACY_FILE).is_file()
-
-
-def read_t5x_params(step_dir) -> dict:
-  """The parameters (`target`) of a t5x checkpoint directory `checkpoint_<step>`, as a
-  nested dict of numpy arrays (the vmx model's `params` tree)."""
-  d = storage.path(step_dir)
-  if (d / T5X_STATE_DIR).is_dir():
-    import absl.logging
-    level = absl.logging.get_verbosity()   # t5x writes no per-item metadata: orbax warns
-    absl.logging.set_verbosity(absl.logging.ERROR)
-    try:
-      return _read_orbax(d)
-    finally:
-      absl.logging.set_verbosity(level)
-  if (d / T5X_LEGACY_FILE).is_file():
-    return _read_legacy(d)
-  raise CheckpointError(f"{d}: neither a t5x Orbax checkpoint ({T5X_STATE_DIR}/) nor a "
-                        f"legacy one ({T5X_LEGACY_FILE})")
-
-
-def _read_orbax(d) -> dict:
-  import orbax.checkpoint as ocp
-  with ocp.PyTreeCheckpointer() as ckptr:
-    meta = ckptr.metadata(d / T5X_STATE_DIR)
-    tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
-    if "target" not in tree:
-      raise CheckpointError(f"{d / T5X_STATE_DIR}: no 'target' (a t5x checkpoint holds "
-                            f"the parameters there; found {sorted(tree)[:6]})")
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                tree["target"])
-    state = ckptr.restore(d / T5X_STATE_DIR, args=ocp.args.PyTreeRestore(
-        item={"target": tree["target"]}, restore_args={"target": restore_args},
-        partial_restore=True))
-  return jax.tree.map(np.asarray, state["target"])
-
-
-def _read_legacy(d) -> dict:
-  """t5x's msgpack checkpoint: {'version', 'optimizer': {'target': ..., 'state': ...}};
-  arrays stored apart are TensorStore specs (a dict with 'driver' and 'kvstore') whose
-  path is relative to the checkpoint directory."""
-  import tensorstore as ts
-  from flax import serialization
-  state = serialization.msgpack_restore((d / T5X_LEGACY_FILE).read_bytes())
-  try:
-    target = state["optimizer"]["target"]
-  except (KeyError, TypeError):
-    raise CheckpointError(f"{d / T5X_LEGACY_FILE}: no optimizer/target in this msgpack "
-                          "(not a t5x checkpoint?)") from None
-
-  def load(x):
-    if isinstance(x, Mapping) and "driver" in x and "kvstore" in x:
-      spec = dict(x)
-      kv = dict(spec["kvstore"]) if isinstance(spec["kvstore"], Mapping) else {}
-      rel = kv.get("path") or spec.pop("path", None)
-      if storage.is_remote(d):
-        bucket, _, prefix = os.fspath(d).split("://", 1)[1].partition("/")
-        kv = {"driver": "gcs", "bucket": bucket, "path": f"{prefix}/{rel}"}
-      else:
-        kv = {"driver": "file", "path": os.path.join(os.fspath(d), rel)}
-      spec["kvstore"] = kv
-      return np.asarray(ts.open(spec, open=True, read=True).result().read().result())
-    if isinstance(x, Mapping):
-      return {k: load(v) for k, v in x.items()}
-    return np.asarray(x)
-  return load(target)

@@ -24,16 +24,17 @@ from typing import Optional, Sequence
 
 import seqio
 import tensorflow as tf
+from tqdm.auto import tqdm
 
 from vmx import storage
 from vmx.errors import ConfigError
+from vmx.data.tasks import HfVocabulary
 
 VMX_CACHE_INFO = "vmx_cache.json"
 
 
 def vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
   """sha256 of the vocabulary's model (SentencePiece proto, or an imported tokenizer's spec)."""
-  from vmx.data.tasks import HfVocabulary
   if isinstance(vocabulary, HfVocabulary):
     data = storage.path(vocabulary.spec_path).read_bytes()
   elif isinstance(vocabulary, seqio.SentencePieceVocabulary):
@@ -86,7 +87,6 @@ def _write_split(task: seqio.Task, out: str, split: str, progress: bool):
   prefix = seqio.utils.get_cached_tfrecord_prefix(out, split)
   examples = ds.as_numpy_iterator()
   if progress:
-    from tqdm.auto import tqdm
     examples = tqdm(examples, desc=f"{task.name}:{split}", unit=" examples",
                     total=task.num_input_examples(split))
   with tf.io.TFRecordWriter(f"{prefix}-00000-of-00001") as writer:

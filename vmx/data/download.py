@@ -22,7 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from vmx.errors import DataError  # noqa: F401  (re-exported: vmx.data.download.DataError)
+from vmx import storage
+from vmx.errors import DataError
+from vmx.storage import cache_dir  # noqa: F401  (vmx.data.download.cache_dir, as before)
 
 REGISTRY = Path(__file__).with_name("registry.tsv")
 
@@ -34,10 +36,6 @@ def registry() -> dict[str, tuple[int, str, str]]:
     lines = [l for l in f if not l.startswith("#")]
   return {r["path"]: (int(r["bytes"]), r["sha256"], r["url"])
           for r in csv.DictReader(lines, delimiter="\t")}
-
-
-def cache_dir() -> Path:
-  return Path(os.environ.get("VMX_CACHE_DIR", Path.home() / ".cache" / "vmx" / "data"))
 
 
 def configured_data_dir(data_dir: Optional[str] = None) -> Optional[Path]:
@@ -61,7 +59,6 @@ def available(rel: str, data_dir: Optional[str] = None) -> bool:
 
 
 def sha256sum(path: Path) -> str:
-  from vmx import storage
   return storage.sha256(path)
 
 

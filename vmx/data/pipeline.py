@@ -16,6 +16,10 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from vmx.data import cache
+from vmx.errors import ConfigError
+from vmx.gin_utils import check_range, positive_int
+
 
 @dataclasses.dataclass
 class DatasetConfig:
@@ -36,7 +40,6 @@ class DatasetConfig:
   pack: bool = False
 
   def __post_init__(self):
-    from vmx.gin_utils import check_range, positive_int
     check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
                 "a positive integer (the global batch)")
     lengths = dict(self.task_feature_lengths) if isinstance(self.task_feature_lengths,
@@ -58,7 +61,6 @@ class MultiTaskConfig:
   tasks: Mapping[str, DatasetConfig]
 
   def __post_init__(self):
-    from vmx.gin_utils import check_range
     ok = isinstance(self.tasks, Mapping) and len(self.tasks) > 0 and all(
         isinstance(k, str) and "/" not in k and isinstance(v, DatasetConfig)
         for k, v in self.tasks.items())
@@ -98,7 +100,6 @@ def token_lengths(cfg, feature_converter_cls) -> list[int]:
 def model_feature_shapes(cfg, feature_converter_cls) -> dict:
   """Global batch shapes of the model features ([B] scalars, [B, length] sequences);
   `feature_converter_cls` is a model's FEATURE_CONVERTER_CLS (a dict for several tasks)."""
-  from vmx.errors import ConfigError
   multi = isinstance(feature_converter_cls, Mapping)
   if multi != isinstance(cfg, MultiTaskConfig):
     raise ConfigError(
@@ -152,7 +153,6 @@ def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
   whole stream; the trainer places each device's rows)."""
   provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
   if cfg.use_cached:
-    from vmx.data import cache
     cache.check_cached(cfg.mixture_or_task_name, cfg.split)
   kwargs = dict(sequence_length=cfg.task_feature_lengths, split=cfg.split,
                 use_cached=cfg.use_cached, shuffle=cfg.shuffle,

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import BinaryIO, Iterator
 
 from vmx import storage
-from vmx.data.download import DataError, cache_dir
+from vmx.errors import DataError
+from vmx.storage import cache_dir
 from vmx.errors import ConfigError
 
 EMPTY_LINE_POLICIES = ("error", "skip")

@@ -32,8 +32,10 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from vmx.data import devsets, readers
-from vmx.data.download import DataError
+from vmx.data import devsets, readers, teacher
+from vmx.data.teacher import text_fingerprint  # noqa: F401  (also vmx.data.tasks.text_fingerprint)
+from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
+from vmx.errors import DataError
 
 DEFAULT_SHUFFLE_BUFFER = 20_000
 
@@ -89,7 +91,6 @@ class SplitSource(seqio.FunctionDataSource):
     self._make = _without_held_out(make_dataset, holdout) if holdout else make_dataset
     self._kind = f"{kind}:holdout={holdout.key}" if holdout else kind
     if pivots_in:
-      from vmx.data import teacher
       self._make = _only_pivots_in(self._make, pivots_in)
       self._kind += f":pivots={teacher.info(pivots_in)['stamp']}"
     self._key = key
@@ -140,12 +141,6 @@ def _pair_key(ex):
   return tf.strings.join([ex["inputs"], ex["targets"]], "\t")
 
 
-def text_fingerprint(text: tf.Tensor) -> tf.Tensor:
-  """int64 FarmHash fingerprint (2^62 buckets) of stripped text: how held-out dev sentences
-  and cached teacher embeddings are found."""
-  return tf.strings.to_hash_bucket_fast(tf.strings.strip(text), 1 << 62)
-
-
 def _without_held_out(make_dataset, holdout: devsets.HeldOut):
   """`make_dataset` minus the examples with a sentence of the held-out dev sets (by the
   FarmHash fingerprint of each stripped text feature)."""
@@ -167,7 +162,6 @@ def _only_pivots_in(make_dataset, cache: str):
   """`make_dataset` restricted to the pairs whose pivot (`targets`) sentence the teacher
   cache `cache` embeds (a partial cache: `vmx.data.teacher.partial`)."""
   def make():
-    from vmx.data import teacher
     keys = tf.constant(teacher.load(cache)[0])
     table = tf.lookup.StaticHashTable(
         tf.lookup.KeyValueTensorInitializer(keys, tf.ones_like(keys)), default_value=0)
@@ -276,7 +270,6 @@ class HfVocabulary(seqio.Vocabulary):
   vocabulary: vmx ids, special tokens included, tokenized in tf.data via numpy."""
 
   def __init__(self, spec_path: str):
-    from vmx.data.vocab import HfTokenizer
     self.tokenizer = HfTokenizer(spec_path)
     self.spec_path = str(spec_path)
     super().__init__(extra_ids=0)
@@ -335,7 +328,6 @@ def truncate_keeping_last(dataset: tf.data.Dataset, sequence_length,
 
 def seqio_vocabulary(vocab_path: str) -> seqio.Vocabulary:
   """seqio vocabulary of a SentencePiece `.model` or an imported `vmx_tokenizer.json`."""
-  from vmx.data.vocab import TOKENIZER_SPEC
   if Path(vocab_path).name == TOKENIZER_SPEC:
     return HfVocabulary(vocab_path)
   return seqio.SentencePieceVocabulary(str(vocab_path))
@@ -344,7 +336,6 @@ def seqio_vocabulary(vocab_path: str) -> seqio.Vocabulary:
 def add_teacher_embeddings(dataset: tf.data.Dataset, cache: str, task: str = ""):
   """Preprocessor (after tokenizing): `teacher` [D] float32, the cached teacher embedding
   of the pair's pivot (`targets`) sentence (vmx.data.teacher)."""
-  from vmx.data import teacher
   d = teacher.dim(cache)
 
   def find(keys):

@@ -25,11 +25,15 @@ from typing import Iterable, Optional, Sequence
 
 import gin
 import numpy as np
+import sentencepiece as spm
+import tokenizers
+from tokenizers import BertWordPieceTokenizer
 
 from vmx import storage
-from vmx.data.download import DataError, cache_dir
+from vmx.storage import cache_dir
 from vmx.data.readers import iter_lines
-from vmx.errors import CheckpointError, ConfigError
+from vmx.errors import CheckpointError, ConfigError, DataError
+from vmx.gin_utils import binding_source
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
@@ -43,7 +47,6 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
                         character_coverage: float = 0.9995,
                         max_sentences_per_file: int = 200_000, seed: int = 0) -> str:
   """Trains a SentencePiece model on (a seeded sample of) `input_files` (.gz ok)."""
-  import sentencepiece as spm
 
   rng = random.Random(seed)
   sentences = []
@@ -68,7 +71,6 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
           input_sentence_size=len(sentences), shuffle_input_sentence=False,
           hard_vocab_limit=False, minloglevel=2, num_threads=os.cpu_count() or 1)
     except (RuntimeError, OSError, ValueError) as e:
-      from vmx.gin_utils import binding_source
       why = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
       raise ConfigError(f"building a {vocab_size}-piece SentencePiece vocabulary from "
                         f"{len(sentences)} sentences failed "
@@ -120,7 +122,6 @@ class Tokenizer:
   """Batch tokenization into fixed-shape, zero-padded int32 arrays."""
 
   def __init__(self, model_path: str):
-    import sentencepiece as spm
     if not storage.path(model_path).exists():
       raise DataError(f"{model_path}: no such SentencePiece model")
     self.model_path = str(model_path)
@@ -207,17 +208,14 @@ class HfTokenizer:
 
   def _load(self, file: str, spec: dict):
     if self.kind == "tokenizers":
-      import tokenizers
       self.tok = tokenizers.Tokenizer.from_file(str(file))
       self.tok.no_truncation()
       self.tok.no_padding()
       self._size = self.tok.get_vocab_size(with_added_tokens=True)
     elif self.kind == "wordpiece":
-      from tokenizers import BertWordPieceTokenizer
       self.tok = BertWordPieceTokenizer(str(file), lowercase=bool(spec.get("lowercase", False)))
       self._size = self.tok.get_vocab_size(with_added_tokens=True)
     else:
-      import sentencepiece as spm
       self.sp = spm.SentencePieceProcessor(model_file=str(file))
       # fairseq (XLM-R): <s>=0 <pad>=1 </s>=2 <unk>=3, piece i -> i + 1, then <mask>
       self._size = self.sp.get_piece_size() + (2 if self.kind == "fairseq_spm" else 0)

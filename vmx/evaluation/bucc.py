@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.evaluation import common, knn, mining
 
 PAIRS = ("de-en", "fr-en", "ru-en", "zh-en")

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from vmx.data import download, readers
+from vmx.errors import DataError
 from vmx.data.languages import iso3  # noqa: F401  (the evaluation modules call common.iso3)
 
 EncodeFn = Callable[[list, str], np.ndarray]
@@ -104,11 +106,11 @@ class DataFiles:
       if Path(rel).is_absolute():
         p = Path(rel)
         if not p.exists():
-          raise download.DataError(f"{p}: no such file")
+          raise DataError(f"{p}: no such file")
       else:
         p = download.resolve(rel, self.data_dir)
-    except download.DataError as e:
-      raise download.DataError(f"task {self.task}: {e}") from None
+    except DataError as e:
+      raise DataError(f"task {self.task}: {e}") from None
     self.used[str(rel)] = p
     return p
 
@@ -124,14 +126,13 @@ def read_lines(path, task: str = "") -> list[str]:
   """Lines of a (possibly .gz) UTF-8 text file, without newlines; errors name file:line."""
   try:
     return [line for _, line in readers.iter_lines(path)]
-  except download.DataError as e:
-    raise download.DataError(f"task {task}: {e}" if task else str(e)) from None
+  except DataError as e:
+    raise DataError(f"task {task}: {e}" if task else str(e)) from None
 
 
 def progress_iter(it: Iterable, desc: str, enabled: bool, total: Optional[int] = None):
   if not enabled:
     return it
-  from tqdm.auto import tqdm
   return tqdm(it, desc=desc, total=total, leave=False)
 
 

@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 from scipy.special import logsumexp
 
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.evaluation import common, mining
 
 # newstest2013 is 6-way parallel (cs de en es fr ru): the default N-way set.
@@ -36,7 +36,7 @@ def gaussian(x_NxD, cov: str = "diag"):
   if cov == "diag":
     return mu, x.var(axis=0) + 1e-8
   if cov == "full":
-    from sklearn.covariance import LedoitWolf
+    from sklearn.covariance import LedoitWolf  # lazy: scikit-learn (slow import, used by this task only)
     return mu, LedoitWolf().fit(x).covariance_
   raise ValueError(f"cov={cov!r}: expected 'diag' or 'full'")
 
@@ -60,7 +60,7 @@ def invariance(embs: dict, cov: str = "diag") -> float:
 
 
 def canonical_form(embs: dict) -> float:
-  from sklearn.metrics import calinski_harabasz_score
+  from sklearn.metrics import calinski_harabasz_score  # lazy: scikit-learn (slow import, used by this task only)
   x = np.concatenate([mining.normalize(e) for e in embs.values()])
   labels = np.concatenate([np.arange(len(e)) for e in embs.values()])
   return float(calinski_harabasz_score(x, labels))

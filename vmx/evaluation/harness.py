@@ -30,9 +30,10 @@ import numpy as np
 
 from vmx import storage
 from vmx.data import devsets
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.data.languages import resolve as resolve_language
 from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
+from vmx.evaluation import plots
 
 VMX_VERSION = "0.1.0"
 
@@ -42,6 +43,7 @@ class EvalConfig:
   """Where the data are and what to run on; every field is a flag of launch/eval.py."""
   data_dir: Optional[str] = None               # default: $VMX_DATA_DIR, else download cache
   tatoeba_languages: Optional[Sequence[str]] = None   # default: the model's, else all
+  tatoeba_english: str = "eng"                 # the code the model knows English by
   bucc_pairs: Optional[Sequence[str]] = None     # default: every pair of bucc.PAIRS supplied
   sts17_dir: Optional[str] = None              # SemEval-2017 STS.input.trackN.xx-yy.txt
   sts17_gs_dir: Optional[str] = None           # gold files, if not next to the inputs
@@ -71,8 +73,8 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
   for l in langs:   # resolve (and record) the files; missing ones fail here, named
     files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
     files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
-  res = tatoeba.evaluate(encode, langs, cfg.data_dir, progress=cfg.progress,
-                         own_languages=ctx.get("languages"))
+  res = tatoeba.evaluate(encode, langs, cfg.data_dir, english=cfg.tatoeba_english,
+                         progress=cfg.progress, own_languages=ctx.get("languages"))
   subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
               "accuracy_xx2en": r["xx2en"], "accuracy_en2xx": r["en2xx"], "xsim_error": r["xsim"],
               "n": r["n"], "group": "head" if l in tatoeba.XTREME36 else "long_tail"}
@@ -211,7 +213,6 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
   if out:
     storage.write_atomic(out / "summary.md", summary_markdown(results, errors, model))
     if cfg.plots:
-      from vmx.evaluation import plots
       if "tatoeba" in results:
         plots.tatoeba_bars(results["tatoeba"], out / "tatoeba_languages.png")
       if "geometry" in artifacts:

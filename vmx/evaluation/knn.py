@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
 
 NEG = -jnp.inf
 
@@ -202,7 +203,6 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int = 1024,
   scalar = lambda v: jax.device_put(np.int32(v), rep)
   starts = range(0, N, step_rows)
   if progress:
-    from tqdm.auto import tqdm
     starts = tqdm(starts, desc=f"knn {N}x{M}", unit="block")
   row_g = []
   for r0 in starts:

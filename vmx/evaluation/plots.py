@@ -6,12 +6,13 @@ import io
 import numpy as np
 
 from vmx import storage
+from vmx.evaluation.mining import normalize
 
 
 def _plt():
-  import matplotlib
+  import matplotlib  # lazy: matplotlib (slow import, plots only)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # lazy: matplotlib
   return plt
 
 
@@ -47,8 +48,7 @@ def projection(embs: dict, path, n_points: int = 200, seed: int = 0):
   Translations of one sentence should fall together; language clusters mean the
   space encodes language rather than meaning.
   """
-  from sklearn.decomposition import PCA
-  from vmx.evaluation.mining import normalize
+  from sklearn.decomposition import PCA  # lazy: scikit-learn
   plt = _plt()
   n = len(next(iter(embs.values())))
   idx = np.random.default_rng(seed).permutation(n)[:n_points]

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.evaluation import common, knn, mining
 
 KS = (1, 5, 10, 20)

@@ -21,8 +21,9 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import stats
 
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.evaluation import common, mining
+from vmx.data import download
 
 YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 SBERT_EXCLUDE = {("STS13", "SMT")}
@@ -84,7 +85,6 @@ def _predict(encode, s1, s2, lang1="eng", lang2="eng"):
 def _datasets(files: common.DataFiles, year: str) -> list[str]:
   """Datasets of a year that have both an input and a gold file."""
   root = f"eval/sts/{year}-en-test"
-  from vmx.data import download
   data_root = download.configured_data_dir(files.data_dir)
   if data_root is not None:
     names = [p.name for p in (data_root / root).glob("STS.input.*.txt")]

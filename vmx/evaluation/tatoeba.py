@@ -21,8 +21,10 @@ import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from vmx.data import download, readers
+from vmx.errors import DataError
 from vmx.data.languages import resolve
 from vmx.evaluation import knn, mining
 
@@ -38,7 +40,7 @@ METRICS = ("xx2en", "en2xx", "mean", "xsim")
 def tatoeba_files(lang: str, data_dir: Optional[str] = None):
   rel = f"eval/tatoeba/v1/tatoeba.{lang}-eng"
   if not download.available(f"{rel}.{lang}", data_dir):
-    raise download.DataError(f"tatoeba: no test set for language {lang!r} ({rel}.{lang})")
+    raise DataError(f"tatoeba: no test set for language {lang!r} ({rel}.{lang})")
   return download.resolve(f"{rel}.{lang}", data_dir), download.resolve(f"{rel}.eng", data_dir)
 
 
@@ -86,7 +88,6 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
   per = {}
   it = languages
   if progress:
-    from tqdm.auto import tqdm
     it = tqdm(languages, desc="tatoeba", unit="lang", leave=False)
   for lang in it:
     xx, en = load_tatoeba(lang, data_dir)

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vmx.data.download import DataError
+from vmx.errors import DataError
 from vmx.evaluation import common
 
 XNLI_LANGS = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi",
@@ -56,9 +56,9 @@ def features(encode, cols, lang) -> np.ndarray:
 
 
 def make_probe(seed: int = 0, c: float = 1.0):
-  from sklearn.linear_model import LogisticRegression
-  from sklearn.pipeline import make_pipeline
-  from sklearn.preprocessing import StandardScaler
+  from sklearn.linear_model import LogisticRegression  # lazy: scikit-learn (slow import, used by this task only)
+  from sklearn.pipeline import make_pipeline  # lazy: scikit-learn
+  from sklearn.preprocessing import StandardScaler  # lazy: scikit-learn
   return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000,
                                                             random_state=seed))
 

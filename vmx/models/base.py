@@ -13,12 +13,16 @@ Metrics are clu metric objects (t5x's convention).
 `embed` (the sentence vector used for retrieval) and `compute_loss` (its objective as
 a dict of scalars); scoring, prediction, metric wrapping and eval come from the base.
 
+vmx's trainer calls one contract for every model (vmx/training/step.py):
+  compute_loss(params, batch, dropout_rng, flax_mutables)
+      -> (loss, {name: scalar}, new_flax_mutables)
 State not trained by gradients (momentum encoders, queues of past embeddings, step
-counters) lives in the `flax_mutables` of the train state (t5x's flax_mutables path):
-such models set `HAS_MUTABLES = True`, put the state in `get_initial_variables`, and
-get it in `loss_fn(params, batch, dropout_rng, flax_mutables)`, which returns
-`(loss, (metrics, new_flax_mutables))`. Three trainer hooks (vmx/training/trainer.py),
-all optional:
+counters) lives in those `flax_mutables` of the train state (t5x's flax_mutables path):
+such models put it in `get_initial_variables` and return its new value; the others
+return what they were given. `HAS_MUTABLES = True` matters only to t5x's arity, which
+`loss_fn` (below: the one place that branches on it) follows: t5x passes flax_mutables
+to such models and expects `(loss, (metrics, new_flax_mutables))` back. Three trainer
+hooks (vmx/training/step.py), all optional:
   flax_mutables_axes(params_axes, flax_mutables)  logical axes of that state (default:
       replicated), so a queue is split along 'data' and a momentum encoder like the
       parameters it follows;
@@ -33,15 +37,22 @@ its data (a queue larger than the corpus) before anything is compiled.
 A contrastive model whose loss is a function of per-example embeddings opts into
 GradCache (Gao et al. 2021; `train.grad_cache_chunks`, vmx/training/grad_cache.py) with
   grad_cache_embed(params, batch, dropout_rng) -> pytree of [b, ...] per-example arrays
-  grad_cache_loss(embeddings, batch) -> (loss, {name: scalar})
-so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch; a
-model with flax_mutables takes and updates them in the loss only:
-  grad_cache_loss(embeddings, batch, flax_mutables) -> (loss, metrics, new_flax_mutables).
+  grad_cache_loss(embeddings, batch, flax_mutables) -> (loss, {name: scalar},
+                                                      new_flax_mutables)
+so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch (a
+model with flax_mutables takes and updates them in the loss only; the others return
+them unchanged).
 A chunk's batch also holds `batch[GRAD_CACHE_ROW]` [b], each example's row in the global
 batch, for an embedding that depends on it (VMSST alternates a choice by row).
 A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
 {task: converter class}; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
+
+What inference, export and import ask a model (so that they hard-code neither feature
+names nor model classes): `inference_shapes(max_length)` / `abstract_params(max_length)`
+(how it is initialised without data), `encode_tokens(params, tokens_BxL, lang_B)` (the
+retrieval vectors), `vocab_size` and `pooled_encoder()` (what a sentence-transformers
+export writes).
 
 `FEATURE_CONVERTER_CLS` is resolved lazily, so that importing a model (for
 inference) never imports seqio/TensorFlow.
@@ -57,6 +68,8 @@ import jax
 import jax.numpy as jnp
 from clu import metrics as clu_metrics
 from flax import linen as nn
+from vmx.errors import ConfigError
+from vmx.losses import l2_normalize
 
 
 GRAD_CACHE_ROW = "grad_cache/row"   # see the module docstring (GradCache)
@@ -87,8 +100,12 @@ class BaseModel(abc.ABC):
     self.module = module
 
   @abc.abstractmethod
-  def loss_fn(self, params, batch: Mapping[str, jax.Array], dropout_rng):
+  def loss_fn(self, params, batch: Mapping[str, jax.Array], dropout_rng, flax_mutables=None):
     ...
+
+  @abc.abstractmethod
+  def compute_loss(self, params, batch: Mapping[str, jax.Array], dropout_rng, flax_mutables):
+    """(loss, {name: scalar}, new flax_mutables): what vmx's trainer calls."""
 
   def eval_fn(self, params, batch: Mapping[str, jax.Array]):
     return self.loss_fn(params, batch, None)
@@ -112,6 +129,44 @@ class BaseModel(abc.ABC):
   def get_config(self) -> dict:
     """JSON-serializable description that `model_from_config` rebuilds."""
     return to_config(self)
+
+  # --- what inference, export and import ask the model (see the module docstring) ---
+
+  def inference_shapes(self, max_length: int) -> dict:
+    """Input shapes that `get_initial_variables` builds the full parameter tree from when
+    there is no training data (inference, conversion)."""
+    raise NotImplementedError(f"{type(self).__name__} does not say how it is initialised "
+                              "for inference")
+
+  def abstract_params(self, max_length: int):
+    """The parameter tree (jax.ShapeDtypeStruct leaves) of a model for `max_length`."""
+    return jax.eval_shape(lambda: self.get_initial_variables(
+        jax.random.PRNGKey(0), self.inference_shapes(max_length)))["params"]
+
+  @property
+  def vocab_size(self):
+    """The smallest embedding table of the model's config (token ids must stay below it),
+    or None if it has none."""
+    sizes = []
+
+    def walk(cfg):
+      if isinstance(cfg, dict):
+        for k, v in cfg.items():
+          if k == "vocab_size" and isinstance(v, int):
+            sizes.append(v)
+          walk(v)
+      elif isinstance(cfg, list):
+        for v in cfg:
+          walk(v)
+    walk(self.get_config())
+    return min(sizes) if sizes else None
+
+  def pooled_encoder(self):
+    """(the TransformerEncoder, its pooling) whose pooled, L2-normalized output is this
+    model's retrieval vector, for export to sentence-transformers; ConfigError saying why
+    for a model whose vector is something else."""
+    raise ConfigError(f"{type(self).__name__} cannot be exported to sentence-transformers: "
+                      f"its retrieval vector is not a pooled encoder")
 
   # --- trainer hooks for state not trained by gradients (see the module docstring) ---
 
@@ -168,6 +223,8 @@ class SentenceEncoderModel(BaseModel):
     ...
 
   def loss_fn(self, params, batch, dropout_rng, flax_mutables=None):
+    """t5x's loss_fn on `compute_loss`: (loss, metrics), or (loss, (metrics, new
+    flax_mutables)) for a model with HAS_MUTABLES (t5x's arity)."""
     loss, metrics, new = self.compute_loss(params, batch, dropout_rng, flax_mutables)
     if self.HAS_MUTABLES:
       return loss, (averaged(metrics), new)
@@ -179,7 +236,6 @@ class SentenceEncoderModel(BaseModel):
 
   def score_batch(self, params, batch, return_intermediates: bool = False):
     """Cosine similarity of each (left, right) pair's sentence vectors: [B]."""
-    from vmx.losses import l2_normalize
     left = self.embed(params, batch["left_tokens"], batch.get("left_lang"), "left")
     right = self.embed(params, batch["right_tokens"], batch.get("right_lang"), "right")
     scores = jnp.sum(l2_normalize(left) * l2_normalize(right), axis=-1)
@@ -187,9 +243,17 @@ class SentenceEncoderModel(BaseModel):
       return scores, {"left_encodings": left, "right_encodings": right}
     return scores
 
+  def inference_shapes(self, max_length: int) -> dict:
+    L = int(max_length)
+    return {"left_tokens": (1, L), "right_tokens": (1, L), "left_lang": (1,),
+            "right_lang": (1,)}
+
+  def encode_tokens(self, params, tokens_BxL, lang_B):
+    """L2-normalized sentence vectors [B, D] of token ids (what `Encoder` jits)."""
+    return self.predict_batch(params, {"left_tokens": tokens_BxL, "left_lang": lang_B})
+
   def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
     """L2-normalized sentence vectors [B, D] of `{side}_tokens`; aux: the raw vectors."""
-    from vmx.losses import l2_normalize
     emb = self.embed(params, batch[f"{side}_tokens"], batch.get(f"{side}_lang"), side)
     return l2_normalize(emb), {"unnormalized": emb}
 

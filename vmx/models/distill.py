@@ -39,7 +39,7 @@ class DistillationModel(DualEncoderModel):
                         f"expected a number >= 0")
     self.contrastive_weight = float(contrastive_weight)
 
-  def grad_cache_loss(self, embeddings, batch):
+  def grad_cache_loss(self, embeddings, batch, flax_mutables=None):
     translation_BxD, pivot_BxD = embeddings
     teacher_BxD = batch["teacher"]
     if translation_BxD.shape[-1] != teacher_BxD.shape[-1]:
@@ -60,4 +60,4 @@ class DistillationModel(DualEncoderModel):
       loss = loss + self.contrastive_weight * c_loss
       metrics.update(contrastive_loss=c_loss, in_batch_accuracy=c_metrics["in_batch_accuracy"])
     metrics["loss"] = loss
-    return loss, metrics
+    return loss, metrics, flax_mutables

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from vmx import encoders, losses
+from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel, _LazyClass
 
 
@@ -58,6 +59,12 @@ class DualEncoderModel(SentenceEncoderModel):
     self.temperature = temperature
     self.bidirectional = bidirectional
 
+  def pooled_encoder(self):
+    if not self.module.share_encoders or self.module.projection_dims:
+      raise ConfigError("a dual encoder with two encoders or a projection head cannot be "
+                        "exported to sentence-transformers (one shared encoder, no projection)")
+    return self.module.encoder, self.module.pooling
+
   @property
   def uses_languages(self) -> bool:
     return bool(self.module.encoder.num_languages)
@@ -70,17 +77,18 @@ class DualEncoderModel(SentenceEncoderModel):
         deterministic=dropout_rng is None, rngs=rngs)
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
-    loss, metrics = self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng),
-                                         batch)
-    return loss, metrics, flax_mutables
+    return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
+                                flax_mutables)
 
   # GradCache split: the loss depends on the batch only through the sentence vectors.
   def grad_cache_embed(self, params, batch, dropout_rng):
     return self._apply(params, batch, dropout_rng)
 
-  def grad_cache_loss(self, embeddings, batch):
+  def grad_cache_loss(self, embeddings, batch, flax_mutables=None):
     left, right = embeddings
-    return losses.in_batch_softmax_loss(left, right, self.temperature, self.bidirectional)
+    loss, metrics = losses.in_batch_softmax_loss(left, right, self.temperature,
+                                                 self.bidirectional)
+    return loss, metrics, flax_mutables
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     return self.module.apply({"params": params}, tokens_BxL, lang_B, True, side,

@@ -65,11 +65,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import linen as nn
 
 from vmx import encoders, layers, losses
 from vmx.errors import ConfigError
+from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
 
 STAGES = ("warmup", "em")
@@ -164,6 +164,9 @@ class EmmaXModel(SentenceEncoderModel):
                    "momentum", "rank_ema", "classifier_batch_size", "em_parallel")
   HAS_MUTABLES = True
 
+  def pooled_encoder(self):
+    return self.module.encoder, self.module.pooling
+
   def __init__(self, module: EmmaX, stage: str = "em", temperature: float = 0.04,
                max_temperature: float = 0.08, queue_size: int = 256, momentum: float = 0.999,
                rank_ema: float = 0.001, classifier_batch_size: int = 1024,
@@ -200,7 +203,7 @@ class EmmaXModel(SentenceEncoderModel):
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data import feature_converters as fcs
+    from vmx.data import feature_converters as fcs  # lazy: seqio (TensorFlow), kept off the inference path
     if self.stage == "warmup":
       return fcs.PairFeatureConverter
     if self.em_parallel:
@@ -232,14 +235,6 @@ class EmmaXModel(SentenceEncoderModel):
     loss = -jnp.mean(jnp.take_along_axis(logp, ranks_M[:, None], axis=1))
     acc = jnp.mean(jnp.argmax(logp, axis=1) == ranks_M)
     return loss, acc
-
-  def _enqueue(self, queue, keys_BxD):
-    k, _ = queue["keys"].shape
-    b = keys_BxD.shape[0]
-    keys = jax.lax.dynamic_update_slice_in_dim(queue["keys"], keys_BxD.astype(jnp.float32),
-                                               queue["next"], axis=0)
-    return {"keys": keys, "next": (queue["next"] + b) % k,
-            "filled": jnp.minimum(queue["filled"] + b, k)}
 
   def _keys(self, params, flax_mutables, tokens_BxL):
     p = params if flax_mutables is None else flax_mutables["momentum"]["params"]
@@ -276,7 +271,7 @@ class EmmaXModel(SentenceEncoderModel):
                                              jnp.ones_like(sims), self.rank_ema)
       keys = self._keys(params, flax_mutables, batch["right_tokens"])
       new = {**flax_mutables, "rank_sims": rank_sims,
-             "queue": self._enqueue(flax_mutables["queue"], keys)}
+             "queue": moco.enqueue(flax_mutables["queue"], keys)}
     return l_m, l_g, metrics, new
 
   def _em_anchors(self, batch):
@@ -340,7 +335,7 @@ class EmmaXModel(SentenceEncoderModel):
              "rank_sims": losses.rank_similarity_ema(rank_sims, sim_t.reshape(-1),
                                                      c_g.reshape(-1), vf.reshape(-1),
                                                      self.rank_ema),
-             "queue": self._enqueue(flax_mutables["queue"], keys)}
+             "queue": moco.enqueue(flax_mutables["queue"], keys)}
       for r in range(n):
         metrics[f"rank{r + 1}_similarity"] = new["rank_sims"][r]
     return l_m, l_g, metrics, new
@@ -361,8 +356,8 @@ class EmmaXModel(SentenceEncoderModel):
     return {**flax_mutables, "momentum": {"params": {"encoder": params["encoder"]}}}
 
   def after_update(self, params, flax_mutables, step):
-    key = optax.incremental_update({"encoder": params["encoder"]},
-                                   flax_mutables["momentum"]["params"], 1.0 - self.momentum)
+    key = moco.ema({"encoder": params["encoder"]}, flax_mutables["momentum"]["params"],
+                       self.momentum)
     return {**flax_mutables, "momentum": {"params": key}}
 
   def flax_mutables_axes(self, params_axes, flax_mutables):
@@ -398,7 +393,6 @@ class EmmaXModel(SentenceEncoderModel):
                                       deterministic=True))
     d = self.module.encoder.emb_dim
     variables["momentum"] = {"params": {"encoder": variables["params"]["encoder"]}}
-    variables["queue"] = {"keys": jnp.zeros((self.queue_size, d), jnp.float32),
-                          "next": jnp.zeros((), jnp.int32), "filled": jnp.zeros((), jnp.int32)}
+    variables["queue"] = moco.new_queue(self.queue_size, d)
     variables["rank_sims"] = self.initial_rank_sims()
     return variables

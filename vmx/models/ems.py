@@ -142,9 +142,8 @@ class EMSModel(SentenceEncoderModel):
                   "in_batch_accuracy": m["in_batch_accuracy"]}
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables=None):
-    loss, metrics = self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng),
-                                         batch)
-    return loss, metrics, flax_mutables
+    return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
+                                flax_mutables)
 
   # GradCache split (train.grad_cache_chunks): the loss reads the batch only through the
   # per-pair XTR terms and contrastive vectors, so the [B, vocab] XTR logits exist for one
@@ -152,8 +151,8 @@ class EMSModel(SentenceEncoderModel):
   def grad_cache_embed(self, params, batch, dropout_rng):
     return self.per_pair(self._apply(params, batch, dropout_rng), batch)
 
-  def grad_cache_loss(self, pairs, batch):
-    return self.objective(pairs, batch)
+  def grad_cache_loss(self, pairs, batch, flax_mutables=None):
+    return (*self.objective(pairs, batch), flax_mutables)
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     """u: the pooled encoder output (the encoder reads no language id)."""

@@ -52,11 +52,11 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import linen as nn
 
 from vmx import encoders, layers, losses, masked_lm
 from vmx.errors import ConfigError
+from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
 
 MOMENTUM_SCHEDULES = ("constant", "infoxlm15")
@@ -192,7 +192,7 @@ class InfoXLMModel(SentenceEncoderModel):
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data import feature_converters as fcs
+    from vmx.data import feature_converters as fcs  # lazy: seqio (TensorFlow), kept off the inference path
     cls = {"mmlm": fcs.MonolingualFeatureConverter, "tlm": fcs.PairFeatureConverter,
            "xlco": fcs.PairFeatureConverter}
     return {t: cls[t] for t in self.tasks}
@@ -274,17 +274,12 @@ class InfoXLMModel(SentenceEncoderModel):
         k = jax.lax.stop_gradient(self._unit(self.module.apply(
             {"params": flax_mutables["momentum"]["params"]}, k_in, method=InfoXLM.xlco_vector)))
         queue = flax_mutables["queue"]
-        slots, b, d = queue["keys"].shape
-        valid = jnp.repeat(jnp.arange(slots) < queue["filled"], b)
-        negatives = jax.lax.stop_gradient(queue["keys"].reshape(slots * b, d))
+        negatives, valid = moco.queued_keys(queue)
         l, mm = losses.queue_infonce(q, k, negatives, valid, self.temperature)
-        active = (queue["filled"] >= slots).astype(jnp.float32)   # pre-fill: XLCO off
+        active = moco.is_full(queue).astype(jnp.float32)   # pre-fill: XLCO off
         acc = mm["accuracy"]
-        keys = jax.lax.dynamic_update_index_in_dim(queue["keys"], k.astype(queue["keys"].dtype),
-                                                   queue["next"], axis=0)
-        new = {**flax_mutables, "queue": {"keys": keys, "next": (queue["next"] + 1) % slots,
-                                          "filled": jnp.minimum(queue["filled"] + 1, slots)}}
-        m["queue_filled"] = queue["filled"].astype(jnp.float32) / slots
+        new = {**flax_mutables, "queue": moco.enqueue(queue, k)}
+        m["queue_filled"] = queue["filled"].astype(jnp.float32) / queue["keys"].shape[0]
       loss += self.xlco_weight * active * l
       m.update(xlco_loss=l, xlco_accuracy=acc, xlco_active=active)
     m["loss"] = loss
@@ -302,8 +297,8 @@ class InfoXLMModel(SentenceEncoderModel):
     if "momentum" not in flax_mutables:
       return flax_mutables
     m = momentum_coefficient(self.momentum_schedule, self.momentum, step)
-    key = optax.incremental_update(key_params(params, self.module.xlco_layer),
-                                   flax_mutables["momentum"]["params"], 1.0 - m)
+    key = moco.ema(key_params(params, self.module.xlco_layer),
+                       flax_mutables["momentum"]["params"], m)
     return {**flax_mutables, "momentum": {"params": key}}
 
   def flax_mutables_axes(self, params_axes, flax_mutables):
@@ -335,7 +330,5 @@ class InfoXLMModel(SentenceEncoderModel):
       d = self.module.encoder.emb_dim
       variables["momentum"] = {"params": key_params(variables["params"],
                                                     self.module.xlco_layer)}
-      variables["queue"] = {"keys": jnp.zeros((self.queue_size // b, b, d), jnp.float32),
-                            "next": jnp.zeros((), jnp.int32),
-                            "filled": jnp.zeros((), jnp.int32)}
+      variables["queue"] = moco.new_queue(self.queue_size // b, d, rows=b)
     return variables

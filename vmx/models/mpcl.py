@@ -63,7 +63,7 @@ class MPCLModel(SentenceEncoderModel):
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data.feature_converters import MultiViewFeatureConverter
+    from vmx.data.feature_converters import MultiViewFeatureConverter  # lazy: seqio (TensorFlow), kept off the inference path
     return functools.partial(MultiViewFeatureConverter, num_views=self.num_views)
 
   def _views(self, batch):

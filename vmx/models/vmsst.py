@@ -45,7 +45,7 @@ i.e. contrastive_weight 1, vmsst_weight lambda, the ELBO keeping its own elbo_we
 inside L_VMSST (models/vmsst_contrastive.gin). The reading this repository used before,
   loss = L_VMSST + lambda * L_C (sum over pairs),
 is contrastive_weight lambda, vmsst_weight 1, reduction 'sum'
-(ablations/vmsst_contrastive_tiny_summed.gin; the README compares the two).
+(ablations/vmsst_contrastive_tiny_summed.gin; docs/vmsst.md compares the two).
 
 Choices where the paper leaves room (documented; switches where both readings
 are plausible):

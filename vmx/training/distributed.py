@@ -15,13 +15,14 @@ import jax
 import numpy as np
 
 from vmx.errors import ConfigError
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 
 def detect_cluster() -> Optional[str]:
   """Name of the cluster environment JAX would initialize from ('slurm', 'ompi',
   'gce_tpu', ...), or None on a plain machine."""
   try:   # JAX's registry of cluster environments (private, so guarded)
-    from jax._src import clusters
+    from jax._src import clusters  # lazy: jax's private cluster detection, only when asked
     types = clusters.ClusterEnv._cluster_types
   except (ImportError, AttributeError):   # pragma: no cover  (a future JAX)
     return None
@@ -77,7 +78,6 @@ def check_all_reduce() -> float:
   """Sums a value from every device of every process through one jitted collective and
   returns the sum (it must equal the device count): the check that the processes reach
   each other before a long run is started."""
-  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
   mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
   sharding = NamedSharding(mesh, P("data"))
   local = np.ones((jax.local_device_count(),), np.float32)

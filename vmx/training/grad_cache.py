@@ -75,11 +75,8 @@ def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int, flax_muta
   whole = unchunked(chunks)
 
   def loss_of(e):
-    if model.HAS_MUTABLES:
-      loss, metrics, new = model.grad_cache_loss(e, whole, flax_mutables)
-      return loss, (metrics, new)
-    loss, metrics = model.grad_cache_loss(e, whole)
-    return loss, (metrics, flax_mutables)
+    loss, metrics, new = model.grad_cache_loss(e, whole, flax_mutables)
+    return loss, (metrics, new)
   (loss, (metrics, mutables)), d_emb = jax.value_and_grad(loss_of, has_aux=True)(
       unchunked(embs))
   d_chunks = jax.tree.map(lambda g: g.reshape(num_chunks, -1, *g.shape[1:]), d_emb)

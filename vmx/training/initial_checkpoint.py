@@ -23,21 +23,17 @@ import re
 from collections import defaultdict
 from typing import Optional, Sequence
 
-import flax
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import traverse_util
 
 from vmx import storage
 from vmx.errors import CheckpointError, ConfigError
+from vmx.modeldir.checkpoints import flatten, read_only_manager, restore_intact
 
 _LAYER = re.compile(r"(^|/)layers_(\d+)(/|$)")
 _SEGMENT = re.compile(r"(^|/)layers_from_(\d+)(/|$)")
-
-
-def flatten(tree) -> dict:
-  """{'a/b/c': leaf} of a nested parameter dict."""
-  return traverse_util.flatten_dict(flax.core.unfreeze(tree), sep="/")
 
 
 def load(state_params, shardings, path, assignment: Sequence[tuple[str, str]] = ()):
@@ -62,9 +58,7 @@ def load(state_params, shardings, path, assignment: Sequence[tuple[str, str]] = 
 def read_params(model_dir) -> tuple[dict, int]:
   """(flat {path: numpy array}, step) of the newest intact checkpoint of a vmx model
   directory, on the host, whatever mesh it was saved from."""
-  import orbax.checkpoint as ocp
 
-  from vmx.training.checkpoints import read_only_manager, restore_intact
   model_dir = storage.path(model_dir)
   if not model_dir.is_dir():
     raise CheckpointError(f"INITIAL_CHECKPOINT_PATH={str(model_dir)!r}: no such directory")

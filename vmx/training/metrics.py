@@ -10,6 +10,7 @@ import jax
 from clu import metric_writers
 
 from vmx import storage
+from vmx.modeldir import layout
 
 
 def read_rows(path) -> list[dict]:
@@ -30,7 +31,7 @@ def read_rows(path) -> list[dict]:
 def has_row(model_dir, step: int, *keys: str) -> bool:
   """Whether metrics.jsonl has a row of `step` with any of `keys` (one read)."""
   return any(r.get("step") == step and any(k in r for k in keys)
-             for r in read_rows(storage.path(model_dir) / "metrics.jsonl"))
+             for r in read_rows(layout.metrics_path(model_dir)))
 
 
 class JsonlWriter(metric_writers.MetricWriter):
@@ -131,7 +132,8 @@ def create_writer(model_dir, resume_step: int = 0) -> metric_writers.MetricWrite
   if jax.process_index() > 0:
     return metric_writers.LoggingWriter()
   model_dir = storage.path(model_dir)
-  tensorboard = (UploadingSummaryWriter(model_dir / "train") if storage.is_remote(model_dir)
-                 else metric_writers.SummaryWriter(str(model_dir / "train")))
+  board = model_dir / layout.TENSORBOARD_DIR
+  tensorboard = (UploadingSummaryWriter(board) if storage.is_remote(model_dir)
+                 else metric_writers.SummaryWriter(str(board)))
   return metric_writers.MultiWriter([
-      tensorboard, JsonlWriter(model_dir / "metrics.jsonl", resume_step)])
+      tensorboard, JsonlWriter(layout.metrics_path(model_dir), resume_step)])

@@ -7,6 +7,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import gin
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 
 from vmx.errors import ConfigError
 
@@ -113,7 +114,6 @@ def multi_optimizer(optimizers: Mapping[str, optax.GradientTransformation] = gin
     optimizers["frozen"] = optax.set_to_zero()
 
   def label_tree(params):
-    from flax import traverse_util
     flat = traverse_util.flatten_dict(params, sep="/")
     out, unmatched = {}, []
     for path in flat:

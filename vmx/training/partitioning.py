@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from flax.linen import partitioning as nnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from vmx.gin_utils import check_range, positive_int
 
 
 STANDARD_LOGICAL_AXIS_RULES = (
@@ -41,7 +42,6 @@ class Partitioner:
 
   def __init__(self, num_partitions: int = 1, logical_axis_rules: Optional[Sequence] = None,
                num_devices: Optional[int] = None):
-    from vmx.gin_utils import check_range, positive_int
     devices = jax.devices()
     if num_devices is not None:
       check_range(positive_int(num_devices) and num_devices <= len(devices), "Partitioner",

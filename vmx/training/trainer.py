@@ -2,17 +2,15 @@
 
   python launch/train.py --gin_file=contrastive_tiny.gin --gin.MODEL_DIR="'/tmp/run'"
 
-State: `TrainState(step, params, opt_state, flax_mutables, rng)`, sharded over a
-('data', 'model') mesh by logical axis rules; one jitted step does forward,
-backward, the optax update and the model's `after_update` hook (flax_mutables that
-follow the new parameters: momentum encoders). The model's hooks also shard its
-flax_mutables (`flax_mutables_axes`) and derive them from starting parameters
-(`derive_mutables`); see vmx/models/base.py. A `MultiTaskConfig` feeds several tasks
-into every step. The loss is computed on the global batch (the
-sharding of every input and parameter is explicit, XLA inserts the collectives).
-Checkpoints (orbax) hold params, optimizer state, step, RNG and the data
-position; a run restarted with the same model_dir resumes from the newest intact
-one (damaged ones are reported and set aside, see checkpoints.py).
+`train()` is the loop; what it loops over lives beside it: the jitted step and its
+sharded `TrainState` (vmx/training/step.py), the phases of a run
+(vmx/training/phases.py), periodic evaluation (an evaluator of
+vmx/evaluation/periodic.py, handed an `Encoder` of the current parameters) and
+MODEL_DIR (vmx/modeldir/: checkpoints, best/, vmx_model.json, config.gin). A
+`MultiTaskConfig` feeds several tasks into every step. Checkpoints (orbax) hold params,
+optimizer state, step, RNG and the data position; a run restarted with the same
+model_dir resumes from the newest intact one (damaged ones are reported and set aside,
+see vmx/modeldir/checkpoints.py).
 
 Every process reads the same global batch stream and hands each of its devices
 its rows, so a run's batches (and so its result) do not depend on the number of
@@ -27,363 +25,38 @@ import contextlib
 import difflib
 import os
 import time
-import warnings
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Callable, Mapping, Optional, Sequence
 
-import flax
 import gin
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
-from clu import metrics as clu_metrics
+from tqdm.auto import tqdm
 
 from vmx import storage
-from vmx.data import devsets, pipeline
-from vmx.data.vocab import copy_any_vocabulary, load_tokenizer
+from vmx.data import pipeline
+from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError, NonFiniteError
+from vmx.evaluation.periodic import (Evaluator, HarnessEvalConfig,  # noqa: F401 (old path)
+                                     TatoebaEvalConfig, check_best_metric)
 from vmx.gin_utils import check_range, positive_int
-from vmx.inference import Encoder, write_model_info
-from vmx.models.base import BaseModel, averaged
-from vmx.training import checkpoints, grad_cache, initial_checkpoint, partitioning
+from vmx.inference import Encoder
+from vmx.modeldir import checkpoints, layout
+from vmx.models.base import BaseModel
+from vmx.training import initial_checkpoint, partitioning
 from vmx.training import metrics as metrics_lib
-
-
-@flax.struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
-  flax_mutables: Any
-  rng: jax.Array  # raw uint32 key data; dropout rng of step s = fold_in(rng, s)
-
-
-@gin.configurable
-class TatoebaEvalConfig:
-  """Periodic Tatoeba evaluation during training."""
-
-  def __init__(self, languages: Sequence[str] = gin.REQUIRED, data_dir: Optional[str] = None,
-               english: str = "eng", batch_size: int = 256):
-    check_range(positive_int(batch_size), "TatoebaEvalConfig", "batch_size", batch_size,
-                "a positive integer")
-    self.languages, self.data_dir = list(languages), data_dir
-    self.english, self.batch_size = english, batch_size
-
-
-@gin.configurable
-class HarnessEvalConfig:
-  """Periodic evaluation during training with any tasks of the evaluation harness
-  (`vmx.evaluation.harness`, e.g. ['dev'] for the dev sets carved from the training data,
-  or ['dev', 'tatoeba', 'stsb']). Scalars written (and nameable by `train.best_metric`):
-  `<task>/main_score` for each task, `<task>/<subset>` for each of its subsets (e.g.
-  `dev/tico19/pt_BR`, `tatoeba/deu-eng`), and `dev/<set>` for each dev set. Tatoeba and
-  dev default to the model's languages; the other fields are harness.EvalConfig's."""
-
-  def __init__(self, tasks: Sequence[str] = ("dev",), data_dir: Optional[str] = None,
-               tatoeba_languages: Optional[Sequence[str]] = None,
-               dev_sets: Optional[Sequence[str]] = None, dev_max_sentences: Optional[int] = 1000,
-               dev_languages: Optional[Sequence[str]] = None, batch_size: int = 256):
-    from vmx.evaluation import harness
-    check_range(positive_int(batch_size), "HarnessEvalConfig", "batch_size", batch_size,
-                "a positive integer")
-    try:
-      self.tasks = harness.resolve_tasks(None, list(tasks))
-    except ValueError as e:
-      raise ConfigError(f"HarnessEvalConfig.tasks: {e}") from None
-    extra = {} if dev_sets is None else {"dev_sets": devsets.check_names(
-        dev_sets, "HarnessEvalConfig.dev_sets")}
-    self.config = harness.EvalConfig(
-        data_dir=data_dir, tatoeba_languages=tatoeba_languages,
-        dev_max_sentences=dev_max_sentences, dev_languages=dev_languages, plots=False,
-        progress=False, **extra)
-    self.batch_size = batch_size
-
-  def metric_names(self) -> list[str]:
-    """The scalars known before the run (subsets depend on the data and the model)."""
-    names = [f"{t}/main_score" for t in self.tasks]
-    if "dev" in self.tasks:
-      names += [f"dev/{s}" for s in self.config.dev_sets]
-    return names
-
-  def run(self, encoder) -> tuple[dict, str]:
-    """(scalars, a one-line summary)."""
-    import io
-    from vmx.evaluation import harness
-    # Quiet: the harness's per-task lines, and truncation at the run's MAX_LENGTH (the
-    # same at every evaluation, so it does not bias the comparison between steps).
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message=r".*longer than the model's max_length")
-      results = harness.run(encoder, config=self.config, tasks=self.tasks)
-    scalars, parts = {}, []
-    for task, r in results.items():
-      scalars[f"{task}/main_score"] = r["main_score"]
-      for subs in r["scores"].values():
-        for sub in subs:
-          scalars[f"{task}/{sub['hf_subset']}"] = sub["main_score"]
-      for name, v in r.get("sets", {}).items():
-        scalars[f"dev/{name}"] = v
-      parts.append(f"{task} {r['main_score']:.2f}" + (
-          " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["sets"].items()) + ")"
-          if r.get("sets") else ""))
-    return scalars, "; ".join(parts)
-
-
-@gin.configurable
-class Phase:
-  """One phase of a run: `steps` optimizer steps on its own data, with its own model
-  (objective; default: train's `model`) and optimizer (default: train's `optimizer`).
-
-  A run is a list of phases (`train(phases=[...])`, EMMA-X's warm-up then EM). All phases
-  share the parameters and flax_mutables (their models must build the same trees); the
-  optimizer state carries over between phases with the same optimizer and starts anew for
-  a phase with its own. The switch happens at a step boundary (logged, with a checkpoint);
-  a checkpoint at step s belongs to the phase containing s (a phase's last step included),
-  so a run killed inside any phase resumes in it, bit-exactly. Phase i reads its data
-  with seed random_seed + 1000 i.
-  """
-
-  def __init__(self, name: str = gin.REQUIRED, steps: int = gin.REQUIRED,
-               train_dataset_cfg=gin.REQUIRED, model: Optional[BaseModel] = None,
-               optimizer: Optional[optax.GradientTransformation] = None,
-               learning_rate: Optional[Callable] = None):
-    check_range(isinstance(name, str) and bool(name), "Phase", "name", name, "a non-empty name")
-    check_range(positive_int(steps), f"Phase({name!r})", "steps", steps,
-                "a positive number of steps")
-    check_range(isinstance(train_dataset_cfg, (pipeline.DatasetConfig, pipeline.MultiTaskConfig)),
-                f"Phase({name!r})", "train_dataset_cfg", train_dataset_cfg,
-                "a DatasetConfig or MultiTaskConfig (every phase needs data)")
-    self.name, self.steps, self.train_dataset_cfg = name, steps, train_dataset_cfg
-    self.model, self.optimizer, self.learning_rate = model, optimizer, learning_rate
-    self.start = self.end = 0   # steps (start, end] of the run, set by `resolve_phases`
-
-
-def resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
-                   total_steps) -> list:
-  """The run's phases with defaults filled in and their step ranges; a run without
-  `phases` is one phase 'train'. ConfigError for inconsistent settings."""
-  if phases is None:
-    if train_dataset_cfg is None:
-      raise ConfigError("train: set train_dataset_cfg (or phases=[Phase(...), ...])")
-    phases = [Phase("train", total_steps, train_dataset_cfg)]
-  else:
-    phases = list(phases)
-    if train_dataset_cfg is not None:
-      raise ConfigError("train: both train_dataset_cfg and phases are set; a phased run "
-                        "reads each phase's own Phase.train_dataset_cfg (set "
-                        "train.train_dataset_cfg = None)")
-    if not phases or not all(isinstance(p, Phase) for p in phases):
-      raise ConfigError(f"train.phases={phases!r}: expected a non-empty list of Phase(...)")
-    names = [p.name for p in phases]
-    if len(set(names)) != len(names):
-      raise ConfigError(f"train.phases: phase names {names} repeat")
-    if sum(p.steps for p in phases) != total_steps:
-      raise ConfigError(f"train.total_steps={total_steps} but the phases' steps add up to "
-                        f"{sum(p.steps for p in phases)} ("
-                        + ", ".join(f"{p.name} {p.steps}" for p in phases) + ")")
-  end = 0
-  for p in phases:
-    p.model = p.model or model
-    p.optimizer = p.optimizer or optimizer
-    p.learning_rate = p.learning_rate or learning_rate
-    p.start, end = end, end + p.steps
-    p.end = end
-  return phases
-
-
-def phase_index(phases, step: int) -> int:
-  """The phase a state at `step` belongs to: the first whose range (start, end] holds
-  it (step 0: the first)."""
-  return next((i for i, p in enumerate(phases) if step <= p.end), len(phases) - 1)
-
-
-def input_shapes(dataset_cfg, model: BaseModel) -> dict:
-  """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise
-  (`task/feature` names for a MultiTaskConfig)."""
-  return pipeline.model_feature_shapes(dataset_cfg, model.FEATURE_CONVERTER_CLS)
-
-
-class Trainer:
-  """Builds the sharded state and the jitted step for `model` on `partitioner`'s mesh."""
-
-  def __init__(self, model: BaseModel, optimizer: optax.GradientTransformation,
-               partitioner: partitioning.Partitioner, shapes: Mapping[str, tuple],
-               learning_rate: Optional[Callable] = None, grad_cache_chunks: int = 1):
-    self.model, self.tx, self.partitioner = model, optimizer, partitioner
-    self.shapes = dict(shapes)
-    self.learning_rate = learning_rate
-    grad_cache.check(model, grad_cache_chunks, self.shapes, partitioner.data_parallel_size)
-    self.grad_cache_chunks = grad_cache_chunks
-    batch_abstract = {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.shapes.items()}
-    self.batch_shardings = partitioner.batch_sharding(batch_abstract)
-
-    def init(rng):
-      init_rng, dropout_rng = jax.random.split(rng)
-      variables = dict(model.get_initial_variables(init_rng, self.shapes))
-      params = variables.pop("params")
-      variables.pop("params_axes", None)
-      mutables = {k: v for k, v in variables.items() if not k.endswith("_axes")}
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                        opt_state=self.tx.init(params), flax_mutables=mutables,
-                        rng=jax.random.key_data(dropout_rng))
-
-    self._init = init
-    with partitioner.context():
-      variables_shape = jax.eval_shape(
-          lambda: model.get_initial_variables(jax.random.PRNGKey(0), self.shapes))
-      abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
-    params_axes = partitioner.params_logical_axes(variables_shape["params_axes"])
-    params_sh = partitioner.shardings_of(params_axes)
-    repl = partitioner.replicated()
-
-    opt_sh = opt_state_shardings(abstract.opt_state, abstract.params, params_sh, repl)
-    # State not trained by gradients: sharded by the model's logical axes (a queue along
-    # 'data', a momentum encoder like its parameters), else replicated.
-    mutables_axes = model.flax_mutables_axes(params_axes, abstract.flax_mutables)
-    mutables_sh = (jax.tree.map(lambda _: repl, abstract.flax_mutables)
-                   if mutables_axes is None else partitioner.shardings_of(mutables_axes))
-    self.state_shardings = TrainState(
-        step=repl, params=params_sh, opt_state=opt_sh, flax_mutables=mutables_sh, rng=repl)
-    self.abstract_state = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract,
-        self.state_shardings)
-    self.init_state = jax.jit(init, out_shardings=self.state_shardings)
-    self.train_step = jax.jit(self._train_step, in_shardings=(self.state_shardings,
-                                                              self.batch_shardings),
-                              out_shardings=(self.state_shardings, repl, repl),
-                              donate_argnums=(0,))
-    self.nonfinite_names: list[str] = []  # what each flag of `nonfinite` checks (set at trace)
-    self.nonfinite = None                 # [n] bool flags of the last step (device array)
-
-  def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
-    model = self.model
-    if self.grad_cache_chunks > 1:
-      loss, metrics, grads, mutables = grad_cache.loss_and_grads(
-          model, state.params, batch, dropout_rng, self.grad_cache_chunks, state.flax_mutables)
-      return loss, averaged(metrics), grads, mutables
-    if model.HAS_MUTABLES:
-      fn = lambda p: model.loss_fn(p, batch, dropout_rng, state.flax_mutables)
-      (loss, (metrics, mutables)), grads = jax.value_and_grad(fn, has_aux=True)(state.params)
-    else:
-      fn = lambda p: model.loss_fn(p, batch, dropout_rng)
-      (loss, metrics), grads = jax.value_and_grad(fn, has_aux=True)(state.params)
-      mutables = state.flax_mutables
-    return loss, metrics, grads, mutables
-
-  def _train_step(self, state: TrainState, batch):
-    dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
-    loss, metrics, grads, mutables = self._loss_and_grads(state, batch, dropout_rng)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    # The model's post-update hook sees the NEW parameters (e.g. a momentum encoder).
-    mutables = self.model.after_update(params, mutables, state.step + 1)
-    metrics = dict(metrics)
-    metrics["grad_norm"] = clu_metrics.Average.from_model_output(optax.tree.norm(grads))
-    if self.learning_rate is not None:
-      metrics["learning_rate"] = clu_metrics.LastValue.from_model_output(
-          jnp.asarray(self.learning_rate(state.step)))
-    # One flag per loss term / metric, the gradients and the updated parameters.
-    names = sorted(metrics)
-    flags = [~jnp.all(jnp.isfinite(metrics[k].compute())) for k in names]
-    flags.append(~jnp.all(jnp.stack([jnp.all(jnp.isfinite(p))
-                                     for p in jax.tree.leaves(params)])))
-    self.nonfinite_names = ["gradients" if k == "grad_norm" else k for k in names] + \
-        ["parameters (after the update)"]
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                         flax_mutables=mutables), metrics, jnp.stack(flags)
-
-  def create_state(self, seed: int) -> TrainState:
-    with self.partitioner.context():
-      return self.init_state(jax.random.PRNGKey(seed))
-
-  def replace_params(self, state: TrainState, params) -> TrainState:
-    """`state` with new parameters, the optimizer state initialized for them and the
-    model state derived from them (`derive_mutables`: a momentum encoder's copy)."""
-    with self.partitioner.context():
-      opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
-      mutables = jax.jit(self.model.derive_mutables,
-                         out_shardings=self.state_shardings.flax_mutables)(
-                             params, state.flax_mutables)
-    return state.replace(params=params, opt_state=opt_state, flax_mutables=mutables)
-
-  def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-    """One update on the GLOBAL batch (numpy, identical on every process); the step's
-    non-finite flags are left in `self.nonfinite` (see `check_finite`)."""
-    batch = self.partitioner.global_batch({k: batch[k] for k in self.shapes},
-                                          self.batch_shardings)
-    with self.partitioner.context():
-      state, metrics, self.nonfinite = self.train_step(state, batch)
-    return state, metrics
-
-  def nonfinite_terms(self, flags) -> list[str]:
-    """Names of the non-finite terms in a step's flags ([] if all are finite)."""
-    flags = np.asarray(local_value(flags))
-    return [n for n, f in zip(self.nonfinite_names, flags) if f]
-
-
-def opt_state_shardings(opt_state, params, params_sh, repl):
-  """Each optimizer-state leaf sharded like the parameter it belongs to (same shape),
-  else replicated: a leaf belongs to the parameter whose dict path ends its own path
-  (optax states keep the parameter tree inside: `mu['encoder']['layers_0']...`), which
-  also covers `multi_optimizer`'s per-subset states."""
-  def keys(path):
-    return tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
-  by_path = {keys(p): (x.shape, sh) for (p, x), sh in zip(
-      jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(params_sh))}
-  longest = max((len(k) for k in by_path), default=0)
-
-  def leaf_sharding(path, leaf):
-    path = keys(path)
-    for n in range(min(longest, len(path)), 0, -1):
-      hit = by_path.get(path[-n:])
-      if hit is not None:
-        return hit[1] if hit[0] == leaf.shape else repl
-    return repl
-  return jax.tree_util.tree_map_with_path(leaf_sharding, opt_state)
-
-
-def local_value(x):
-  """This process's copy of a replicated (possibly multi-process) array."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    return x.addressable_data(0)
-  return x
-
-
-def host_params(params):
-  """Parameters usable by single-process code (evaluation): gathered across processes."""
-  if jax.process_count() == 1:
-    return params
-  from jax.experimental import multihost_utils
-  return multihost_utils.process_allgather(params, tiled=True)
-
-
-def merge_metrics(acc: Optional[dict], new: dict) -> dict:
-  if acc is None:
-    return new
-  return {k: acc[k].merge(v) for k, v in new.items()}
-
-
-def compute_metrics(acc: dict) -> dict:
-  return {f"train/{k}": float(jax.device_get(v.compute())) for k, v in acc.items()}
+from vmx.training.phases import (Phase, check_same_state, phase_index,  # noqa: F401
+                                 resolve_phases)
+from vmx.training.step import (TrainState, Trainer, compute_metrics,  # noqa: F401 (old path)
+                               host_params, input_shapes, local_value, merge_metrics,
+                               opt_state_shardings)
 
 
 def check_vocabulary_fits(model: BaseModel, vocabulary: str):
   """Token ids >= the embedding table's size would be clamped silently by the gather."""
-  sizes = []
-
-  def walk(cfg):
-    if isinstance(cfg, dict):
-      for k, v in cfg.items():
-        if k == "vocab_size" and isinstance(v, int):
-          sizes.append(v)
-        walk(v)
-    elif isinstance(cfg, list):
-      for v in cfg:
-        walk(v)
-  walk(model.get_config())
   pieces = load_tokenizer(vocabulary).vocab_size
-  if sizes:
-    check_range(min(sizes) >= pieces, "TransformerEncoder", "vocab_size", min(sizes),
-                f"at least the {pieces} pieces of the vocabulary {vocabulary}")
+  if model.vocab_size is not None:
+    check_range(model.vocab_size >= pieces, "TransformerEncoder", "vocab_size",
+                model.vocab_size, f"at least the {pieces} pieces of the vocabulary {vocabulary}")
 
 
 def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_size,
@@ -413,7 +86,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
           learning_rate: Optional[Callable] = None,
           partitioner: Optional[partitioning.Partitioner] = None,
           checkpoint_cfg: Optional[checkpoints.CheckpointConfig] = None,
-          eval_cfg: Union[None, TatoebaEvalConfig, HarnessEvalConfig] = None,
+          eval_cfg: Optional[Evaluator] = None,
           eval_period: int = 1000,
           log_period: int = 50, random_seed: int = 0, progress: bool = True,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
@@ -479,9 +152,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
                                                    ph.model.FEATURE_CONVERTER_CLS))
   storage.path(model_dir).mkdir(parents=True, exist_ok=True)
   if jax.process_index() == 0:
-    vocab_name = copy_any_vocabulary(vocabulary, model_dir)
-    write_model_info(model_dir, model, languages, max_length, vocab_name)
-    storage.write_atomic(storage.path(model_dir) / "config.gin", gin.operative_config_str())
+    layout.write_inference_files(model_dir, model, languages, max_length, vocabulary)
+    layout.write_config(model_dir, gin.operative_config_str())
 
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
 
@@ -528,16 +200,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
     encoder.params = host_params(state.params)
     # Several processes: each evaluates the gathered parameters on its own first device.
     with (partitioner.context() if jax.process_count() == 1 else contextlib.nullcontext()):
-      if isinstance(eval_cfg, HarnessEvalConfig):
-        scalars, line = eval_cfg.run(encoder)
-      else:
-        from vmx.evaluation import tatoeba
-        res = tatoeba.evaluate(lambda s, l: encoder.encode(s, lang=l), eval_cfg.languages,
-                               eval_cfg.data_dir, eval_cfg.english)
-        scalars = {f"tatoeba/{l}": r["mean"] for l, r in res["languages"].items()}
-        scalars["tatoeba/mean"] = res["mean"]["mean"]
-        per_lang = ", ".join(f"{l} {r['mean']:.1f}" for l, r in res["languages"].items())
-        line = f"tatoeba mean {res['mean']['mean']:.2f} ({per_lang})"
+      scalars, line = eval_cfg.run(encoder)
     seconds = time.time() - t0
     timer["eval_s"] += seconds
     # Evaluation's share of this process's wall time so far (what EVAL_PERIOD trades).
@@ -555,7 +218,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
       if best.update(step, scalars[best_metric], state.params):
         was = (f"; was {before['value']:.2f} at step {before['step']}" if before else "")
         _print(f"[vmx] step {step}: best {best_metric} {scalars[best_metric]:.2f}{was} "
-               f"-> {checkpoints.BEST_DIR}/checkpoint_{step}")
+               f"-> {layout.BEST_DIR}/{layout.CHECKPOINT_PREFIX}_{step}")
     return scalars
 
   def eval_due(step):
@@ -588,7 +251,6 @@ def train(*, model: BaseModel = gin.REQUIRED,
 
   bar = None
   if progress and jax.process_index() == 0:
-    from tqdm.auto import tqdm
     bar = tqdm(total=end, initial=start, desc="train", unit="step", dynamic_ncols=True)
   _print = bar.write if bar is not None else (lambda s: print(s, flush=True))
   acc, last = None, {}
@@ -658,44 +320,3 @@ def train(*, model: BaseModel = gin.REQUIRED,
   return state, last
 
 
-def eval_metric_names(eval_cfg) -> list[str]:
-  """The scalars a periodic evaluation writes (what train.best_metric may name)."""
-  if eval_cfg is None:
-    return []
-  if isinstance(eval_cfg, HarnessEvalConfig):
-    return eval_cfg.metric_names()
-  return ["tatoeba/mean"] + [f"tatoeba/{l}" for l in eval_cfg.languages]
-
-
-def check_best_metric(best_metric, eval_cfg, eval_period):
-  if best_metric is None:
-    return
-  names = eval_metric_names(eval_cfg)
-  if not names or not eval_period:
-    raise ConfigError(f"train.best_metric={best_metric!r} needs periodic evaluation: set "
-                      "train.eval_cfg (TatoebaEvalConfig or HarnessEvalConfig) and "
-                      "EVAL_PERIOD > 0")
-  if best_metric not in names and not (
-      isinstance(eval_cfg, HarnessEvalConfig)
-      and any(str(best_metric).startswith(f"{t}/") for t in eval_cfg.tasks)):
-    close = difflib.get_close_matches(str(best_metric), names, n=1)
-    raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
-                      f"evaluation ({', '.join(names[:8])}"
-                      f"{', ...' if len(names) > 8 else ''})"
-                      + (f"; did you mean {close[0]!r}?" if close else ""))
-
-
-def check_same_state(first: Phase, first_trainer: Trainer, phase: Phase, trainer: Trainer):
-  """Every phase trains the same parameters and flax_mutables (names and shapes)."""
-  def shapes(tree):
-    from flax import traverse_util
-    return {"/".join(map(str, k)): tuple(v.shape)
-            for k, v in traverse_util.flatten_dict(flax.core.unfreeze(tree)).items()}
-  for what in ("params", "flax_mutables"):
-    a = shapes(getattr(first_trainer.abstract_state, what))
-    b = shapes(getattr(trainer.abstract_state, what))
-    if a != b:
-      diff = sorted(set(a.items()) ^ set(b.items()))[:4]
-      raise ConfigError(f"Phase({phase.name!r}) builds other {what} than Phase({first.name!r}) "
-                        f"(e.g. {diff}); the phases of a run share one train state: give "
-                        "them models of the same architecture")

@@ -1,0 +1,45 @@
+"""How every launcher runs: `run_main(main)` turns vmx's errors into one `error:` line.
+
+  if __name__ == "__main__":
+    cli.run_main(main)
+
+A `VmxError` (vmx/errors.py) and gin's own configuration errors print `error: <message>`
+on stderr, with the closest valid name where there is one, and exit with the error's
+`exit_code`; `--verbose` (anywhere in argv, or VMX_VERBOSE=1) adds the traceback.
+Errors that are not vmx's own are bugs and keep their traceback.
+
+`run_main` is where the host allocator is set up (vmx/host_memory.py), which must
+precede the runtime's threads: this module imports neither jax nor TensorFlow, and a
+launcher imports what needs them (vmx.experiment, the trainer) inside `main`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+from vmx import host_memory
+from vmx.errors import ConfigError, VmxError
+from vmx.gin_utils import GIN_ERRORS, one_line, with_suggestion
+
+
+def run_main(main, argv=None):
+  """Runs main(argv); a vmx error is one `error:` line on stderr and its exit code."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  verbose = "--verbose" in argv or os.environ.get("VMX_VERBOSE") == "1"
+  argv = [a for a in argv if a != "--verbose"]
+  try:
+    try:
+      host_memory.configure()
+    except ValueError as e:  # a bad VMX_HOST_MALLOC
+      raise ConfigError(str(e)) from None
+    return main(argv)
+  except (VmxError, FileNotFoundError, ValueError, TypeError) as e:
+    msg = one_line(e)
+    if not isinstance(e, (VmxError, FileNotFoundError)) and not any(p in msg for p in
+                                                                   GIN_ERRORS):
+      raise
+    if verbose:
+      traceback.print_exc()
+    print(f"error: {with_suggestion(msg)}", file=sys.stderr)
+    sys.exit(getattr(e, "exit_code", 2))

@@ -1,0 +1,152 @@
+"""Evaluation during training: what `train(eval_cfg=...)` runs every `eval_period` steps.
+
+An evaluator is any object with
+  batch_size: int                   the Encoder's batch size for its evaluations
+  metric_names() -> list[str]       the scalars known before the run (what
+                                    `train.best_metric` may name; subsets may add more)
+  metric_prefixes() -> list[str]    prefixes under which later scalars appear
+  run(encoder) -> (scalars, line)   {name: value} and a one-line summary
+The trainer hands it an `Encoder` of the current parameters and writes the scalars;
+it knows nothing else about evaluation. Both evaluators here run the evaluation
+harness (vmx/evaluation/harness.py), so a periodic score is the number `launch/eval.py`
+gives for the same checkpoint.
+"""
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import warnings
+from typing import Optional, Protocol, Sequence
+
+import gin
+
+from vmx.data import devsets
+from vmx.errors import ConfigError, DataError
+from vmx.evaluation import harness
+from vmx.gin_utils import check_range, positive_int
+
+
+class Evaluator(Protocol):
+  batch_size: int
+
+  def metric_names(self) -> list[str]:
+    ...
+
+  def metric_prefixes(self) -> list[str]:
+    ...
+
+  def run(self, encoder) -> tuple[dict, str]:
+    ...
+
+
+def _run_harness(encoder, config, tasks) -> dict:
+  # Quiet: the harness's per-task lines, and truncation at the run's MAX_LENGTH (the same
+  # at every evaluation, so it does not bias the comparison between steps).
+  with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r".*longer than the model's max_length")
+    try:
+      return harness.run(encoder, config=config, tasks=tasks)
+    except harness.EvaluationFailed as e:
+      raise DataError(f"periodic evaluation failed: {e}") from None
+
+
+@gin.configurable
+class HarnessEvalConfig:
+  """Periodic evaluation during training with any tasks of the evaluation harness
+  (`vmx.evaluation.harness`, e.g. ['dev'] for the dev sets carved from the training data,
+  or ['dev', 'tatoeba', 'stsb']). Scalars written (and nameable by `train.best_metric`):
+  `<task>/main_score` for each task, `<task>/<subset>` for each of its subsets (e.g.
+  `dev/tico19/pt_BR`, `tatoeba/deu-eng`), and `dev/<set>` for each dev set. Tatoeba and
+  dev default to the model's languages; the other fields are harness.EvalConfig's."""
+
+  def __init__(self, tasks: Sequence[str] = ("dev",), data_dir: Optional[str] = None,
+               tatoeba_languages: Optional[Sequence[str]] = None,
+               dev_sets: Optional[Sequence[str]] = None, dev_max_sentences: Optional[int] = 1000,
+               dev_languages: Optional[Sequence[str]] = None, batch_size: int = 256):
+    check_range(positive_int(batch_size), "HarnessEvalConfig", "batch_size", batch_size,
+                "a positive integer")
+    try:
+      self.tasks = harness.resolve_tasks(None, list(tasks))
+    except ValueError as e:
+      raise ConfigError(f"HarnessEvalConfig.tasks: {e}") from None
+    extra = {} if dev_sets is None else {"dev_sets": devsets.check_names(
+        dev_sets, "HarnessEvalConfig.dev_sets")}
+    self.config = harness.EvalConfig(
+        data_dir=data_dir, tatoeba_languages=tatoeba_languages,
+        dev_max_sentences=dev_max_sentences, dev_languages=dev_languages, plots=False,
+        progress=False, **extra)
+    self.batch_size = batch_size
+
+  def metric_names(self) -> list[str]:
+    names = [f"{t}/main_score" for t in self.tasks]
+    if "dev" in self.tasks:
+      names += [f"dev/{s}" for s in self.config.dev_sets]
+    return names
+
+  def metric_prefixes(self) -> list[str]:
+    return [f"{t}/" for t in self.tasks]
+
+  def run(self, encoder) -> tuple[dict, str]:
+    results = _run_harness(encoder, self.config, self.tasks)
+    scalars, parts = {}, []
+    for task, r in results.items():
+      scalars[f"{task}/main_score"] = r["main_score"]
+      for subs in r["scores"].values():
+        for sub in subs:
+          scalars[f"{task}/{sub['hf_subset']}"] = sub["main_score"]
+      for name, v in r.get("sets", {}).items():
+        scalars[f"dev/{name}"] = v
+      parts.append(f"{task} {r['main_score']:.2f}" + (
+          " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["sets"].items()) + ")"
+          if r.get("sets") else ""))
+    return scalars, "; ".join(parts)
+
+
+@gin.configurable
+class TatoebaEvalConfig:
+  """Periodic Tatoeba evaluation (the harness's `tatoeba` task on `languages`; `english`:
+  the code the model knows English by). Scalars: `tatoeba/mean` and `tatoeba/<lang>`
+  (the mean of both directions' accuracy, as `launch/eval.py --suite=tatoeba`)."""
+
+  def __init__(self, languages: Sequence[str] = gin.REQUIRED, data_dir: Optional[str] = None,
+               english: str = "eng", batch_size: int = 256):
+    check_range(positive_int(batch_size), "TatoebaEvalConfig", "batch_size", batch_size,
+                "a positive integer")
+    self.languages, self.data_dir = list(languages), data_dir
+    self.english, self.batch_size = english, batch_size
+    self.config = harness.EvalConfig(data_dir=data_dir, tatoeba_languages=self.languages,
+                                     tatoeba_english=english, plots=False, progress=False)
+
+  def metric_names(self) -> list[str]:
+    return ["tatoeba/mean"] + [f"tatoeba/{l}" for l in self.languages]
+
+  def metric_prefixes(self) -> list[str]:
+    return []
+
+  def run(self, encoder) -> tuple[dict, str]:
+    r = _run_harness(encoder, self.config, ["tatoeba"])["tatoeba"]
+    per = {sub["languages"][0]: sub["main_score"] for sub in r["scores"]["test"]}
+    scalars = {f"tatoeba/{l}": v for l, v in per.items()}
+    scalars["tatoeba/mean"] = r["main_score"]
+    line = (f"tatoeba mean {r['main_score']:.2f} ("
+            + ", ".join(f"{l} {v:.1f}" for l, v in per.items()) + ")")
+    return scalars, line
+
+
+def check_best_metric(best_metric, evaluator, eval_period):
+  """ConfigError unless `best_metric` is a scalar the periodic evaluation writes."""
+  if best_metric is None:
+    return
+  names = evaluator.metric_names() if evaluator is not None else []
+  if not names or not eval_period:
+    raise ConfigError(f"train.best_metric={best_metric!r} needs periodic evaluation: set "
+                      "train.eval_cfg (TatoebaEvalConfig or HarnessEvalConfig) and "
+                      "EVAL_PERIOD > 0")
+  if best_metric not in names and not any(
+      str(best_metric).startswith(p) for p in evaluator.metric_prefixes()):
+    close = difflib.get_close_matches(str(best_metric), names, n=1)
+    raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
+                      f"evaluation ({', '.join(names[:8])}"
+                      f"{', ...' if len(names) > 8 else ''})"
+                      + (f"; did you mean {close[0]!r}?" if close else ""))

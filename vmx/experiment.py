@@ -1,0 +1,51 @@
+"""An experiment's gin config: every configurable registered, files and bindings parsed
+and checked (`parse_gin`), and what a train step needs built without data
+(`build_experiment`, for benchmarks and tests).
+
+This is the one module that imports every configurable (vmx/configurables.py: the
+models, the trainer, the data pipeline and the top-level `tasks` package), so it sits
+above all of them; the static checks it runs are vmx/gin_utils.py's.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import gin
+
+import vmx.configurables  # noqa: F401  (registers every configurable with gin)
+from vmx.gin_utils import parse_gin_files
+
+
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_flag: str = ""):
+  """Parses files and bindings (errors -> ConfigError), with vmx's configurables known."""
+  parse_gin_files(gin_files, bindings, search_paths_flag)
+
+
+@gin.configurable
+def experiment_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gin.REQUIRED,
+                       max_length=gin.REQUIRED, partitioner=None):
+  """What a train step needs, without data: see `build_experiment`."""
+  return model, optimizer, batch_size, max_length, partitioner
+
+
+def parse_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                     search_paths_flag: str = ""):
+  """parse_gin for tools that inspect an experiment without running it (benchmarks,
+  tests): MODEL_DIR and INITIAL_CHECKPOINT_PATH may stay unset."""
+  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
+                        *bindings], search_paths_flag)
+
+
+def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                     search_paths_flag: str = ""):
+  """(model, optimizer, batch_size, max_length, partitioner) of an experiment file,
+  without reading data, a vocabulary or an initial checkpoint (benchmarks, tests)."""
+  parse_experiment(gin_files, [*bindings,
+                               "experiment_objects.model = %MODEL",
+                               "experiment_objects.batch_size = %BATCH_SIZE",
+                               "experiment_objects.max_length = %MAX_LENGTH",
+                               "experiment_objects.partitioner = @Partitioner()"],
+                   search_paths_flag)
+  # The run's optimizer binding (create_optimizer, or multi_optimizer over subsets).
+  gin.bind_parameter("experiment_objects.optimizer", gin.query_parameter("train.optimizer"))
+  return experiment_objects()

@@ -1,0 +1,422 @@
+"""Hugging Face checkpoints -> vmx model directories (no torch needed for safetensors).
+
+  python launch/import_checkpoint.py --hf_dir=DIR --output_dir=DIR
+
+A Hugging Face directory (`config.json` + `model.safetensors`, sharded safetensors with
+their index, or `pytorch_model.bin`, which needs torch) of `BertModel`,
+`XLMRobertaModel`, `T5EncoderModel` / `MT5EncoderModel` (or a model built on one of them:
+its extra heads and a T5 decoder are listed as ignored) becomes a vmx model directory:
+`vmx_model.json` (a CONTRASTIVE dual encoder on the checkpoint's encoder), the
+checkpoint's own tokenizer (vmx/data/vocab.py: HfTokenizer) and `checkpoint_0/params`
+with its checksum manifest. `Encoder.from_checkpoint` opens it, and a training run starts
+from it with `INITIAL_CHECKPOINT_PATH` (vmx/training/initial_checkpoint.py).
+Part of vmx/modeldir/ (the MODEL_DIR layout: layout.py); `vmx.checkpoint_import` is
+this module under its old name.
+
+Every tensor is accounted for before anything is written: unknown, missing or
+mis-shaped tensors give one `CheckpointError` that lists them.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+from flax import traverse_util
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
+
+from vmx import encoders
+from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
+from vmx.errors import CheckpointError, ConfigError
+from vmx.models.dual_encoder import DualEncoder, DualEncoderModel
+from vmx.modeldir.checkpoints import flatten, save_params
+from vmx.modeldir.layout import write_model_info
+
+# model_type in config.json -> (encoder family, HF weight-name prefixes to strip)
+MODEL_TYPES = {"bert": "bert", "xlm-roberta": "bert", "roberta": "bert", "t5": "t5", "mt5": "t5"}
+_PREFIXES = ("bert.", "roberta.", "model.")
+# Tensors of other heads or buffers, not part of the encoder: reported as ignored.
+_IGNORABLE = re.compile(r"^(cls\.|lm_head\.|qa_outputs\.|classifier\.|decoder\.|pooler\.|"
+                        r"embeddings\.position_ids$|encoder\.embed_tokens\.weight$)")
+
+
+def read_hf_config(hf_dir) -> dict:
+  path = Path(hf_dir) / "config.json"
+  if not path.is_file():
+    raise CheckpointError(f"{path}: not found; is {hf_dir} a Hugging Face model directory?")
+  try:
+    cfg = json.loads(path.read_text())
+  except ValueError as e:
+    raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+  if cfg.get("model_type") not in MODEL_TYPES:
+    raise CheckpointError(
+        f"{path}: model_type {cfg.get('model_type')!r} ({', '.join(cfg.get('architectures') or [])}) "
+        f"is not an architecture vmx imports; supported: {', '.join(sorted(MODEL_TYPES))} "
+        f"(BertModel, XLMRobertaModel, T5EncoderModel, MT5EncoderModel and models built on them)")
+  return cfg
+
+
+def read_hf_tensors(hf_dir) -> dict[str, np.ndarray]:
+  """All tensors as float32/int numpy arrays: safetensors (single or sharded) without
+  torch, else pytorch_model.bin (needs torch)."""
+  hf_dir = Path(hf_dir)
+  index = hf_dir / "model.safetensors.index.json"
+  files = []
+  if (hf_dir / "model.safetensors").is_file():
+    files = [hf_dir / "model.safetensors"]
+  elif index.is_file():
+    try:
+      files = sorted({hf_dir / f for f in json.loads(index.read_text())["weight_map"].values()})
+    except (ValueError, KeyError) as e:
+      raise CheckpointError(f"{index}: unreadable safetensors index ({e})") from None
+  if files:
+    out = {}
+    for f in files:
+      if not f.is_file():
+        raise CheckpointError(f"{f}: missing (named by {index})")
+      try:
+        out.update(load_file(str(f)))
+      except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{f}: not a readable safetensors file ({e}); truncated or "
+                              f"damaged download?") from None
+    return {k: _float32(v) for k, v in out.items()}
+  binary = hf_dir / "pytorch_model.bin"
+  if binary.is_file():
+    try:
+      import torch  # lazy: torch (optional: pytorch_model.bin only)
+    except ImportError:
+      raise CheckpointError(f"{binary}: reading pytorch_model.bin needs torch (pip install "
+                            f"torch), or convert it to model.safetensors") from None
+    try:
+      sd = torch.load(str(binary), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (torch raises many kinds for a bad file)
+      raise CheckpointError(f"{binary}: not a readable PyTorch checkpoint ({e})") from None
+    return {k: _float32(v.float().numpy() if v.is_floating_point() else v.numpy())
+            for k, v in sd.items()}
+  raise CheckpointError(f"{hf_dir}: no model.safetensors, model.safetensors.index.json or "
+                        f"pytorch_model.bin")
+
+
+def _float32(a: np.ndarray) -> np.ndarray:
+  return a.astype(np.float32) if np.issubdtype(a.dtype, np.floating) else a
+
+
+# ----------------------------------------------------------------------------
+# Architecture: HF config -> vmx TransformerEncoder settings.
+
+def encoder_settings(cfg: dict) -> dict:
+  """TransformerEncoder keyword arguments reproducing the checkpoint's encoder."""
+  family = MODEL_TYPES[cfg["model_type"]]
+  if family == "bert":
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+      raise CheckpointError(f"position_embedding_type={cfg['position_embedding_type']!r}: "
+                            f"vmx imports absolute position embeddings only")
+    act = cfg.get("hidden_act", "gelu")
+    if act not in ("gelu", "gelu_new", "relu"):
+      raise CheckpointError(f"hidden_act={act!r} is not supported (gelu, gelu_new, relu)")
+    roberta = cfg["model_type"] in ("xlm-roberta", "roberta")
+    offset = int(cfg.get("pad_token_id", 1)) + 1 if roberta else 0
+    return dict(family="bert", vocab_size=cfg["vocab_size"], num_layers=cfg["num_hidden_layers"],
+                emb_dim=cfg["hidden_size"], num_heads=cfg["num_attention_heads"],
+                mlp_dim=cfg["intermediate_size"],
+                max_length=cfg["max_position_embeddings"] - offset,
+                activation={"gelu": "gelu_exact", "gelu_new": "gelu", "relu": "relu"}[act],
+                norm_epsilon=float(cfg.get("layer_norm_eps", 1e-12)),
+                type_vocab_size=int(cfg.get("type_vocab_size", 2)), position_offset=offset,
+                position_embedding="learned")
+  proj = cfg.get("feed_forward_proj", "relu")
+  if proj not in ("gated-gelu", "gated-gelu_new"):
+    raise CheckpointError(f"feed_forward_proj={proj!r}: vmx's t5 family is T5 v1.1 / mT5 "
+                          f"(gated-gelu); the original T5 (relu) is not supported")
+  return dict(family="t5", vocab_size=cfg["vocab_size"], num_layers=cfg["num_layers"],
+              emb_dim=cfg["d_model"], num_heads=cfg["num_heads"], head_dim=cfg["d_kv"],
+              mlp_dim=cfg["d_ff"], max_length=512, activation="gelu",
+              norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-6)),
+              relative_attention_num_buckets=cfg.get("relative_attention_num_buckets", 32),
+              relative_attention_max_distance=cfg.get("relative_attention_max_distance", 128),
+              position_embedding="none")
+
+
+# ----------------------------------------------------------------------------
+# Weight names: (HF name, vmx path under the encoder, transform).
+
+def _invertible(forward, inverse):
+  """A weight transform that carries its inverse (vmx/modeldir/hf_export.py uses it)."""
+  forward.inverse = inverse
+  return forward
+
+
+def _same(a):
+  return a
+
+
+_same.inverse = _same
+
+
+def _t(a):  # torch Linear [out, in] -> kernel [in, out]
+  return a.T
+
+
+_t.inverse = _t
+
+
+def _heads(h: int):                                          # [H*K, D] -> [D, H, K]
+  return _invertible(lambda a: a.T.reshape(a.shape[1], h, -1),
+                     lambda a: a.reshape(a.shape[0], -1).T)
+
+
+def _heads_bias(h: int):                                     # [H*K] -> [H, K]
+  return _invertible(lambda a: a.reshape(h, -1), lambda a: a.reshape(-1))
+
+
+def _out(h: int):                                            # [D, H*K] -> [H, K, D]
+  return _invertible(lambda a: a.T.reshape(h, -1, a.shape[0]),
+                     lambda a: a.reshape(-1, a.shape[-1]).T)
+
+
+def weight_map(settings: dict, pooler: bool
+               ) -> list[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]:
+  h = settings["num_heads"]
+  same = _same
+  out = []
+  if settings["family"] == "bert":
+    e = "embeddings."
+    out += [(e + "word_embeddings.weight", "token_embed/embedding", same),
+            (e + "position_embeddings.weight", "position_embed/embedding", same),
+            (e + "token_type_embeddings.weight", "token_type_embed/embedding", same),
+            (e + "LayerNorm.weight", "embed_norm/scale", same),
+            (e + "LayerNorm.bias", "embed_norm/bias", same)]
+    for i in range(settings["num_layers"]):
+      p, v = f"encoder.layer.{i}.", f"layers_{i}/"
+      for name in ("query", "key", "value"):
+        out += [(p + f"attention.self.{name}.weight", v + f"attention/{name}", _heads(h)),
+                (p + f"attention.self.{name}.bias", v + f"attention/{name}_bias", _heads_bias(h))]
+      out += [(p + "attention.output.dense.weight", v + "attention/out", _out(h)),
+              (p + "attention.output.dense.bias", v + "attention/out_bias", same),
+              (p + "attention.output.LayerNorm.weight", v + "attention_norm/scale", same),
+              (p + "attention.output.LayerNorm.bias", v + "attention_norm/bias", same),
+              (p + "intermediate.dense.weight", v + "mlp/wi/kernel", _t),
+              (p + "intermediate.dense.bias", v + "mlp/wi/bias", same),
+              (p + "output.dense.weight", v + "mlp/wo/kernel", _t),
+              (p + "output.dense.bias", v + "mlp/wo/bias", same),
+              (p + "output.LayerNorm.weight", v + "mlp_norm/scale", same),
+              (p + "output.LayerNorm.bias", v + "mlp_norm/bias", same)]
+    if pooler:
+      out += [("pooler.dense.weight", "pooler/kernel", _t), ("pooler.dense.bias", "pooler/bias", same)]
+    return out
+  out += [("shared.weight", "token_embed/embedding", same),
+          ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+           "relative_attention_bias", _t),
+          ("encoder.final_layer_norm.weight", "final_norm/scale", same)]
+  for i in range(settings["num_layers"]):
+    p, v = f"encoder.block.{i}.layer.", f"layers_{i}/"
+    out += [(p + f"0.SelfAttention.{a}.weight", v + f"attention/{b}", _heads(h))
+            for a, b in (("q", "query"), ("k", "key"), ("v", "value"))]
+    out += [(p + "0.SelfAttention.o.weight", v + "attention/out", _out(h)),
+            (p + "0.layer_norm.weight", v + "pre_attention_norm/scale", same),
+            (p + "1.DenseReluDense.wi_0.weight", v + "mlp/wi_0/kernel", _t),
+            (p + "1.DenseReluDense.wi_1.weight", v + "mlp/wi_1/kernel", _t),
+            (p + "1.DenseReluDense.wo.weight", v + "mlp/wo/kernel", _t),
+            (p + "1.layer_norm.weight", v + "pre_mlp_norm/scale", same)]
+  return out
+
+
+def _normalize_names(tensors: dict) -> dict:
+  """Strips a model-class prefix ('bert.', 'roberta.'), maps old gamma/beta names."""
+  out = {}
+  for k, v in tensors.items():
+    for p in _PREFIXES:
+      if k.startswith(p):
+        k = k[len(p):]
+        break
+    k = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$",
+                                                                "LayerNorm.bias", k))
+    if k == "encoder.embed_tokens.weight" and "shared.weight" not in tensors:
+      out.setdefault("shared.weight", v)
+    out[k] = v
+  return out
+
+
+def convert(cfg: dict, tensors: dict, expected_shapes: dict, pooler: bool = False,
+            pad_id: int = 0) -> tuple[dict, list[str]]:
+  """(vmx encoder params as a flat {path: array}, names of ignored tensors).
+
+  `expected_shapes`: flat {path: shape} of the vmx encoder. Raises one CheckpointError
+  listing every unknown, missing and mis-shaped tensor.
+  """
+  settings = encoder_settings(cfg)
+  tensors = _normalize_names(tensors)
+  flat, used, missing, misshaped = {}, set(), [], []
+  for hf, path, fn in weight_map(settings, pooler):
+    if hf not in tensors:
+      missing.append(hf)
+      continue
+    used.add(hf)
+    try:
+      a = fn(tensors[hf])
+    except ValueError:
+      a = None
+    want = tuple(expected_shapes[path])
+    if a is None or tuple(a.shape) != want:
+      misshaped.append(f"{hf} {tuple(tensors[hf].shape)} (vmx {path} needs {want})")
+      continue
+    flat[path] = np.ascontiguousarray(a, np.float32)
+  ignored = sorted(k for k in tensors if k not in used and _IGNORABLE.match(k))
+  unknown = sorted(k for k in tensors if k not in used and not _IGNORABLE.match(k))
+  if unknown or missing or misshaped:
+    parts = [f"{label} ({len(xs)}): {', '.join(xs[:8])}{' …' if len(xs) > 8 else ''}"
+             for label, xs in (("unknown", unknown), ("missing", missing),
+                               ("mis-shaped", misshaped)) if xs]
+    raise CheckpointError(f"{settings['family']} checkpoint does not match its config.json "
+                          f"({settings['num_layers']} layers, d={settings['emb_dim']}): "
+                          + "; ".join(parts) + "; nothing written")
+  if pad_id:
+    emb = flat["token_embed/embedding"].copy()
+    emb[[0, pad_id]] = emb[[pad_id, 0]]
+    flat["token_embed/embedding"] = emb
+  return flat, ignored
+
+
+# ----------------------------------------------------------------------------
+# Tokenizer.
+
+def tokenizer_spec(hf_dir, cfg: dict) -> dict:
+  """Which of the checkpoint's tokenizer files vmx uses, and its padding id."""
+  hf_dir = Path(hf_dir)
+  tok_cfg = {}
+  if (hf_dir / "tokenizer_config.json").is_file():
+    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+  family = MODEL_TYPES[cfg["model_type"]]
+  pad = int(cfg.get("pad_token_id", 1 if cfg["model_type"] in ("xlm-roberta", "roberta") else 0)
+            or 0)
+  if (hf_dir / "tokenizer.json").is_file():
+    spec = {"kind": "tokenizers", "file": "tokenizer.json"}
+  elif family == "bert" and (hf_dir / "vocab.txt").is_file():
+    spec = {"kind": "wordpiece", "file": "vocab.txt",
+            "lowercase": bool(tok_cfg.get("do_lower_case", False))}
+  elif family == "t5" and (hf_dir / "spiece.model").is_file():
+    spec = {"kind": "t5_spm", "file": "spiece.model"}
+  elif (hf_dir / "sentencepiece.bpe.model").is_file():
+    spec = {"kind": "fairseq_spm", "file": "sentencepiece.bpe.model"}
+  else:
+    raise CheckpointError(f"{hf_dir}: no tokenizer (tokenizer.json, vocab.txt, spiece.model or "
+                          f"sentencepiece.bpe.model)")
+  spec.update(pad_id=pad, vocab_size=int(cfg["vocab_size"]), closing_special=True)
+  return spec
+
+
+def _pooling_from_sentence_transformers(hf_dir) -> Optional[str]:
+  path = Path(hf_dir) / "1_Pooling" / "config.json"
+  if not path.is_file():
+    return None
+  p = json.loads(path.read_text())
+  if p.get("pooling_mode_mean_tokens"):
+    return "mean"
+  if p.get("pooling_mode_cls_token"):
+    return "first"
+  raise ConfigError(f"{path}: only mean or CLS pooling can be imported")
+
+
+def _max_length_from_sentence_transformers(hf_dir) -> Optional[int]:
+  path = Path(hf_dir) / "sentence_bert_config.json"
+  if path.is_file():
+    return json.loads(path.read_text()).get("max_seq_length")
+  return None
+
+
+# ----------------------------------------------------------------------------
+# The whole import.
+
+@contextlib.contextmanager
+def atomic_output_dir(output_dir: Path, suffix: str):
+  """Yields a temporary sibling of `output_dir` to write into, renamed to `output_dir` at
+  the end; on any error it is removed (nothing half-written is left behind). An existing,
+  non-empty `output_dir` is a ConfigError."""
+  output_dir = Path(output_dir)
+  if output_dir.exists() and any(output_dir.iterdir()):
+    raise ConfigError(f"--output_dir={output_dir} exists and is not empty")
+  tmp = output_dir.with_name(output_dir.name + suffix)
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if output_dir.exists():
+    output_dir.rmdir()
+  tmp.rename(output_dir)
+
+
+def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
+                      max_length: Optional[int] = None, temperature: float = 0.05) -> dict:
+  """Writes a vmx model directory for the Hugging Face checkpoint in `hf_dir` (a
+  directory, or a .zip of one).
+
+  pooling: 'mean', 'first' (CLS) or 'pooler' (BERT's tanh pooler); default: the
+  sentence-transformers config's, else 'first' for BERT/XLM-R and 'mean' for mT5.
+  max_length: tokens per sentence at inference and training (default: the
+  sentence-transformers max_seq_length, else 128 or the checkpoint's positions if fewer).
+  Returns a summary dict.
+  """
+  hf_dir, output_dir = Path(hf_dir), Path(output_dir)
+  if hf_dir.is_file() and hf_dir.suffix == ".zip":
+    with tempfile.TemporaryDirectory() as tmp:
+      try:
+        with zipfile.ZipFile(hf_dir) as z:
+          z.extractall(tmp)
+      except (zipfile.BadZipFile, OSError) as e:
+        raise CheckpointError(f"{hf_dir}: not a readable zip file ({e})") from None
+      found = sorted(Path(tmp).rglob("config.json"), key=lambda p: len(p.parts))
+      if not found:
+        raise CheckpointError(f"{hf_dir}: no config.json inside")
+      return import_checkpoint(found[0].parent, output_dir, pooling, max_length, temperature)
+  cfg = read_hf_config(hf_dir)
+  settings = encoder_settings(cfg)
+  family = settings["family"]
+  pooling = pooling or _pooling_from_sentence_transformers(hf_dir) or (
+      "first" if family == "bert" else "mean")
+  if pooling not in encoders.POOLING_METHODS:
+    raise ConfigError(f"pooling={pooling!r}; expected one of {encoders.POOLING_METHODS}")
+  if pooling == "pooler" and family != "bert":
+    raise ConfigError("pooling='pooler' exists for BERT / XLM-R checkpoints only")
+  spec = tokenizer_spec(hf_dir, cfg)
+  tensors = read_hf_tensors(hf_dir)
+  max_length = int(max_length or _max_length_from_sentence_transformers(hf_dir)
+                   or min(128, settings["max_length"]))
+  if max_length > settings["max_length"]:
+    raise ConfigError(f"max_length={max_length} > the checkpoint's {settings['max_length']} "
+                      f"positions")
+  encoder = encoders.TransformerEncoder(**settings, pooler=pooling == "pooler")
+  model = DualEncoderModel(DualEncoder(encoder=encoder, pooling=pooling),
+                           temperature=temperature)
+  expected = {k: v.shape for k, v in flatten(model.abstract_params(8)["encoder"]).items()}
+  flat, ignored = convert(cfg, tensors, expected, pooling == "pooler", spec["pad_id"])
+  leftover = sorted(set(expected) - set(flat))
+  if leftover:  # a vmx parameter no HF tensor fills: a bug in the weight map
+    raise CheckpointError(f"no Hugging Face tensor for vmx parameters {leftover}")
+
+  # Write: tokenizer, model info, params (into a temporary directory, renamed at the end).
+  with atomic_output_dir(output_dir, ".importing") as tmp:
+    shutil.copyfile(hf_dir / spec["file"], tmp / spec["file"])
+    (tmp / TOKENIZER_SPEC).write_text(json.dumps(spec, indent=1))
+    tok = HfTokenizer(str(tmp / TOKENIZER_SPEC))
+    if tok.vocab_size > settings["vocab_size"]:
+      raise CheckpointError(f"the tokenizer has {tok.vocab_size} ids but the embedding table "
+                            f"{settings['vocab_size']} rows")
+    write_model_info(tmp, model, [], max_length, TOKENIZER_SPEC)
+    save_params(tmp.absolute(), 0, {"encoder": traverse_util.unflatten_dict(flat, sep="/")})
+    (tmp / "IMPORTED_FROM.json").write_text(json.dumps(
+        {"hf_dir": str(hf_dir.absolute()), "architectures": cfg.get("architectures"),
+         "model_type": cfg["model_type"], "ignored_tensors": ignored}, indent=1))
+  n = sum(a.size for a in flat.values())
+  return {"family": family, "pooling": pooling, "max_length": max_length,
+          "tokenizer": spec["kind"], "parameters": int(n), "tensors": len(flat),
+          "ignored": ignored, "output_dir": str(output_dir)}

@@ -1,0 +1,77 @@
+"""The layout of a vmx model directory (MODEL_DIR), local or `gs://`:
+
+  vmx_model.json            model config, languages, max length, vocabulary file name
+  vocab.model | vmx_tokenizer.json (+ its tokenizer file)   the vocabulary (vmx/data/vocab.py)
+  config.gin                the operative gin config of the run that wrote it
+  metrics.jsonl             one row per logged step (append-only history)
+  train/                    TensorBoard event files
+  checkpoint_<step>/        orbax items params, train_state, data + vmx_checksums.json
+                            (a t5x run's: state/ or checkpoint, vmx/modeldir/t5x_format.py)
+  best/                     the best evaluated step's params (best/best.json: the record)
+  damaged/                  checkpoints that failed verification, kept for inspection
+Every name of that list is defined here and nowhere else; the modules of this package
+(and the trainer, inference, the converters) use these constants and functions.
+"""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+from vmx import storage
+from vmx.data.vocab import copy_any_vocabulary
+from vmx.errors import CheckpointError
+
+MODEL_INFO_FILE = "vmx_model.json"
+CONFIG_FILE = "config.gin"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "train"
+CHECKPOINT_PREFIX = "checkpoint"          # checkpoint_<step>/
+CHECKPOINT_ITEMS = ("params", "train_state", "data")
+MANIFEST = "vmx_checksums.json"
+BEST_DIR = "best"
+BEST_STEP = BEST_DIR                      # the `step` argument naming best/'s checkpoint
+BEST_RECORD = "best.json"
+DAMAGED_DIR = "damaged"
+T5X_STATE_DIR = "state"                   # t5x's Orbax layout: checkpoint_<step>/state/
+T5X_LEGACY_FILE = "checkpoint"            # t5x's legacy layout: checkpoint_<step>/checkpoint
+
+
+def step_dir(model_dir, step: int):
+  return storage.path(model_dir) / f"{CHECKPOINT_PREFIX}_{step}"
+
+
+def metrics_path(model_dir):
+  return storage.path(model_dir) / METRICS_FILE
+
+
+def write_model_info(model_dir, model, languages: Sequence[str], max_length: int,
+                     vocabulary: str = "vocab.model"):
+  """Everything `Encoder.from_checkpoint` needs besides the parameters."""
+  info = {"model": model.get_config(), "languages": list(languages),
+          "max_length": int(max_length), "vocabulary": vocabulary}
+  storage.path(model_dir).mkdir(parents=True, exist_ok=True)
+  storage.write_atomic(storage.path(model_dir) / MODEL_INFO_FILE, json.dumps(info, indent=1))
+
+
+def read_model_info(model_dir) -> dict:
+  path = storage.path(model_dir) / MODEL_INFO_FILE
+  if not path.exists():
+    raise CheckpointError(f"{path}: not found; is {model_dir} a vmx model_dir?")
+  try:
+    return json.loads(path.read_text())
+  except ValueError as e:
+    raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def write_inference_files(model_dir, model, languages: Sequence[str], max_length: int,
+                          vocabulary: str):
+  """Makes `model_dir` self-contained for inference: a copy of the vocabulary (a
+  SentencePiece model, or an imported tokenizer and its spec) and vmx_model.json."""
+  storage.path(model_dir).mkdir(parents=True, exist_ok=True)
+  write_model_info(model_dir, model, languages, max_length,
+                   copy_any_vocabulary(vocabulary, model_dir))
+
+
+def write_config(model_dir, text: str):
+  """The run's operative gin config, `config.gin`."""
+  storage.write_atomic(storage.path(model_dir) / CONFIG_FILE, text)

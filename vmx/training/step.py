@@ -1,0 +1,206 @@
+"""The jitted train step and its sharded state (what `train()` loops over).
+
+State: `TrainState(step, params, opt_state, flax_mutables, rng)`, sharded over a
+('data', 'model') mesh by logical axis rules; one jitted step does forward,
+backward, the optax update and the model's `after_update` hook (flax_mutables that
+follow the new parameters: momentum encoders). The model's hooks also shard its
+flax_mutables (`flax_mutables_axes`) and derive them from starting parameters
+(`derive_mutables`); see vmx/models/base.py. The loss is the model's `compute_loss`
+(one contract for every model: `(params, batch, dropout_rng, flax_mutables) -> (loss,
+{name: scalar}, new flax_mutables)`), computed on the global batch (the sharding of
+every input and parameter is explicit, XLA inserts the collectives). Each step also
+returns one non-finite flag per loss term, the gradients and the new parameters.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from clu import metrics as clu_metrics
+from jax.experimental import multihost_utils
+
+from vmx.data import pipeline
+from vmx.models.base import BaseModel, averaged
+from vmx.training import grad_cache, partitioning
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  flax_mutables: Any
+  rng: jax.Array  # raw uint32 key data; dropout rng of step s = fold_in(rng, s)
+
+
+def input_shapes(dataset_cfg, model: BaseModel) -> dict:
+  """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise
+  (`task/feature` names for a MultiTaskConfig)."""
+  return pipeline.model_feature_shapes(dataset_cfg, model.FEATURE_CONVERTER_CLS)
+
+
+class Trainer:
+  """Builds the sharded state and the jitted step for `model` on `partitioner`'s mesh."""
+
+  def __init__(self, model: BaseModel, optimizer: optax.GradientTransformation,
+               partitioner: partitioning.Partitioner, shapes: Mapping[str, tuple],
+               learning_rate: Optional[Callable] = None, grad_cache_chunks: int = 1):
+    self.model, self.tx, self.partitioner = model, optimizer, partitioner
+    self.shapes = dict(shapes)
+    self.learning_rate = learning_rate
+    grad_cache.check(model, grad_cache_chunks, self.shapes, partitioner.data_parallel_size)
+    self.grad_cache_chunks = grad_cache_chunks
+    batch_abstract = {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.shapes.items()}
+    self.batch_shardings = partitioner.batch_sharding(batch_abstract)
+
+    def init(rng):
+      init_rng, dropout_rng = jax.random.split(rng)
+      variables = dict(model.get_initial_variables(init_rng, self.shapes))
+      params = variables.pop("params")
+      variables.pop("params_axes", None)
+      mutables = {k: v for k, v in variables.items() if not k.endswith("_axes")}
+      return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                        opt_state=self.tx.init(params), flax_mutables=mutables,
+                        rng=jax.random.key_data(dropout_rng))
+
+    self._init = init
+    with partitioner.context():
+      variables_shape = jax.eval_shape(
+          lambda: model.get_initial_variables(jax.random.PRNGKey(0), self.shapes))
+      abstract = jax.eval_shape(init, jax.random.PRNGKey(0))
+    params_axes = partitioner.params_logical_axes(variables_shape["params_axes"])
+    params_sh = partitioner.shardings_of(params_axes)
+    repl = partitioner.replicated()
+
+    opt_sh = opt_state_shardings(abstract.opt_state, abstract.params, params_sh, repl)
+    # State not trained by gradients: sharded by the model's logical axes (a queue along
+    # 'data', a momentum encoder like its parameters), else replicated.
+    mutables_axes = model.flax_mutables_axes(params_axes, abstract.flax_mutables)
+    mutables_sh = (jax.tree.map(lambda _: repl, abstract.flax_mutables)
+                   if mutables_axes is None else partitioner.shardings_of(mutables_axes))
+    self.state_shardings = TrainState(
+        step=repl, params=params_sh, opt_state=opt_sh, flax_mutables=mutables_sh, rng=repl)
+    self.abstract_state = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), abstract,
+        self.state_shardings)
+    self.init_state = jax.jit(init, out_shardings=self.state_shardings)
+    self.train_step = jax.jit(self._train_step, in_shardings=(self.state_shardings,
+                                                              self.batch_shardings),
+                              out_shardings=(self.state_shardings, repl, repl),
+                              donate_argnums=(0,))
+    self.nonfinite_names: list[str] = []  # what each flag of `nonfinite` checks (set at trace)
+    self.nonfinite = None                 # [n] bool flags of the last step (device array)
+
+  def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
+    model = self.model
+    if self.grad_cache_chunks > 1:
+      loss, metrics, grads, mutables = grad_cache.loss_and_grads(
+          model, state.params, batch, dropout_rng, self.grad_cache_chunks, state.flax_mutables)
+      return loss, averaged(metrics), grads, mutables
+
+    def fn(p):
+      loss, metrics, mutables = model.compute_loss(p, batch, dropout_rng, state.flax_mutables)
+      return loss, (averaged(metrics), mutables)
+    (loss, (metrics, mutables)), grads = jax.value_and_grad(fn, has_aux=True)(state.params)
+    return loss, metrics, grads, mutables
+
+  def _train_step(self, state: TrainState, batch):
+    dropout_rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    loss, metrics, grads, mutables = self._loss_and_grads(state, batch, dropout_rng)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # The model's post-update hook sees the NEW parameters (e.g. a momentum encoder).
+    mutables = self.model.after_update(params, mutables, state.step + 1)
+    metrics = dict(metrics)
+    metrics["grad_norm"] = clu_metrics.Average.from_model_output(optax.tree.norm(grads))
+    if self.learning_rate is not None:
+      metrics["learning_rate"] = clu_metrics.LastValue.from_model_output(
+          jnp.asarray(self.learning_rate(state.step)))
+    # One flag per loss term / metric, the gradients and the updated parameters.
+    names = sorted(metrics)
+    flags = [~jnp.all(jnp.isfinite(metrics[k].compute())) for k in names]
+    flags.append(~jnp.all(jnp.stack([jnp.all(jnp.isfinite(p))
+                                     for p in jax.tree.leaves(params)])))
+    self.nonfinite_names = ["gradients" if k == "grad_norm" else k for k in names] + \
+        ["parameters (after the update)"]
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                         flax_mutables=mutables), metrics, jnp.stack(flags)
+
+  def create_state(self, seed: int) -> TrainState:
+    with self.partitioner.context():
+      return self.init_state(jax.random.PRNGKey(seed))
+
+  def replace_params(self, state: TrainState, params) -> TrainState:
+    """`state` with new parameters, the optimizer state initialized for them and the
+    model state derived from them (`derive_mutables`: a momentum encoder's copy)."""
+    with self.partitioner.context():
+      opt_state = jax.jit(self.tx.init, out_shardings=self.state_shardings.opt_state)(params)
+      mutables = jax.jit(self.model.derive_mutables,
+                         out_shardings=self.state_shardings.flax_mutables)(
+                             params, state.flax_mutables)
+    return state.replace(params=params, opt_state=opt_state, flax_mutables=mutables)
+
+  def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
+    """One update on the GLOBAL batch (numpy, identical on every process); the step's
+    non-finite flags are left in `self.nonfinite` (see `check_finite`)."""
+    batch = self.partitioner.global_batch({k: batch[k] for k in self.shapes},
+                                          self.batch_shardings)
+    with self.partitioner.context():
+      state, metrics, self.nonfinite = self.train_step(state, batch)
+    return state, metrics
+
+  def nonfinite_terms(self, flags) -> list[str]:
+    """Names of the non-finite terms in a step's flags ([] if all are finite)."""
+    flags = np.asarray(local_value(flags))
+    return [n for n, f in zip(self.nonfinite_names, flags) if f]
+
+
+def opt_state_shardings(opt_state, params, params_sh, repl):
+  """Each optimizer-state leaf sharded like the parameter it belongs to (same shape),
+  else replicated: a leaf belongs to the parameter whose dict path ends its own path
+  (optax states keep the parameter tree inside: `mu['encoder']['layers_0']...`), which
+  also covers `multi_optimizer`'s per-subset states."""
+  def keys(path):
+    return tuple(getattr(k, "key", getattr(k, "name", None)) for k in path)
+  by_path = {keys(p): (x.shape, sh) for (p, x), sh in zip(
+      jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(params_sh))}
+  longest = max((len(k) for k in by_path), default=0)
+
+  def leaf_sharding(path, leaf):
+    path = keys(path)
+    for n in range(min(longest, len(path)), 0, -1):
+      hit = by_path.get(path[-n:])
+      if hit is not None:
+        return hit[1] if hit[0] == leaf.shape else repl
+    return repl
+  return jax.tree_util.tree_map_with_path(leaf_sharding, opt_state)
+
+
+def local_value(x):
+  """This process's copy of a replicated (possibly multi-process) array."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return x.addressable_data(0)
+  return x
+
+
+def host_params(params):
+  """Parameters usable by single-process code (evaluation): gathered across processes."""
+  if jax.process_count() == 1:
+    return params
+  return multihost_utils.process_allgather(params, tiled=True)
+
+
+def merge_metrics(acc: Optional[dict], new: dict) -> dict:
+  if acc is None:
+    return new
+  return {k: acc[k].merge(v) for k, v in new.items()}
+
+
+def compute_metrics(acc: dict) -> dict:
+  return {f"train/{k}": float(jax.device_get(v.compute())) for k, v in acc.items()}
+
+
