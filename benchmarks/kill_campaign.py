@@ -1,8 +1,17 @@
 #!/usr/bin/env python
 """kill -9 campaign: SIGKILL a training run at random moments, restart it, and check that it
-ends bit for bit where an uninterrupted run ends.
+ends bit for bit where an uninterrupted run ends. `--signal=SIGTERM`: the preemption
+campaign, the same with SIGTERM (what Cloud TPU preemption, SLURM and Kubernetes send).
 
   python benchmarks/kill_campaign.py [--kills=10] [--seed=0] [--steps=50] [--work_dir=DIR]
+  python benchmarks/kill_campaign.py --signal=SIGTERM [--kills=10]
+
+With SIGTERM, every signalled run must save a checkpoint at the next step boundary and
+exit 75 (vmx/training/preemption.py) with a `preempted: ... checkpoint_<step>` line; the
+record says which step it saved (`preempt_saved`) and the restart must resume from exactly
+that step (nothing since the last periodic checkpoint is lost), then end bit for bit as
+the reference does. A signal that lands after the final checkpoint (the run is shutting
+down: default SIGTERM, exit -15) has nothing to save and counts as saved at the last step.
 
 What it does, all on a tiny synthetic task written into the work dir (a ~600-pair Moses
 corpus from a 19-word list, a ~100-piece SentencePiece vocabulary, a gin experiment file
@@ -67,6 +76,8 @@ TMP_MARKER = ".orbax-checkpoint-tmp"   # orbax 0.12: <model_dir>/checkpoint_<ste
 TMP_RE = re.compile(r"^checkpoint_(\d+)\.orbax-checkpoint-tmp")
 CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
 RESUMED_RE = re.compile(r"\[vmx\] resumed from .*checkpoint_(\d+)")
+PREEMPTED_RE = re.compile(r"preempted: SIG\w+ at step (\d+): saved .*checkpoint_(\d+)")
+EXIT_PREEMPTED = 75
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
          "pi rho sigma tau").split()
 
@@ -192,12 +203,18 @@ class Run:
       self.tmp_seen.setdefault(s, [t, t])[1] = t
     return done, tmp
 
-  def kill(self):
+  def kill(self, sig: int = signal.SIGKILL, timeout: float = 300.0):
+    """Sends `sig` to the process group and waits for the exit (a SIGTERM'd run saves a
+    checkpoint first; if it has not exited after `timeout` s it gets SIGKILL)."""
     try:
-      os.killpg(self.proc.pid, signal.SIGKILL)
+      os.killpg(self.proc.pid, sig)
     except ProcessLookupError:
       pass
-    self.proc.wait()
+    try:
+      self.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      os.killpg(self.proc.pid, signal.SIGKILL)
+      self.proc.wait()
     self._log.close()
 
   def wait(self, timeout: float, poll_interval: float) -> int:
@@ -267,7 +284,7 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
                  poll_interval: float = 0.002, max_restarts: int = 3,
                  run_timeout: float = 600.0, platforms: str = "cpu",
                  extra_flags: Sequence[str] = (), keep_dirs: bool = False,
-                 log: Callable[[str], None] = print) -> dict:
+                 sig: str = "SIGKILL", log: Callable[[str], None] = print) -> dict:
   """Runs the campaign in work_dir; returns the summary (see the module docstring) with
   one record per kill under "results".
 
@@ -276,6 +293,9 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
   is written, as long as that took in the reference), or "process" (uniformly between process start and the reference's wall
   time: with ~15 s of start-up, most of those kills land before any training).
   """
+  signum = signal.Signals[sig]
+  if signum not in (signal.SIGKILL, signal.SIGTERM):
+    raise ValueError(f"sig must be SIGKILL or SIGTERM, got {sig!r}")
   if random_window not in ("training", "process"):
     raise ValueError(f"random_window must be 'training' or 'process', got {random_window!r}")
   t_start = time.monotonic()
@@ -341,7 +361,10 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       target = rng.choice([s for s in save_steps if s > 1] or save_steps)
       delay = rng.uniform(0.0, write_delay_max)
     elif random_window == "training":  # `offset` s after the first checkpoint write starts
-      offset = rng.uniform(0.0, ref_train_end - ref_train_start)
+      # (SIGTERM: within the first 70%, so that most signals find training under way; one
+      # after the final checkpoint has nothing to save)
+      span = ref_train_end - ref_train_start
+      offset = rng.uniform(0.0, span if signum == signal.SIGKILL else 0.7 * span)
     else:  # `offset` s after process start
       offset = rng.uniform(0.0, ref_wall)
     for attempt in range(1, 4):
@@ -363,7 +386,7 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
         time.sleep(poll_interval)
       done_before, tmp_before = _scan(model_dir)
       exited = run.proc.poll() is not None
-      run.kill()
+      run.kill(signum)
       t_kill = run.elapsed()
       done_after, tmp_after = _scan(model_dir)
       tmp_files = sum(len(files) for n in os.listdir(model_dir) if TMP_MARKER in n
@@ -377,6 +400,15 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
         offset = rng.uniform(0.0, 0.9 * max(0.0, t_kill - (anchor or 0.0)))
       else:
         delay = 0.0
+    if signum == signal.SIGTERM and not exited:
+      m = PREEMPTED_RE.search(run.log_path.read_text(errors="replace"))
+      # A signal after the final checkpoint (the run is shutting down) has nothing to save.
+      finished = steps in done_before
+      rec.update(exit_code=run.proc.returncode, after_final_checkpoint=finished,
+                 preempt_saved=int(m.group(2)) if m else (steps if finished else None),
+                 preempt_ok=(run.proc.returncode == EXIT_PREEMPTED and m is not None
+                             and (model_dir / f"checkpoint_{m.group(2)}").is_dir())
+                 or (finished and m is None))
     rec.update(attempts=attempt, killed=not exited, kill_time_s=round(t_kill, 3),
                target_save_step=target, write_delay_ms=round(delay * 1e3, 1),
                checkpoints_at_kill=done_before, tmp_dirs_at_kill=tmp_before,
@@ -396,6 +428,8 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       log(f"[kill_campaign] {name}: restart {restart} exited {rc}:\n{run.log_tail(1500)}")
     rec.update(restart_rcs=rcs, restart_ok=rcs[-1] == 0, resumed_from=resumed,
                restart_time_s=round(t_restart, 1))
+    if "preempt_saved" in rec:   # the restart resumes where the signalled run saved
+      rec["preempt_ok"] = rec["preempt_ok"] and resumed == rec["preempt_saved"]
     diffs = None
     if rec["restart_ok"]:
       try:
@@ -410,7 +444,12 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
     where = (f"during the write of checkpoint_{tmp_after[0]}, {tmp_files} files written"
              if tmp_after
              else "no checkpoint write under way")
-    log(f"[kill_campaign] kill {i + 1}/{kills} ({kind}): SIGKILL at {t_kill:.2f} s ({where}; "
+    if "preempt_saved" in rec:
+      where += (f"; exit {rec['exit_code']}, after the final checkpoint: nothing to save"
+                if rec["after_final_checkpoint"] and rec["exit_code"] != EXIT_PREEMPTED else
+                f"; exit {rec['exit_code']}, saved checkpoint_{rec['preempt_saved']}"
+                if rec["preempt_ok"] else f"; exit {rec['exit_code']}, NO PREEMPTION SAVE")
+    log(f"[kill_campaign] kill {i + 1}/{kills} ({kind}): {sig} at {t_kill:.2f} s ({where}; "
         f"checkpoints then: {done_before or 'none'}), restart resumed from step {resumed} "
         f"in {t_restart:.1f} s (rc {rcs}): "
         + ("EQUAL" if rec["equal"] else f"NOT EQUAL {json.dumps(diffs[:5]) if diffs else ''}"))
@@ -418,7 +457,7 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       shutil.rmtree(model_dir, ignore_errors=True)
 
   summary = {
-      "kills": kills,
+      "kills": kills, "signal": sig,
       "equal": sum(r["equal"] for r in results),
       "during_checkpoint_write": sum(r["during_checkpoint_write"] for r in results),
       "checkpoint_existed_at_kill": sum(r["checkpoint_existed"] for r in results),
@@ -430,8 +469,11 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       "campaign_wall_s": round(time.monotonic() - t_start, 1),
       "compile_cache": compile_cache, "work_dir": str(work_dir),
   }
+  if signum == signal.SIGTERM:
+    summary["preempt_saved"] = sum(bool(r.get("preempt_ok")) for r in results)
   summary["ok"] = (summary["equal"] == kills and summary["not_killed"] == 0
-                   and summary["restart_failures"] == 0)
+                   and summary["restart_failures"] == 0
+                   and summary.get("preempt_saved", kills) == kills)
   summary["results"] = results
   return summary
 
@@ -454,6 +496,8 @@ def main(argv=None) -> int:
                  help="no shared JAX compilation cache (every run compiles)")
   p.add_argument("--keep_dirs", action="store_true", help="keep the model dirs of equal runs")
   p.add_argument("--poll_ms", type=float, default=2.0, help="model dir polling interval")
+  p.add_argument("--signal", default="SIGKILL", choices=("SIGKILL", "SIGTERM"),
+                 help="SIGKILL (kill -9) or SIGTERM (preemption: save, exit 75, resume)")
   args, extra = p.parse_known_args(argv)
   bad = [a for a in extra if not a.startswith("--gin.")]
   if bad:
@@ -464,7 +508,7 @@ def main(argv=None) -> int:
                          write_fraction=args.write_fraction, random_window=args.random_window,
                          compile_cache=not args.no_compile_cache,
                          poll_interval=args.poll_ms / 1e3, extra_flags=extra,
-                         keep_dirs=args.keep_dirs)
+                         keep_dirs=args.keep_dirs, sig=args.signal)
   results = summary.pop("results")
   (Path(work_dir) / "results.json").write_text(json.dumps(
       {**summary, "results": results}, indent=1))

@@ -17,6 +17,10 @@
 # sees, e.g. a Filestore NFS mount or a gcsfuse-mounted bucket; the run resumes from its
 # newest intact checkpoint), VMX_DATA_DIR (optional: where the workers find the data,
 # otherwise each downloads what it needs to its cache).
+# A spot preemption loses nothing since the last step: the maintenance event's SIGTERM
+# makes every worker save the same step (JAX's preemption sync point) and exit 75 with a
+# `preempted: ... saved MODEL_DIR/checkpoint_<step>` line in the log; `resume` continues
+# from that checkpoint.
 set -euo pipefail
 TPU_NAME="${TPU_NAME:-vmx}"
 ZONE="${ZONE:-us-central2-b}"

@@ -45,11 +45,16 @@ def main(argv):
                       help="start the processes, print each one's devices, run one "
                            "all-reduce across all of them and exit (nothing is trained or "
                            "written): the check to run on every worker before a long job")
+  parser.add_argument("--fresh", action="store_true",
+                      help="start anew in a MODEL_DIR that holds an earlier run: its files "
+                           "are moved to MODEL_DIR.previous-<time>/ (never deleted)")
   parser.add_argument("--seqio_additional_cache_dirs", default="",
                       help="comma-separated dirs where seqio looks for cached tasks "
                            "(launch/cache_tasks.py), read with "
                            "--gin.DatasetConfig.use_cached=True")
   args = parser.parse_args(rest)
+  if args.fresh:
+    bindings.append("train.fresh = True")
   require_training_extra()
   if args.seqio_additional_cache_dirs:
     import seqio  # lazy: seqio/TensorFlow (the train extra, checked first)

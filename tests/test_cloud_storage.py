@@ -186,3 +186,33 @@ def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
   assert r["eval_saved"] == pytest.approx(r["eval_score"])
   assert r["summary"].startswith("# vmx evaluation")
   assert r["png"] == b"\x89PNG".hex()
+
+
+LOCK = r"""
+import sys
+from etils import epath
+from vmx.modeldir import run
+d = sys.argv[1]
+first = run.RunLock(d).acquire()
+try:
+  run.RunLock(d).acquire()
+  print("SECOND TOOK IT")
+except run.RunLockedError as e:
+  print("REFUSED", e)
+first.release()
+print("LEFT", epath.Path(d, "vmx.lock").exists())
+"""
+
+
+def test_one_writer_on_gcs(gcs, tmp_path):
+  """MODEL_DIR/vmx.lock on gs://: a second trainer is refused, the lock goes at release."""
+  url, gcs_env = gcs
+  script = tmp_path / "lock.py"
+  script.write_text(LOCK)
+  proc = subprocess.run([sys.executable, str(script), f"gs://{BUCKET}/locked_run"],
+                        capture_output=True, text=True, cwd=REPO, timeout=300,
+                        env={**os.environ, **gcs_env})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "REFUSED" in proc.stdout and "another trainer" in proc.stdout, proc.stdout
+  assert "LEFT False" in proc.stdout
+  assert not _object_exists(url, "locked_run/vmx.lock")

@@ -16,3 +16,15 @@ def test_kill_restart_is_bitwise_equal_to_uninterrupted(tmp_path):
   # The restart that followed a kill during a write resumed from an older checkpoint.
   w = next(r for r in results if r["during_checkpoint_write"])
   assert w["resumed_from"] < min(w["tmp_dirs_left"])
+
+
+def test_sigterm_saves_and_the_restart_resumes_there_bitwise(tmp_path):
+  """The preemption campaign (benchmarks/kill_campaign.py --signal=SIGTERM, 3 signals):
+  every signalled run saves at the next step boundary and exits 75; the restart resumes
+  from exactly that step and ends bit for bit as the uninterrupted run."""
+  summary = load_benchmark("kill_campaign").run_campaign(tmp_path, kills=3, seed=1, steps=30,
+                                                         sig="SIGTERM")
+  for r in summary["results"]:
+    assert r["killed"] and r["restart_ok"] and r["equal"], r
+    assert r["exit_code"] == 75 and r["preempt_ok"], r
+  assert summary["preempt_saved"] == 3 and summary["ok"]

@@ -69,3 +69,45 @@ def test_two_processes_equal_one(tmp_path):
     for k in x:
       if k.startswith("tatoeba/") or k == "train/loss":
         assert x[k] == pytest.approx(y[k], abs=1e-3), (k, x[k], y[k])
+
+
+def _two_processes(model_dir, args, log_dir, name):
+  port = _free_port()
+  logs = [open(log_dir / f"{name}{i}.log", "w") for i in range(2)]
+  procs = [subprocess.Popen(
+      [sys.executable, "launch/train.py", *args, f"--gin.MODEL_DIR={model_dir}",
+       f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+      stdout=logs[i], stderr=subprocess.STDOUT, text=True, env=_env(1), cwd=REPO)
+      for i in range(2)]
+  return procs, [log_dir / f"{name}{i}.log" for i in range(2)]
+
+
+@needs_data
+def test_sigterm_to_one_process_saves_the_same_step_on_both_and_resumes_bitwise(tmp_path):
+  """SIGTERM to one process of a 2-process run: JAX's preemption sync point makes both
+  save the same step and exit 75; the resumed run ends bit for bit as an uninterrupted one."""
+  import time
+  steps = 24
+  args = [*ARGS, f"--gin.TRAIN_STEPS={steps}", "--gin.LOG_PERIOD=2", "--gin.EVAL_PERIOD=0",
+          f"--gin.CHECKPOINT_PERIOD={steps}", "--gin.train.progress=False"]
+  ref = tmp_path / "ref"
+  procs, _ = _two_processes(ref, args, tmp_path, "ref")
+  assert [p.wait(timeout=900) for p in procs] == [0, 0]
+
+  run = tmp_path / "run"
+  procs, logs = _two_processes(run, args, tmp_path, "run")
+  deadline = time.time() + 600
+  while "step 4:" not in logs[0].read_text() and time.time() < deadline:
+    time.sleep(0.2)
+  procs[1].send_signal(15)                      # SIGTERM to process 1 only
+  rcs = [p.wait(timeout=600) for p in procs]
+  texts = [l.read_text() for l in logs]
+  assert rcs == [75, 75], texts[1][-2000:]
+  saved = [re.search(r"preempted: SIGTERM at step (\d+): saved", t).group(1) for t in texts]
+  assert saved[0] == saved[1] and 4 <= int(saved[0]) < steps
+  assert (run / f"checkpoint_{saved[0]}").is_dir()
+
+  procs, logs = _two_processes(run, args, tmp_path, "resume")
+  assert [p.wait(timeout=900) for p in procs] == [0, 0]
+  assert f"resumed from {run}/checkpoint_{saved[0]}" in logs[0].read_text()
+  jax.tree.map(np.testing.assert_array_equal, _params(ref), _params(run))

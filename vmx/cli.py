@@ -41,5 +41,6 @@ def run_main(main, argv=None):
       raise
     if verbose:
       traceback.print_exc()
-    print(f"error: {with_suggestion(msg)}", file=sys.stderr)
+    # (a preemption that saved is not an error: `preempted: ...`, vmx/training/preemption.py)
+    print(f"{getattr(e, 'prefix', 'error')}: {with_suggestion(msg)}", file=sys.stderr)
     sys.exit(getattr(e, "exit_code", 2))

@@ -57,6 +57,7 @@ class Encoder:
     self.batch_size = batch_size
     self.name, self.revision = type(model).__name__, None   # set by from_checkpoint
     self.prompts: dict = {}      # sentence-transformers' prompts: {name: text put before}
+    self._unknown_only: list = []   # rows of the last encode made only of unknown pieces
     self._predict = jax.jit(lambda p, t, l: model.encode_tokens(p, t, l))
 
   @classmethod
@@ -119,6 +120,12 @@ class Encoder:
       if not s.strip():
         raise InputError(f"sentences[{i}] is empty or whitespace only: it has no tokens and "
                          f"so no embedding; drop it or replace it before encoding")
+      try:
+        s.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise InputError(f"sentences[{i}] ({s!r:.40}) is not valid Unicode text ({e.reason} "
+                         f"at character {e.start}: a lone surrogate, e.g. from text decoded "
+                         f"with errors='surrogateescape'); fix or drop it") from None
     return sentences
 
   # sentence-transformers / MTEB compatibility: what their callers read or pass.
@@ -172,6 +179,11 @@ class Encoder:
     if truncated:
       warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
                     f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
+    unknown = self._unknown_only
+    if unknown:
+      warnings.warn(f"{len(unknown)} of {len(sentences)} sentences have no token the "
+                    f"vocabulary knows (only its unknown piece, e.g. sentences[{unknown[0]}]): "
+                    f"they all get the same vector", stacklevel=2)
     if single:
       out = out[0]
     if convert_to_tensor:
@@ -226,6 +238,8 @@ class Encoder:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
     lang_ids = self._lang_ids(lang, len(sentences))
     tokens, truncated = self.tokenizer.encode_counting(sentences, self.max_length)
+    check = getattr(self.tokenizer, "unknown_only", None)
+    self._unknown_only = [] if check is None else np.flatnonzero(check(tokens)).tolist()
     no_tokens = np.flatnonzero(~tokens.any(axis=1))
     if no_tokens.size:
       i = int(no_tokens[0])

@@ -131,6 +131,15 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self.sp.get_piece_size()
 
+  def unknown_only(self, ids_NxL: np.ndarray) -> np.ndarray:
+    """[N] bool: rows with tokens, all of them the unknown piece (two such sentences get
+    the same vector)."""
+    # The word-boundary piece '▁' alone carries nothing either ("😀" -> ['▁', <unk>]).
+    blank = [0, self.sp.piece_to_id("\u2581")]
+    unk = self.sp.unk_id()
+    has_unk = (ids_NxL == unk).any(axis=1)
+    return has_unk & np.isin(ids_NxL, blank + [unk]).all(axis=1)
+
   def piece_id(self, piece: str) -> int:
     i = self.sp.piece_to_id(piece)
     if i == self.sp.unk_id() and piece != self.sp.id_to_piece(self.sp.unk_id()):

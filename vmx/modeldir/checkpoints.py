@@ -112,9 +112,16 @@ def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Opt
                    quarantine: bool = False):
   """restore_fn(step) for the newest intact checkpoint among `steps` (or exactly `step`).
 
-  A damaged one is reported (and, with `quarantine`, moved to MODEL_DIR/damaged/ so that
-  the run can write that step again); the next older is tried. Returns (step, result).
+  A damaged one (its bytes fail verification, or an unverified one that cannot be read)
+  is reported (and, with `quarantine`, moved to MODEL_DIR/damaged/ so that the run can
+  write that step again); the next older is tried. A verified checkpoint that does not fit
+  the model is a CheckpointError: it is not damaged, and nothing is moved. Returns
+  (step, result).
   """
+  if step is not None and steps is not None and step not in list(steps):
+    have = ", ".join(str(x) for x in sorted(steps)[-8:]) or "none"
+    raise CheckpointError(f"{model_dir}: no {CHECKPOINT_PREFIX}_{step} (existing steps: "
+                          f"{have})")
   candidates = [step] if step is not None else sorted(steps, reverse=True)
   if not candidates:
     raise CheckpointError(f"{model_dir}: no {CHECKPOINT_PREFIX}_<step> directory")
@@ -128,7 +135,15 @@ def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Opt
       try:
         return s, restore_fn(s)
       except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise many kinds)
-        problem = f"unreadable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else \
+            type(e).__name__
+        if problem is None:
+          # Its bytes are what was saved: the model asked for does not fit it. Nothing is
+          # moved (older checkpoints would not fit either).
+          raise CheckpointError(f"{d} is intact (its checksums verify) but does not fit this "
+                                f"model ({why}); was the run started with another config? "
+                                f"(nothing was moved)") from None
+        problem = f"unreadable ({why})"
     problems.append(f"{d.name}: {problem}")
     where = ""
     if quarantine:
@@ -174,14 +189,39 @@ class Checkpointer:
       return False
     rest = {"step": state.step, "opt_state": state.opt_state,
             "flax_mutables": state.flax_mutables, "rng": state.rng}
-    saved = self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(state.params), train_state=ocp.args.StandardSave(rest),
-        data=ocp.args.JsonSave(data_state)), force=force)
-    if saved:
-      self.manager.wait_until_finished()
-      if self._primary:
-        write_manifest(step_dir(self.model_dir, step))
+    try:
+      saved = self.manager.save(step, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(state.params), train_state=ocp.args.StandardSave(rest),
+          data=ocp.args.JsonSave(data_state)), force=force)
+      if saved:
+        self.manager.wait_until_finished()
+        if self._primary:
+          write_manifest(step_dir(self.model_dir, step))
+    except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise many kinds: disk full, ...)
+      self._remove_partial(step)
+      why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+      good = [x for x in self.manager.all_steps(read=True) if x != step]
+      raise CheckpointError(
+          f"saving {step_dir(self.model_dir, step)} failed ({type(e).__name__}: {why}); its "
+          f"partial files were removed, the earlier checkpoints are untouched (latest: "
+          f"{max(good) if good else 'none'}); fix the cause (disk space, permissions) and "
+          f"rerun to resume") from None
     return saved
+
+  def _remove_partial(self, step: int):
+    """A failed save's temporary directory (and a checkpoint directory without its
+    manifest): nothing partial is left behind."""
+    if not self._primary:
+      return
+    name = f"{CHECKPOINT_PREFIX}_{step}"
+    for entry in self.model_dir.iterdir():
+      partial = entry.name.startswith(f"{name}.orbax-checkpoint-tmp") or (
+          entry.name == name and not (entry / MANIFEST).exists())
+      if partial:
+        try:
+          entry.rmtree() if entry.is_dir() else entry.unlink()
+        except OSError:
+          pass
 
   def restore_latest(self, abstract_state) -> Optional[tuple[int, Any, dict]]:
     """(step, state, data_state) of the newest intact checkpoint, or None if there is none

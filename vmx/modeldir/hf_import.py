@@ -55,6 +55,9 @@ def read_hf_config(hf_dir) -> dict:
     cfg = json.loads(path.read_text())
   except ValueError as e:
     raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+  if not isinstance(cfg, dict):
+    raise CheckpointError(f"{path}: expected a JSON object (a Hugging Face model config), "
+                          f"got a {type(cfg).__name__}")
   if cfg.get("model_type") not in MODEL_TYPES:
     raise CheckpointError(
         f"{path}: model_type {cfg.get('model_type')!r} ({', '.join(cfg.get('architectures') or [])}) "
@@ -112,7 +115,16 @@ def _float32(a: np.ndarray) -> np.ndarray:
 # Architecture: HF config -> vmx TransformerEncoder settings.
 
 def encoder_settings(cfg: dict) -> dict:
-  """TransformerEncoder keyword arguments reproducing the checkpoint's encoder."""
+  """TransformerEncoder keyword arguments reproducing the checkpoint's encoder; a config
+  that lacks a size is a CheckpointError naming it."""
+  try:
+    return _encoder_settings(cfg)
+  except (KeyError, TypeError) as e:
+    raise CheckpointError(f"config.json lacks or mistypes {e} (needed to rebuild the "
+                          f"{cfg.get('model_type')} encoder)") from None
+
+
+def _encoder_settings(cfg: dict) -> dict:
   family = MODEL_TYPES[cfg["model_type"]]
   if family == "bert":
     if cfg.get("position_embedding_type", "absolute") != "absolute":

@@ -9,6 +9,7 @@
                             (a t5x run's: state/ or checkpoint, vmx/modeldir/t5x_format.py)
   best/                     the best evaluated step's params (best/best.json: the record)
   damaged/                  checkpoints that failed verification, kept for inspection
+  vmx.lock                  the running trainer (host, pid, start time); vmx/modeldir/run.py
 Every name of that list is defined here and nowhere else; the modules of this package
 (and the trainer, inference, the converters) use these constants and functions.
 """
@@ -32,6 +33,8 @@ BEST_DIR = "best"
 BEST_STEP = BEST_DIR                      # the `step` argument naming best/'s checkpoint
 BEST_RECORD = "best.json"
 DAMAGED_DIR = "damaged"
+LOCK_FILE = "vmx.lock"                    # the run's one writer (vmx/modeldir/run.py)
+PREVIOUS_SUFFIX = ".previous-"            # --fresh moves a run aside to MODEL_DIR.previous-<time>
 T5X_STATE_DIR = "state"                   # t5x's Orbax layout: checkpoint_<step>/state/
 T5X_LEGACY_FILE = "checkpoint"            # t5x's legacy layout: checkpoint_<step>/checkpoint
 

@@ -30,9 +30,9 @@ from typing import Callable, Mapping, Optional, Sequence
 import gin
 import jax
 import optax
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
-from vmx import storage
 from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError, NonFiniteError
@@ -41,11 +41,13 @@ from vmx.evaluation.periodic import (Evaluator, HarnessEvalConfig,  # noqa: F401
 from vmx.gin_utils import check_range, positive_int
 from vmx.inference import Encoder
 from vmx.modeldir import checkpoints, layout
+from vmx.modeldir import run as run_lib
 from vmx.models.base import BaseModel
 from vmx.training import initial_checkpoint, partitioning
 from vmx.training import metrics as metrics_lib
 from vmx.training.phases import (Phase, check_same_state, phase_index,  # noqa: F401
                                  resolve_phases)
+from vmx.training.preemption import Preempted, PreemptionWatch
 from vmx.training.step import (TrainState, Trainer, compute_metrics,  # noqa: F401 (old path)
                                host_params, input_shapes, local_value, merge_metrics,
                                opt_state_shardings)
@@ -93,7 +95,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None,
           phases: Optional[Sequence[Phase]] = None,
           grad_cache_chunks: int = 1, best_metric: Optional[str] = None,
-          best_mode: str = "max") -> tuple[TrainState, dict]:
+          best_mode: str = "max", allow_config_change: bool = False,
+          fresh: bool = False) -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
@@ -109,6 +112,12 @@ def train(*, model: BaseModel = gin.REQUIRED,
   `best_metric` (an evaluation metric, e.g. 'tatoeba/mean'): after every evaluation the
   parameters are kept in MODEL_DIR/best/ if the metric beats the best so far (`best_mode`
   'max' or 'min'); see checkpoints.BestCheckpointer.
+  The run directory has one writer (MODEL_DIR/vmx.lock) and its stored config is the
+  contract of a restart: a run that would continue with another model, data or
+  optimization is refused before anything is written (`allow_config_change`: accept the
+  changes; `fresh`: move the earlier run aside and start anew); vmx/modeldir/run.py.
+  SIGTERM / SIGINT save a checkpoint at the next step boundary and raise `Preempted`
+  (vmx/training/preemption.py).
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
@@ -117,9 +126,6 @@ def train(*, model: BaseModel = gin.REQUIRED,
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
   check_train_args(total_steps, log_period, eval_period, stop_at_step, {}, 1)
   check_best_metric(best_metric, eval_cfg, eval_period)
-  # Reads (and checks) a resumed run's best-checkpoint record; writes nothing yet.
-  best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
-          if best_metric else None)
   phases = resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
                           total_steps)
   trainers = []
@@ -143,18 +149,36 @@ def train(*, model: BaseModel = gin.REQUIRED,
       raise ConfigError(f"{where}{e}") from None
     if i:
       check_same_state(phases[0], trainers[0], ph, trainers[i])
-  trainer = trainers[0]
-
   check_vocabulary_fits(model, vocabulary)
-  # Self-contained model_dir for inference: vocabulary + model config.
+  # The longest input of any phase: what inference truncates to (vmx_model.json).
   max_length = max(n for ph in phases
                    for n in pipeline.token_lengths(ph.train_dataset_cfg,
                                                    ph.model.FEATURE_CONVERTER_CLS))
-  storage.path(model_dir).mkdir(parents=True, exist_ok=True)
-  if jax.process_index() == 0:
-    layout.write_inference_files(model_dir, model, languages, max_length, vocabulary)
-    layout.write_config(model_dir, gin.operative_config_str())
+  primary = jax.process_index() == 0
+  operative_config = gin.operative_config_str()
+  lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,
+                          primary)
+  try:
+    return _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
+                partitioner, checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed,
+                progress, stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment,
+                best_metric, best_mode, max_length, operative_config, lock)
+  finally:
+    if lock is not None:
+      lock.release()
 
+
+def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages, partitioner,
+         checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed, progress,
+         stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment, best_metric,
+         best_mode, max_length, operative_config, lock):
+  """The body of `train` once the run directory is open (its lock held by process 0)."""
+  trainer, primary = trainers[0], jax.process_index() == 0
+  if jax.process_count() > 1:   # the other processes wait for open_run (--fresh moves files)
+    multihost_utils.sync_global_devices("vmx.open_run")
+  # Reads (and checks) a resumed run's best-checkpoint record; writes nothing yet.
+  best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
+          if best_metric else None)
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
 
   def phase_data(i):
@@ -183,6 +207,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
           state.params, trainer.state_shardings.params, initial_checkpoint_path, rules))
   start = int(local_value(state.step))
   end = min(total_steps, stop_at_step or total_steps)
+  # Self-contained model_dir for inference (vocabulary, model config) and the run's config:
+  # written once the restore succeeded, so a refused restart changes nothing.
+  if primary:
+    layout.write_inference_files(model_dir, model, languages, max_length, vocabulary)
+    layout.write_config(model_dir, operative_config)
 
   # metrics.jsonl keeps one row per logged step: rows after the resumed step (written
   # by the stopped run after its last checkpoint) are dropped, as the run redoes them.
@@ -255,6 +284,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
   _print = bar.write if bar is not None else (lambda s: print(s, flush=True))
   acc, last = None, {}
   t_log, steps_since = time.time(), 0
+  watch = PreemptionWatch().__enter__()
   try:
     # Step 0, or (one process) an evaluation that the stopped run did not get to: every
     # evaluation writes eval/seconds (runs before it wrote it: tatoeba/mean).
@@ -287,8 +317,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
       if bar is not None:
         bar.update(1)
       phase_end = done == phases[p].end
+      # every process, every step (one answer for all); at the end there is nothing to stop
+      preempted = watch.requested(done) and done < end
       log_due = done % log_period == 0 or done == end or phase_end
-      save_due = ckpt.due(done, force=done == end or (phase_end and len(phases) > 1))
+      force = done == end or (phase_end and len(phases) > 1) or preempted
+      save_due = ckpt.due(done, force=force)
       if log_due or save_due or eval_due(done):
         check_finite(*pending)
         pending = None
@@ -306,11 +339,16 @@ def train(*, model: BaseModel = gin.REQUIRED,
         _print(f"[vmx] step {done}: " + ", ".join(
             f"{k.split('/')[-1]} {v:.4g}" for k, v in scalars.items()))
         acc, t_log, steps_since = None, time.time(), 0
-      ckpt.save(done, state, data.state(),
-                force=done == end or (phase_end and len(phases) > 1))
+      if ckpt.save(done, state, data.state(), force=force) and lock is not None:
+        lock.refresh()
+      if preempted:
+        raise Preempted(f"{watch.signal} at step {done}: saved "
+                        f"{layout.step_dir(model_dir, done)}; rerun the same command to "
+                        f"resume from it")
       if eval_due(done):
         last.update(evaluate(done))
   finally:
+    watch.__exit__()
     if bar is not None:
       bar.close()
     ckpt.close()

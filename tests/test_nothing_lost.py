@@ -1,0 +1,180 @@
+"""A run directory loses nothing (issue 35): one writer (the lock), a restart with another
+model refused before anything is written, intact checkpoints never quarantined for a
+config that does not fit them, and SIGTERM / SIGINT saving at the next step boundary."""
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import toy_train
+from vmx.errors import CheckpointError, ConfigError
+from vmx.modeldir import run as run_lib
+from vmx.training import step as step_lib
+from vmx.training.preemption import EXIT_PREEMPTED, Preempted
+
+
+def _snapshot(d):
+  """{relative path: sha256} of every file under d."""
+  out = {}
+  for root, _, names in os.walk(d):
+    for n in names:
+      p = os.path.join(root, n)
+      out[os.path.relpath(p, d)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+  return out
+
+
+def _same_params(a, b):
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, a.params),
+               jax.tree.map(np.asarray, b.params))
+
+
+def test_a_restart_with_another_model_is_refused_and_changes_nothing(tmp_path, toy_task):
+  name, vp, _, _ = toy_task
+  d = tmp_path / "run"
+  toy_train(d, name, vp, stop_at_step=3)
+  before = _snapshot(d)
+  with pytest.raises(ConfigError, match=r"holds a run of another model.*nothing was written"):
+    toy_train(d, name, vp, kind="vmsst")
+  assert _snapshot(d) == before                  # no quarantine, no rewritten model files
+  assert not (d / "damaged").exists() and not (d / "vmx.lock").exists()
+  toy_train(d, name, vp)                         # the original run resumes
+  assert (d / "checkpoint_6").is_dir()
+
+
+def test_an_intact_checkpoint_that_does_not_fit_is_not_moved(tmp_path, toy_task):
+  from vmx.modeldir import checkpoints
+  name, vp, _, _ = toy_task
+  d = tmp_path / "run"
+  toy_train(d, name, vp, stop_at_step=3)
+
+  def restore(step):
+    raise ValueError("shape (16, 64) != (8, 64)")
+  with pytest.raises(CheckpointError, match=r"intact .* does not fit this model"):
+    checkpoints.restore_intact(d, [3], restore, quarantine=True)
+  assert (d / "checkpoint_3").is_dir() and not (d / "damaged").exists()
+  with pytest.raises(CheckpointError, match=r"no checkpoint_999 \(existing steps: 3\)"):
+    checkpoints.restore_intact(d, [3], restore, step=999)
+
+
+def test_other_settings_need_allow_config_change(tmp_path):
+  old = "MODEL_DIR = '/r'\nTRAIN_STEPS = 10\nLEARNING_RATE = 0.001\nx.y = [1,\n  2]\n"
+  new = "MODEL_DIR = '/r'\nTRAIN_STEPS = 20\nLEARNING_RATE = 0.002\nx.y = [1, 2]\n"
+  assert run_lib.parse_bindings(old)["x.y"] == "[1, 2]"
+  assert run_lib.config_differences(old, new) == [("LEARNING_RATE", "0.001", "0.002"),
+                                                  ("TRAIN_STEPS", "10", "20")]
+  d = tmp_path / "r"
+  d.mkdir()
+  (d / "config.gin").write_text(old)
+
+  class Model:
+    def get_config(self):
+      return {}
+  with pytest.raises(ConfigError, match=r"other settings: LEARNING_RATE 0.001 -> 0.002\. "
+                                        r".*ALLOW_CONFIG_CHANGE=True"):
+    run_lib.check_restart(d, Model(), new)
+  assert len(run_lib.check_restart(d, Model(), new, allow_change=True)) == 2
+  assert run_lib.check_restart(d, Model(), old.replace("10", "30")) == [
+      ("TRAIN_STEPS", "10", "30")]             # run length: free
+
+
+def test_one_writer_per_run_directory(tmp_path, toy_task, capfd):
+  name, vp, _, _ = toy_task
+  d = tmp_path / "run"
+  d.mkdir()
+  holder = {"host": socket.gethostname(), "pid": os.getppid(), "started": "then",
+            "token": "x", "refreshed": 0}
+  (d / "vmx.lock").write_text(json.dumps(holder))
+  with pytest.raises(run_lib.RunLockedError, match=rf"another trainer .*pid {os.getppid()}"):
+    toy_train(d, name, vp)
+  assert sorted(os.listdir(d)) == ["vmx.lock"]   # nothing written
+  gone = subprocess.Popen([sys.executable, "-c", "pass"])
+  gone.wait()
+  (d / "vmx.lock").write_text(json.dumps({**holder, "pid": gone.pid}))
+  toy_train(d, name, vp, total_steps=2, period=2)   # a stale lock is taken over
+  assert "taking over the lock" in capfd.readouterr().err
+  assert not (d / "vmx.lock").exists()           # released at the end
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, toy_task,
+                                                                     monkeypatch, sig):
+  name, vp, _, _ = toy_task
+  whole = toy_train(tmp_path / "whole", name, vp, total_steps=8, period=100)
+  real_step, calls = step_lib.Trainer.step, []
+
+  def step(self, state, batch):                  # the signal arrives during step 4
+    calls.append(1)
+    if len(calls) == 4:
+      os.kill(os.getpid(), sig)
+    return real_step(self, state, batch)
+  monkeypatch.setattr(step_lib.Trainer, "step", step)
+  d = tmp_path / "run"
+  handler = signal.getsignal(sig)
+  with pytest.raises(Preempted, match=rf"{sig.name} at step 4: saved .*checkpoint_4"):
+    toy_train(d, name, vp, total_steps=8, period=100)
+  assert Preempted.exit_code == EXIT_PREEMPTED
+  assert max(int(p.name.split("_")[1]) for p in d.glob("checkpoint_*")) == 4
+  assert not (d / "vmx.lock").exists()
+  assert signal.getsignal(sig) == handler       # the trainer's handlers are gone
+  monkeypatch.setattr(step_lib.Trainer, "step", real_step)
+  _same_params(toy_train(d, name, vp, total_steps=8, period=100), whole)
+
+
+def test_a_failed_save_is_one_error_and_leaves_nothing_partial(tmp_path, toy_task,
+                                                               monkeypatch):
+  import orbax.checkpoint as ocp
+  name, vp, _, _ = toy_task
+  d = tmp_path / "run"
+  toy_train(d, name, vp, stop_at_step=3)
+  real = ocp.CheckpointManager.save
+
+  def full_disk(self, step, *a, **kw):
+    (d / f"checkpoint_{step}.orbax-checkpoint-tmp-123").mkdir()
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+  with pytest.raises(CheckpointError, match=r"saving .*checkpoint_6 failed \(OSError: .*No "
+                                            r"space left.*latest: 3"):
+    toy_train(d, name, vp)
+  assert sorted(p.name for p in d.glob("checkpoint_*")) == ["checkpoint_1", "checkpoint_3"]
+  assert not (d / "vmx.lock").exists()
+  monkeypatch.setattr(ocp.CheckpointManager, "save", real)
+  toy_train(d, name, vp)
+
+
+def test_the_validation_cache_follows_the_content(tmp_path):
+  from vmx.data import readers
+  f = tmp_path / "c.txt"
+  f.write_text("one\ntwo\n")
+  st = os.stat(f)
+  assert readers.validate_text(str(f)) == 2
+  f.write_bytes(b"one\ntw\xff\n")                # corrupted in place, size and mtime kept
+  os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert os.stat(f).st_size == st.st_size
+  with pytest.raises(Exception, match=r"c.txt:2: invalid UTF-8"):
+    readers.validate_text(str(f))
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, toy_task):
+  from vmx.inference import Encoder
+  name, vp, _, _ = toy_task
+  d = tmp_path_factory.mktemp("enc")
+  toy_train(d, name, vp, total_steps=2, period=2)
+  return Encoder.from_checkpoint(d)
+
+
+def test_sentences_of_unknown_pieces_warn_and_bad_unicode_is_one_error(encoder):
+  from vmx.errors import InputError
+  with pytest.warns(UserWarning, match=r"2 of 3 sentences have no token the vocabulary "
+                                       r"knows .*sentences\[0\]"):
+    v = encoder.encode(["😀", "alpha", "🙈"], lang="xx")
+  np.testing.assert_allclose(v[0], v[2])        # why it matters: the same vector
+  with pytest.raises(InputError, match=r"sentences\[1\] .*not valid Unicode.*surrogate"):
+    encoder.encode(["alpha", "bad \udce9"], lang="xx")

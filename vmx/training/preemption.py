@@ -1,0 +1,71 @@
+"""Save on preemption: SIGTERM (what Cloud TPU preemption, SLURM and Kubernetes send) and
+SIGINT (Ctrl-C) make the trainer save a checkpoint at the next step boundary and exit with
+`Preempted` (exit status 75, EX_TEMPFAIL: rerun the same command to resume). A second
+signal exits at once.
+
+One process: Python signal handlers set a flag that the loop reads after every step.
+Several processes (`jax.distributed.initialize`): JAX's preemption service takes SIGTERM on
+any process, propagates it and picks one step at which every process saves
+(`multihost_utils.reached_preemption_sync_point`, called after every step by all of
+them), so they all save the same step; SIGINT keeps Python's default there (a Ctrl-C on one
+process of a job cannot be agreed on without a collective every step).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Optional
+
+import jax
+from jax.experimental import multihost_utils
+
+from vmx.errors import VmxError
+
+EXIT_PREEMPTED = 75   # EX_TEMPFAIL
+
+
+class Preempted(VmxError):
+  """The run saved a checkpoint after a preemption signal and stopped; rerun to resume."""
+  exit_code = EXIT_PREEMPTED
+  prefix = "preempted"
+
+
+class PreemptionWatch:
+  """Installs the handlers (main thread only) on `__enter__`, restores them on `__exit__`."""
+
+  def __init__(self):
+    self.signal: Optional[str] = None
+    self._old = {}
+    self._multi = jax.process_count() > 1 and jax.distributed.is_initialized()
+
+  def _handler(self, signum, frame):
+    del frame
+    if self.signal is not None:            # the second signal: exit at once
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+      return
+    self.signal = signal.Signals(signum).name
+    print(f"[vmx] {self.signal}: saving a checkpoint at the end of this step (send it again "
+          f"to stop at once)", flush=True)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in (() if self._multi else (signal.SIGTERM, signal.SIGINT)):
+        self._old[sig] = signal.signal(sig, self._handler)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+    self._old = {}
+
+  def requested(self, step: int) -> bool:
+    """Whether to save and stop after `step` (every process gets the same answer; call it
+    after every step on every process)."""
+    if self._multi:
+      if multihost_utils.reached_preemption_sync_point(step):
+        self.signal = self.signal or "SIGTERM"
+        return True
+      return False
+    return self.signal is not None
