@@ -144,11 +144,17 @@ class Trainer:
                              params, state.flax_mutables)
     return state.replace(params=params, opt_state=opt_state, flax_mutables=mutables)
 
+  def place(self, batch) -> dict:
+    """The GLOBAL numpy batch (identical on every process) as sharded jax.Arrays: each
+    process puts its own devices' rows (what the prefetch thread calls ahead of the step)."""
+    return self.partitioner.global_batch({k: batch[k] for k in self.shapes},
+                                         self.batch_shardings)
+
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
-    """One update on the GLOBAL batch (numpy, identical on every process); the step's
-    non-finite flags are left in `self.nonfinite` (see `check_finite`)."""
-    batch = self.partitioner.global_batch({k: batch[k] for k in self.shapes},
-                                          self.batch_shardings)
+    """One update on the GLOBAL batch (numpy, or already `place`d); the step's non-finite
+    flags are left in `self.nonfinite` (see `check_finite`)."""
+    if not all(isinstance(batch[k], jax.Array) for k in self.shapes):
+      batch = self.place(batch)
     with self.partitioner.context():
       state, metrics, self.nonfinite = self.train_step(state, batch)
     return state, metrics

@@ -47,6 +47,7 @@ from vmx.training import initial_checkpoint, partitioning
 from vmx.training import metrics as metrics_lib
 from vmx.training.phases import (Phase, check_same_state, phase_index,  # noqa: F401
                                  resolve_phases)
+from vmx.training.prefetch import Prefetcher
 from vmx.training.preemption import Preempted, PreemptionWatch
 from vmx.training.step import (TrainState, Trainer, compute_metrics,  # noqa: F401 (old path)
                                host_params, input_shapes, local_value, merge_metrics,
@@ -96,7 +97,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
           phases: Optional[Sequence[Phase]] = None,
           grad_cache_chunks: int = 1, best_metric: Optional[str] = None,
           best_mode: str = "max", allow_config_change: bool = False,
-          fresh: bool = False) -> tuple[TrainState, dict]:
+          fresh: bool = False, prefetch_batches: int = 2) -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
@@ -118,6 +119,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
   changes; `fresh`: move the earlier run aside and start anew); vmx/modeldir/run.py.
   SIGTERM / SIGINT save a checkpoint at the next step boundary and raise `Preempted`
   (vmx/training/preemption.py).
+  `prefetch_batches`: batches read and placed on the devices ahead of the step by a
+  background thread (vmx/training/prefetch.py; 0: in the loop); the seconds each log
+  period waited for input are logged as `train/input_wait_fraction`.
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
@@ -125,6 +129,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
   partitioner = partitioner or partitioning.Partitioner()
   checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
   check_train_args(total_steps, log_period, eval_period, stop_at_step, {}, 1)
+  check_range(isinstance(prefetch_batches, int) and not isinstance(prefetch_batches, bool)
+              and prefetch_batches >= 0, "train", "prefetch_batches", prefetch_batches,
+              "a number of batches >= 0 (0: no prefetch)")
   check_best_metric(best_metric, eval_cfg, eval_period)
   phases = resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
                           total_steps)
@@ -162,7 +169,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
     return _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
                 partitioner, checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed,
                 progress, stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment,
-                best_metric, best_mode, max_length, operative_config, lock)
+                best_metric, best_mode, max_length, operative_config, lock, prefetch_batches)
   finally:
     if lock is not None:
       lock.release()
@@ -171,7 +178,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
 def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages, partitioner,
          checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed, progress,
          stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment, best_metric,
-         best_mode, max_length, operative_config, lock):
+         best_mode, max_length, operative_config, lock, prefetch_batches):
   """The body of `train` once the run directory is open (its lock held by process 0)."""
   trainer, primary = trainers[0], jax.process_index() == 0
   if jax.process_count() > 1:   # the other processes wait for open_run (--fresh moves files)
@@ -181,18 +188,20 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
           if best_metric else None)
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
 
-  def phase_data(i):
+  def phase_data(i, data_state=None):
     ph = phases[i]
-    return pipeline.train_iterator(ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS,
-                                   random_seed + 1000 * i)
+    it = pipeline.train_iterator(ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS,
+                                 random_seed + 1000 * i)
+    if data_state is not None:
+      it.restore(data_state)
+    return Prefetcher(it, trainers[i].place, prefetch_batches)
 
   restored = (ckpt.restore_latest(lambda s: trainers[phase_index(phases, s)].abstract_state)
               if checkpoint_cfg.restore else None)
   if restored is not None:
     latest, state, data_state = restored
     p = phase_index(phases, latest)
-    data = phase_data(p)
-    data.restore(data_state)
+    data = phase_data(p, data_state)
     print(f"[vmx] resumed from {model_dir}/checkpoint_{latest} (data position "
           f"{data.position}" + (f", phase {phases[p].name!r}" if len(phases) > 1 else "") + ")",
           flush=True)
@@ -283,7 +292,7 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
     bar = tqdm(total=end, initial=start, desc="train", unit="step", dynamic_ncols=True)
   _print = bar.write if bar is not None else (lambda s: print(s, flush=True))
   acc, last = None, {}
-  t_log, steps_since = time.time(), 0
+  t_log, steps_since, waited = time.time(), 0, 0.0
   watch = PreemptionWatch().__enter__()
   try:
     # Step 0, or (one process) an evaluation that the stopped run did not get to: every
@@ -301,12 +310,15 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
           check_finite(*pending)
           pending = None
         p += 1
+        data.close()
         state, data = enter_phase(state, p)
       tr = trainers[p]
+      t_wait = time.perf_counter()
       try:
         batch = next(data)
       except StopIteration:
         raise RuntimeError(f"training data ran out at step {step}") from None
+      waited += time.perf_counter() - t_wait
       state, m = tr.step(state, batch)
       done = step + 1
       if pending is not None:
@@ -331,6 +343,7 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
         scalars["train/steps_per_sec"] = steps_since / dt
         scalars["train/examples_per_sec"] = (steps_since * phases[p].train_dataset_cfg.batch_size
                                              / dt)
+        scalars["train/input_wait_fraction"] = min(1.0, waited / dt)
         writer.write_scalars(done, scalars)
         writer.flush()
         last.update(scalars)
@@ -338,7 +351,7 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
           bar.set_postfix(loss=f"{scalars['train/loss']:.4f}")
         _print(f"[vmx] step {done}: " + ", ".join(
             f"{k.split('/')[-1]} {v:.4g}" for k, v in scalars.items()))
-        acc, t_log, steps_since = None, time.time(), 0
+        acc, t_log, steps_since, waited = None, time.time(), 0, 0.0
       if ckpt.save(done, state, data.state(), force=force) and lock is not None:
         lock.refresh()
       if preempted:
@@ -349,6 +362,7 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
         last.update(evaluate(done))
   finally:
     watch.__exit__()
+    data.close()
     if bar is not None:
       bar.close()
     ckpt.close()
