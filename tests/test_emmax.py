@@ -50,12 +50,18 @@ def test_gmm_posterior_matches_numpy_and_stays_finite_far_away():
   np.testing.assert_allclose(pair.reshape(12, r), direct, rtol=1e-4, atol=1e-3)
 
 
-def test_mixup_ranks_follow_the_ceiling_rule():
-  lam = jnp.asarray([1.0, 0.99, 0.76, 0.75, 0.5, 0.26, 0.25, 0.01, 0.0])
-  # rank ceil((1 - lam) N), N = 4, clipped to [1, N]; 0-based here.
-  want = [max(1, math.ceil((1 - float(l)) * 4)) - 1 for l in np.asarray(lam)]
-  assert list(np.asarray(losses.mixup_rank(lam, 4))) == want
-  assert want[0] == 0 and want[-1] == 3
+def test_mixup_ranks_follow_eq_3():
+  """EMMA-X Eq. 3: r = ⌈(1 - λ)·1 + λ·N⌉ with λ the weight of the random sentence y'
+  (vmx's lam weights the translation: λ = 1 - lam). N = 4: a mix is rank 2, 3 or 4,
+  a third of lam ~ U(0, 1) each; only lam = 1 (the translation itself) is rank 1."""
+  lam = np.array([1.0, 0.99, 0.67, 0.66, 0.34, 0.33, 0.01, 0.0], np.float32)
+  paper_lambda = 1.0 - lam
+  want = [math.ceil((1 - x) * 1 + x * 4) - 1 for x in paper_lambda]   # 0-based
+  assert want == [0, 1, 1, 2, 2, 3, 3, 3]
+  assert list(np.asarray(losses.mixup_rank(jnp.asarray(lam), 4))) == want
+  shares = np.bincount(np.asarray(losses.mixup_rank(
+      jnp.asarray(np.random.default_rng(0).uniform(size=30000), jnp.float32), 4)), minlength=4)
+  np.testing.assert_allclose(shares / shares.sum(), [0, 1 / 3, 1 / 3, 1 / 3], atol=0.01)
 
 
 def np_ranking_infonce(sim, ranks, valid, taus):

@@ -55,7 +55,7 @@ def _model(**kw):
   enc = encoders.TransformerEncoder(vocab_size=V, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=8)
   module_kw = {k: kw.pop(k) for k in list(kw) if k in
-               ("use_language_token", "xtr_shared_embedding", "contrastive_dims")}
+               ("use_language_token", "xtr_shared_embedding", "contrastive_dims", "xtr_norms")}
   module = ems.EMS(encoder=enc, num_languages=3, language_dim=4,
                    contrastive_dims=module_kw.pop("contrastive_dims", (16, 8)), **module_kw)
   return ems.EMSModel(module, **kw)
@@ -232,3 +232,24 @@ def test_amsgrad_with_coupled_l2_matches_a_numpy_reference():
     vmax = np.maximum(vmax, v)
     ref = ref - lr * (m / (1 - b1 ** t)) / (np.sqrt(vmax / (1 - b2 ** t)) + eps)
   np.testing.assert_allclose(np.asarray(p), ref, rtol=1e-4)   # eps enters after the correction
+
+
+def test_xtr_head_is_eq_4_without_the_code_norms():
+  """xtr_norms=False: q = softmax(W_emb swish(W_fc (u_la ⊕ u))) exactly (EMS Eq. 4); the
+  authors' LayerNorms exist only with xtr_norms=True."""
+  model = _model(xtr_norms=False)
+  batch = _batch()
+  params = _init(model, batch)
+  assert "xtr_norm" not in params and "language_norm" not in params
+  assert "xtr_norm" in _init(_model(), batch)
+  u = np.random.default_rng(3).normal(size=(6, 16)).astype(np.float32)
+  logits = np.asarray(model.module.apply({"params": params}, jnp.asarray(u),
+                                         jnp.asarray(batch["right_lang"]),
+                                         method=ems.EMS.xtr_logits))
+  e = np.asarray(params["target_language_embed"]["embedding"])[batch["right_lang"]]
+  x = np.concatenate([e, u], axis=1)
+  fc = params["xtr_fc"]
+  h = x @ np.asarray(fc["kernel"]) + np.asarray(fc["bias"])
+  h = h / (1 + np.exp(-h))                                   # swish
+  want = h @ np.asarray(params["xtr_out"]["kernel"])
+  np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)

@@ -290,10 +290,12 @@ def gmm_pairwise_log_posterior(anchor_BxD: Array, other_KxD: Array, log_prior_R:
 
 
 def mixup_rank(lam_M: Array, num_ranks: int) -> Array:
-  """Eq. 3's ceiling rule: a virtual example lam * y + (1 - lam) * y' (y the translation,
-  y' a random sentence) has rank ceil((1 - lam) N) in 1..N, i.e. 0-based index
-  ceil((1 - lam) N) - 1 clipped to [0, N-1] (lam = 1: translation, lam = 0: unrelated)."""
-  r = jnp.ceil((1.0 - lam_M.astype(jnp.float32)) * num_ranks).astype(jnp.int32)
+  """EMMA-X Eq. 3's rank of a virtual example lam * y + (1 - lam) * y' (y the translation,
+  rank 1; y' a random sentence, rank N): the paper's weight of y' is λ = 1 - lam and its
+  rank r = ⌈(1 - λ)·1 + λ·N⌉ = ⌈1 + (N - 1)(1 - lam)⌉, so any mix (lam < 1) is rank 2 or
+  more and the ranks 2..N get equal shares of lam ~ U(0, 1). Returned 0-based, [M] int32
+  in [0, N-1] (lam = 1: 0, the translation; lam = 0: N - 1, unrelated)."""
+  r = jnp.ceil(1.0 + (num_ranks - 1) * (1.0 - lam_M.astype(jnp.float32))).astype(jnp.int32)
   return jnp.clip(r, 1, num_ranks) - 1
 
 

@@ -20,8 +20,9 @@ The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
          examples a step, anchors a drawn from both sides of the batch: a third
          translations (rank 1), a third random pairs (rank N), a third mixup virtual
          examples y~ = lam y + (1 - lam) y' (Eq. 3, lam ~ U(0, 1), y the translation, y'
-         any other sentence of the batch, either side), rank ceil((1 - lam) N)
-         (vmx.losses.mixup_rank); gamma is not differentiated here (G learns, M does not).
+         any other sentence of the batch, either side), rank ⌈1 + (N - 1)(1 - lam)⌉ as
+         Eq. 3 gives it with λ = 1 - lam (vmx.losses.mixup_rank: a mix is never rank 1);
+         gamma is not differentiated here (G learns, M does not).
       Both sides matter: with x -> y alone, M never separates sentences of one language
       and G never sees a same-language pair, which phase 2's text is full of (at CPU
       scale the both-sides warm-up reaches Tatoeba 21.9 after 600 steps, x -> y 19.2).

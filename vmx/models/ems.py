@@ -1,5 +1,5 @@
 """EMS (Mao, Chu, Kurohashi: "EMS: Efficient and Effective Massively Multilingual
-Sentence Embedding Learning"): a dual encoder trained with cross-lingual token
+Sentence Representation Learning"): a dual encoder trained with cross-lingual token
 reconstruction (XTR) plus a contrastive head. Details not in the paper's text follow
 the authors' code (github.com/Mao-KU/EMS, modeling/model_v2.py).
 
@@ -7,9 +7,12 @@ For a translation pair (x, y) with languages (l_x, l_y), one shared Transformer
 encoder (no language token on its input) gives mean-pooled sentence vectors
 u = enc(x), v = enc(y).
 
-XTR: from u and the embedding of the TARGET language token <2 l_y> (d_la = 128,
-  LayerNorm + dropout),
-    h = LayerNorm(swish(W_fc [e(l_y) ; u])),  q = softmax(W_emb h)
+XTR: from u and the embedding of the TARGET language token <2 l_y> (d_la = 128),
+    h = swish(W_fc [e(l_y) ; u]),  q = softmax(W_emb h)          (Eq. 4, `xtr_norms=False`)
+  The authors' code adds LayerNorm + dropout on e(l_y) and a LayerNorm after the swish,
+  h = LayerNorm(swish(W_fc [LN(e(l_y)) ; u])): `xtr_norms=True`, the module's default (the
+  CPU-scale configs and their results); gin_configs/ems.gin, named after the paper, runs
+  Eq. 4 as written.
   (W_fc: (d + d_la) -> (d + d_la); W_emb: its own projection to the vocabulary, no
   bias; with `xtr_shared_embedding` W_fc maps to d and W_emb is the input token
   table). Target: the bag of tokens of the translation, p(t) = count(t in y) / |y|
@@ -46,6 +49,7 @@ class EMS(nn.Module):
   language_dim: int = 128                  # d_la
   use_language_token: bool = True          # False: XTR sees only the sentence vector
   xtr_shared_embedding: bool = False       # True: W_emb = the input token table
+  xtr_norms: bool = True                   # the authors' code's LayerNorms; False: Eq. 4
   contrastive_dims: Sequence[int] = (1024, 128)   # () = no MLP: cosine on u itself
   pooling: str = "mean"
 
@@ -60,13 +64,15 @@ class EMS(nn.Module):
       self.target_language_embed = layers.Embed(
           self.num_languages, self.language_dim, dtype=enc.dtype, axes=("languages", "embed"),
           embedding_init=nn.initializers.normal(0.02), name="target_language_embed")
-      self.language_norm = layers.LayerNorm(dtype=enc.dtype, name="language_norm")
-      self.language_dropout = nn.Dropout(enc.dropout_rate)
+      if self.xtr_norms:
+        self.language_norm = layers.LayerNorm(dtype=enc.dtype, name="language_norm")
+        self.language_dropout = nn.Dropout(enc.dropout_rate)
       width += self.language_dim
     # W_fc keeps the width (d + d_la), or maps to d when W_emb is the input table.
     self.xtr_fc = layers.Dense(enc.emb_dim if self.xtr_shared_embedding else width,
                                ("embed", "mlp"), use_bias=True, dtype=enc.dtype, name="xtr_fc")
-    self.xtr_norm = layers.LayerNorm(dtype=enc.dtype, name="xtr_norm")
+    if self.xtr_norms:
+      self.xtr_norm = layers.LayerNorm(dtype=enc.dtype, name="xtr_norm")
     if not self.xtr_shared_embedding:
       self.xtr_out = layers.Dense(enc.vocab_size, ("mlp", "vocab"), use_bias=False,
                                   dtype=enc.dtype, name="xtr_out")
@@ -82,10 +88,13 @@ class EMS(nn.Module):
     """Logits [B, V] of the bag-of-tokens distribution of the translation."""
     x = u_BxD
     if self.use_language_token:
-      lang = self.language_norm(self.target_language_embed(target_lang_B))
-      lang = self.language_dropout(lang, deterministic=deterministic)
-      x = jnp.concatenate([lang.astype(x.dtype), x], axis=-1)    # [e(l) ; u] as in EMS's code
-    h = self.xtr_norm(jax.nn.swish(self.xtr_fc(x)))
+      lang = self.target_language_embed(target_lang_B)
+      if self.xtr_norms:
+        lang = self.language_dropout(self.language_norm(lang), deterministic=deterministic)
+      x = jnp.concatenate([lang.astype(x.dtype), x], axis=-1)    # u_la ⊕ u (Eq. 4)
+    h = jax.nn.swish(self.xtr_fc(x))
+    if self.xtr_norms:
+      h = self.xtr_norm(h)
     logits = self.token_embed.attend(h) if self.xtr_shared_embedding else self.xtr_out(h)
     return logits.astype(jnp.float32)
 
