@@ -99,6 +99,16 @@ def toy_task(tmp_path_factory):
   return name, vp, s, t
 
 
+@pytest.fixture(scope="module")
+def toy_encoder(tmp_path_factory, toy_task):
+  """An `Encoder` of a 2-step toy run (one per test module)."""
+  from vmx.inference import Encoder
+  name, vp, _, _ = toy_task
+  d = tmp_path_factory.mktemp("enc")
+  toy_train(d, name, vp, total_steps=2, period=2)
+  return Encoder.from_checkpoint(d)
+
+
 def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at_step=None,
               optimizer=None, period=3, keep=2, num_devices=2, **train_kw):
   """train() on the toy task with a 1-layer model (dropout on); returns the final state.

@@ -161,16 +161,8 @@ def test_the_validation_cache_follows_the_content(tmp_path):
     readers.validate_text(str(f))
 
 
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory, toy_task):
-  from vmx.inference import Encoder
-  name, vp, _, _ = toy_task
-  d = tmp_path_factory.mktemp("enc")
-  toy_train(d, name, vp, total_steps=2, period=2)
-  return Encoder.from_checkpoint(d)
-
-
-def test_sentences_of_unknown_pieces_warn_and_bad_unicode_is_one_error(encoder):
+def test_sentences_of_unknown_pieces_warn_and_bad_unicode_is_one_error(toy_encoder):
+  encoder = toy_encoder
   from vmx.errors import InputError
   with pytest.warns(UserWarning, match=r"2 of 3 sentences have no token the vocabulary "
                                        r"knows .*sentences\[0\]"):

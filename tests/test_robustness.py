@@ -296,14 +296,6 @@ def test_cli_errors_are_one_line_and_verbose_adds_the_traceback(tmp_path):
 
 # --- encode() input ----------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def toy_encoder(tmp_path_factory, toy_task):
-  name, vp, _, _ = toy_task
-  d = tmp_path_factory.mktemp("enc")
-  toy_train(d, name, vp, total_steps=2, period=2)
-  return Encoder.from_checkpoint(d)
-
-
 @pytest.mark.parametrize("sentences,batch_size,match", [
     (["ok", ""], None, r"sentences\[1\] is empty"),
     (["ok", "  \t"], None, r"sentences\[1\] is empty"),
