@@ -57,7 +57,6 @@ class Encoder:
     self.batch_size = batch_size
     self.name, self.revision = type(model).__name__, None   # set by from_checkpoint
     self.prompts: dict = {}      # sentence-transformers' prompts: {name: text put before}
-    self._unknown_only: list = []   # rows of the last encode made only of unknown pieces
     self._predict = jax.jit(lambda p, t, l: model.encode_tokens(p, t, l))
 
   @classmethod
@@ -175,11 +174,10 @@ class Encoder:
       sentences = [prompt + s for s in sentences]
     if show_progress_bar is not None:
       progress = show_progress_bar
-    out, truncated = self._encode(sentences, lang, batch_size, progress)
+    out, truncated, unknown = self._encode(sentences, lang, batch_size, progress)
     if truncated:
       warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
                     f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
-    unknown = self._unknown_only
     if unknown:
       warnings.warn(f"{len(unknown)} of {len(sentences)} sentences have no token the "
                     f"vocabulary knows (only its unknown piece, e.g. sentences[{unknown[0]}]): "
@@ -199,7 +197,7 @@ class Encoder:
                       batch_size: Optional[int] = None, progress: Optional[bool] = None):
     """(`encode(sentences, lang, ...)`, the number of sentences truncated to `max_length`),
     without the warning: for callers that encode in chunks and report one total."""
-    return self._encode(self.check_sentences(sentences), lang, batch_size, progress)
+    return self._encode(self.check_sentences(sentences), lang, batch_size, progress)[:2]
 
   def _prompt(self, prompt, prompt_name, task_name, prompt_type) -> str:
     if prompt is not None and prompt_name is not None:
@@ -232,14 +230,15 @@ class Encoder:
     return np.sum(_unit(a) * _unit(b), axis=1)
 
   def _encode(self, sentences: list, lang, batch_size, progress):
-    """([len(sentences), D] float32, how many sentences were truncated)."""
+    """([len(sentences), D] float32, how many sentences were truncated, the indices of those
+    made only of unknown pieces)."""
     bs = self.batch_size if batch_size is None else batch_size
     if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
     lang_ids = self._lang_ids(lang, len(sentences))
     tokens, truncated = self.tokenizer.encode_counting(sentences, self.max_length)
-    check = getattr(self.tokenizer, "unknown_only", None)
-    self._unknown_only = [] if check is None else np.flatnonzero(check(tokens)).tolist()
+    check = getattr(self.tokenizer, "unknown_only", None)   # vmx's SentencePiece vocabularies
+    unknown = [] if check is None else np.flatnonzero(check(tokens)).tolist()
     no_tokens = np.flatnonzero(~tokens.any(axis=1))
     if no_tokens.size:
       i = int(no_tokens[0])
@@ -274,4 +273,4 @@ class Encoder:
       out[rows] = emb
     if out is None:
       out = np.zeros((0, 0), np.float32)
-    return out, truncated
+    return out, truncated, unknown

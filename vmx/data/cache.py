@@ -27,8 +27,8 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from vmx import storage
-from vmx.errors import ConfigError
 from vmx.data.tasks import HfVocabulary
+from vmx.errors import ConfigError
 
 VMX_CACHE_INFO = "vmx_cache.json"
 

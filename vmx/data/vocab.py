@@ -30,10 +30,10 @@ import tokenizers
 from tokenizers import BertWordPieceTokenizer
 
 from vmx import storage
-from vmx.storage import cache_dir
 from vmx.data.readers import iter_lines
 from vmx.errors import CheckpointError, ConfigError, DataError
 from vmx.gin_utils import binding_source
+from vmx.storage import cache_dir
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 

@@ -113,8 +113,7 @@ class TatoebaEvalConfig:
                english: str = "eng", batch_size: int = 256):
     check_range(positive_int(batch_size), "TatoebaEvalConfig", "batch_size", batch_size,
                 "a positive integer")
-    self.languages, self.data_dir = list(languages), data_dir
-    self.english, self.batch_size = english, batch_size
+    self.languages, self.batch_size = list(languages), batch_size
     self.config = harness.EvalConfig(data_dir=data_dir, tatoeba_languages=self.languages,
                                      tatoeba_english=english, plots=False, progress=False)
 

@@ -21,9 +21,9 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import stats
 
+from vmx.data import download
 from vmx.errors import DataError
 from vmx.evaluation import common, mining
-from vmx.data import download
 
 YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 SBERT_EXCLUDE = {("STS13", "SMT")}

@@ -24,8 +24,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from vmx.data import download, readers
-from vmx.errors import DataError
 from vmx.data.languages import resolve
+from vmx.errors import DataError
 from vmx.evaluation import knn, mining
 
 EncodeFn = Callable[[list, str], np.ndarray]

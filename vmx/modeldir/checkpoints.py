@@ -35,9 +35,6 @@ from vmx.modeldir import t5x_format
 from vmx.modeldir.layout import (BEST_DIR, BEST_RECORD, CHECKPOINT_ITEMS, CHECKPOINT_PREFIX,
                                  DAMAGED_DIR, MANIFEST, step_dir)
 
-ITEMS = CHECKPOINT_ITEMS
-
-
 @gin.configurable
 @dataclasses.dataclass
 class CheckpointConfig:
@@ -174,7 +171,7 @@ class Checkpointer:
                                              save_interval_steps=cfg.period,
                                              step_prefix=CHECKPOINT_PREFIX, create=True,
                                              enable_async_checkpointing=False),
-        item_names=ITEMS)
+        item_names=CHECKPOINT_ITEMS)
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
@@ -295,7 +292,7 @@ class BestCheckpointer:
   @property
   def manager(self):
     if self._manager is None:
-        self._manager = ocp.CheckpointManager(
+      self._manager = ocp.CheckpointManager(
           self.dir, item_names=("params",),
           options=ocp.CheckpointManagerOptions(max_to_keep=1, step_prefix=CHECKPOINT_PREFIX,
                                                create=True, enable_async_checkpointing=False))

@@ -27,7 +27,10 @@ import time
 import uuid
 from typing import Optional
 
-from vmx import storage
+from gin import config as gin_config
+from gin import config_parser
+
+from vmx import gin_utils, storage
 from vmx.errors import CheckpointError, ConfigError, VmxError
 from vmx.modeldir.layout import (CHECKPOINT_PREFIX, CONFIG_FILE, LOCK_FILE, METRICS_FILE,
                                  MODEL_INFO_FILE, PREVIOUS_SUFFIX,
@@ -170,26 +173,38 @@ FREE_BINDINGS = re.compile(
     r"train\.eval_cfg|learning_rate_schedule\.total_steps)$")
 
 
-def parse_bindings(text: str) -> dict:
-  """{binding: value} of an operative gin config (multi-line values joined)."""
-  out, stmt, depth = {}, "", 0
-  for line in text.splitlines():
-    if not stmt and (not line.strip() or line.lstrip().startswith("#")):
-      continue
-    code = line.split("#", 1)[0] if "'" not in line and '"' not in line else line
-    stmt += " " + code.strip()
-    depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
-    if depth <= 0:
-      if " = " in stmt:
-        key, value = stmt.split(" = ", 1)
-        out[key.strip()] = " ".join(value.split())
-      stmt, depth = "", 0
+def _canonical(value) -> str:
+  """A binding's value as text, references included (gin's repr of an unknown
+  configurable's reference has no text of its own)."""
+  if isinstance(value, gin_config.ConfigurableReference):
+    return repr(value)
+  if hasattr(value, "selector") and hasattr(value, "evaluate"):
+    return f"@{value.selector}{'()' if value.evaluate else ''}"
+  if isinstance(value, dict):
+    return "{" + ", ".join(f"{_canonical(k)}: {_canonical(v)}" for k, v in value.items()) + "}"
+  if isinstance(value, (list, tuple)):
+    inner = ", ".join(_canonical(v) for v in value)
+    return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+  return repr(value)
+
+
+def parse_bindings(text: str, where: str = "config") -> dict:
+  """{binding: value as text} of a gin config (an operative config), by gin's parser."""
+  out = {}
+  try:
+    for st in config_parser.ConfigParser(text, gin_config.ParserDelegate(skip_unknown=True)):
+      if isinstance(st, config_parser.BindingStatement):
+        key = "/".join(filter(None, [st.scope, st.selector]))
+        out[f"{key}.{st.arg_name}" if st.arg_name else key] = _canonical(st.value)
+  except (SyntaxError, ValueError) as e:
+    raise ConfigError(f"{where}: not a readable gin config ({gin_utils.one_line(e)})") from None
   return out
 
 
-def config_differences(old: str, new: str) -> list[tuple[str, Optional[str], Optional[str]]]:
+def config_differences(old: str, new: str, where: str = "config"
+                       ) -> list[tuple[str, Optional[str], Optional[str]]]:
   """(binding, old value, new value) of every binding that differs (None: absent)."""
-  a, b = parse_bindings(old), parse_bindings(new)
+  a, b = parse_bindings(old, where), parse_bindings(new)
   return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
@@ -207,7 +222,7 @@ def check_restart(model_dir, model, operative_config: str, allow_change: bool = 
   stored = d / CONFIG_FILE
   if not stored.exists():
     return []
-  diffs = config_differences(stored.read_text(), operative_config)
+  diffs = config_differences(stored.read_text(), operative_config, str(stored))
   model_changed = False
   if (d / MODEL_INFO_FILE).exists():
     model_changed = read_model_info(model_dir).get("model") != json.loads(

@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 from clu import metrics as clu_metrics
 from flax import linen as nn
+
 from vmx.errors import ConfigError
 from vmx.losses import l2_normalize
 

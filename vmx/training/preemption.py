@@ -32,7 +32,8 @@ class Preempted(VmxError):
 
 
 class PreemptionWatch:
-  """Installs the handlers (main thread only) on `__enter__`, restores them on `__exit__`."""
+  """`install()` sets the handlers (main thread only), `uninstall()` restores the previous
+  ones; `requested(step)` is asked after every step."""
 
   def __init__(self):
     self.signal: Optional[str] = None
@@ -49,13 +50,12 @@ class PreemptionWatch:
     print(f"[vmx] {self.signal}: saving a checkpoint at the end of this step (send it again "
           f"to stop at once)", flush=True)
 
-  def __enter__(self):
+  def install(self):
     if threading.current_thread() is threading.main_thread():
       for sig in (() if self._multi else (signal.SIGTERM, signal.SIGINT)):
         self._old[sig] = signal.signal(sig, self._handler)
-    return self
 
-  def __exit__(self, *exc):
+  def uninstall(self):
     for sig, old in self._old.items():
       signal.signal(sig, old)
     self._old = {}

@@ -166,16 +166,22 @@ def train(*, model: BaseModel = gin.REQUIRED,
   lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,
                           primary)
   try:
-    return _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
-                partitioner, checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed,
-                progress, stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment,
-                best_metric, best_mode, max_length, operative_config, lock, prefetch_batches)
+    return _run(
+        model=model, phases=phases, trainers=trainers, model_dir=model_dir,
+        total_steps=total_steps, vocabulary=vocabulary, languages=languages,
+        partitioner=partitioner, checkpoint_cfg=checkpoint_cfg, eval_cfg=eval_cfg,
+        eval_period=eval_period, log_period=log_period, random_seed=random_seed,
+        progress=progress, stop_at_step=stop_at_step,
+        initial_checkpoint_path=initial_checkpoint_path,
+        initial_checkpoint_assignment=initial_checkpoint_assignment, best_metric=best_metric,
+        best_mode=best_mode, max_length=max_length, operative_config=operative_config,
+        lock=lock, prefetch_batches=prefetch_batches)
   finally:
     if lock is not None:
       lock.release()
 
 
-def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages, partitioner,
+def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languages, partitioner,
          checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed, progress,
          stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment, best_metric,
          best_mode, max_length, operative_config, lock, prefetch_batches):
@@ -293,7 +299,8 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
   _print = bar.write if bar is not None else (lambda s: print(s, flush=True))
   acc, last = None, {}
   t_log, steps_since, waited = time.time(), 0, 0.0
-  watch = PreemptionWatch().__enter__()
+  watch = PreemptionWatch()
+  watch.install()
   try:
     # Step 0, or (one process) an evaluation that the stopped run did not get to: every
     # evaluation writes eval/seconds (runs before it wrote it: tatoeba/mean).
@@ -361,7 +368,7 @@ def _run(model, phases, trainers, model_dir, total_steps, vocabulary, languages,
       if eval_due(done):
         last.update(evaluate(done))
   finally:
-    watch.__exit__()
+    watch.uninstall()
     data.close()
     if bar is not None:
       bar.close()
