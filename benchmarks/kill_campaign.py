@@ -10,8 +10,10 @@ With SIGTERM, every signalled run must save a checkpoint at the next step bounda
 exit 75 (vmx/training/preemption.py) with a `preempted: ... checkpoint_<step>` line; the
 record says which step it saved (`preempt_saved`) and the restart must resume from exactly
 that step (nothing since the last periodic checkpoint is lost), then end bit for bit as
-the reference does. A signal that lands after the final checkpoint (the run is shutting
-down: default SIGTERM, exit -15) has nothing to save and counts as saved at the last step.
+the reference does. Its random signals come within half a checkpoint period after a
+random periodic checkpoint (not the final one) has appeared; a signal that still lands
+after the final checkpoint (the run is shutting down: default SIGTERM, exit -15) has
+nothing to save and counts as saved at the last step.
 
 What it does, all on a tiny synthetic task written into the work dir (a ~600-pair Moses
 corpus from a 19-word list, a ~100-piece SentencePiece vocabulary, a gin experiment file
@@ -360,11 +362,16 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
     if kind == "checkpoint_write":  # kill `delay` s after the temporary dir appears
       target = rng.choice([s for s in save_steps if s > 1] or save_steps)
       delay = rng.uniform(0.0, write_delay_max)
+    elif random_window == "training" and signum == signal.SIGTERM:
+      # A preemption while training runs: after a random periodic checkpoint (not the
+      # final one) has appeared, within half a period of it. (A signal timed from the
+      # start, like the SIGKILLs, often lands after the final checkpoint on a fast run,
+      # where there is nothing to save.)
+      target = rng.choice([s for s in save_steps if 1 < s < steps] or save_steps)
+      period_s = (ref_train_end - ref_train_start) / max(len(save_steps) - 1, 1)
+      offset = rng.uniform(0.0, 0.5 * period_s)
     elif random_window == "training":  # `offset` s after the first checkpoint write starts
-      # (SIGTERM: within the first 70%, so that most signals find training under way; one
-      # after the final checkpoint has nothing to save)
-      span = ref_train_end - ref_train_start
-      offset = rng.uniform(0.0, span if signum == signal.SIGKILL else 0.7 * span)
+      offset = rng.uniform(0.0, ref_train_end - ref_train_start)
     else:  # `offset` s after process start
       offset = rng.uniform(0.0, ref_wall)
     for attempt in range(1, 4):
@@ -377,7 +384,9 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
         if anchor is None:
           if kind == "checkpoint_write" and any(s >= target for s in tmp):
             anchor = t
-          elif kind == "random" and (done or tmp):
+          elif kind == "random" and target is not None and target in done:
+            anchor = t
+          elif kind == "random" and target is None and (done or tmp):
             anchor = t
         if anchor is not None and t >= anchor + (delay if kind == "checkpoint_write" else offset):
           break
