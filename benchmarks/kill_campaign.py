@@ -360,7 +360,9 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
     rec = {"kill": i, "kind": kind}
     target, delay, offset = None, 0.0, 0.0
     if kind == "checkpoint_write":  # kill `delay` s after the temporary dir appears
-      target = rng.choice([s for s in save_steps if s > 1] or save_steps)
+      # (SIGTERM: not the final write, after which a signal has nothing left to save)
+      target = rng.choice([s for s in save_steps if s > 1 and (
+          signum == signal.SIGKILL or s < steps)] or save_steps)
       delay = rng.uniform(0.0, write_delay_max)
     elif random_window == "training" and signum == signal.SIGTERM:
       # A preemption while training runs: after a random periodic checkpoint (not the
@@ -412,7 +414,8 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
     if signum == signal.SIGTERM and not exited:
       m = PREEMPTED_RE.search(run.log_path.read_text(errors="replace"))
       # A signal after the final checkpoint (the run is shutting down) has nothing to save.
-      finished = steps in done_before
+      finished = steps in done_before or (
+          run.proc.returncode == 0 and (model_dir / f"checkpoint_{steps}").is_dir())
       rec.update(exit_code=run.proc.returncode, after_final_checkpoint=finished,
                  preempt_saved=int(m.group(2)) if m else (steps if finished else None),
                  preempt_ok=(run.proc.returncode == EXIT_PREEMPTED and m is not None
