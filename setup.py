@@ -6,6 +6,7 @@ TRAIN = [
     "tensorflow>=2.21,<2.22",
     "tensorflow-text>=2.21,<2.22",
     "tensorboard>=2.20",
+    "grain>=0.2.18,<0.3",      # the index reader (vmx/data/index.py)
 ]
 
 setup(

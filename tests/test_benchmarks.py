@@ -55,3 +55,14 @@ def test_input_pipeline_benchmark_times_first_batch_stream_and_resume():
   r = json.loads(out.stdout.strip().splitlines()[-1])
   assert r["first_batch_s"] > 0 and r["batches_per_s"] > 0 and r["skip_batches"] == 4
   assert r["examples_per_s"] == pytest.approx(r["batches_per_s"] * r["batch_size"], rel=0.01)
+
+
+@needs_data
+@pytest.mark.slow
+def test_resume_equals_uninterrupted_for_every_family():
+  """benchmarks/resume_families.py: stop/restart vs uninterrupted, bitwise, per family."""
+  env = dict(os.environ, VMX_DATA_DIR=DATA_DIR)
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "resume_families.py")],
+                       capture_output=True, text=True, env=env, timeout=3600)
+  rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+  assert out.returncode == 0 and rows[-1]["all_equal"], (rows, out.stderr[-2000:])

@@ -133,16 +133,18 @@ def test_mixture_is_deterministic_and_resumable(tmp_path):
   vp = vocab.train_sentencepiece(files, str(tmp_path / "v.model"), 1000, langs + ["eng"])
   name = tasks.parallel_mixture(corpus="tatoeba-challenge", languages=langs, vocabulary=vp,
                                 model_languages=langs + ["eng"], alpha=0.5)
-  cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8, seed=3)
   fc = feature_converters.PairFeatureConverter
-  a = [next(it) for it in [pipeline.train_iterator(cfg, fc, 0)] for _ in range(5)]
-  it = pipeline.train_iterator(cfg, fc, 0)
-  it.restore({"position": 3})
-  for i in (3, 4):
-    np.testing.assert_array_equal(next(it)["left_tokens"], a[i]["left_tokens"])
-  assert it.state() == {"position": 5}
-  langs_seen = set(np.concatenate([b["left_lang"] for b in a]).tolist())
-  assert langs_seen == {0, 1}
+  for reader in pipeline.READERS:
+    cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8, seed=3,
+                                 reader=reader)
+    a = [next(it) for it in [pipeline.train_iterator(cfg, fc, 0)] for _ in range(5)]
+    it = pipeline.train_iterator(cfg, fc, 0)
+    it.restore(it.state_at(3))
+    for i in (3, 4):
+      np.testing.assert_array_equal(next(it)["left_tokens"], a[i]["left_tokens"])
+    assert it.state() == it.state_at(5) and it.position == 5
+    langs_seen = set(np.concatenate([b["left_lang"] for b in a]).tolist())
+    assert langs_seen == {0, 1}, reader
 
 
 def test_temperature_rates():

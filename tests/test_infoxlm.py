@@ -340,6 +340,6 @@ def test_multi_task_batches_have_each_tasks_share_and_resume(toy_task):
   assert {k: v.shape for k, v in batches[0].items()} == pipeline.model_feature_shapes(
       cfg, converters)
   again = pipeline.train_iterator(cfg, converters, seed=3)
-  again.restore({"position": 2})
+  again.restore(again.state_at(2))
   for k, v in next(again).items():
     np.testing.assert_array_equal(v, batches[2][k])

@@ -1,6 +1,7 @@
 """An experiment's gin config: every configurable registered, files and bindings parsed
 and checked (`parse_gin`), and what a train step needs built without data
-(`build_experiment`, for benchmarks and tests).
+(`build_experiment`, for benchmarks and tests), and what it trains on
+(`training_inputs`, for the cache builder and the input benchmark).
 
 This is the one module that imports every configurable (vmx/configurables.py: the
 models, the trainer, the data pipeline and the top-level `tasks` package), so it sits
@@ -13,6 +14,7 @@ from typing import Sequence
 import gin
 
 import vmx.configurables  # noqa: F401  (registers every configurable with gin)
+from vmx.errors import ConfigError
 from vmx.gin_utils import parse_gin_files
 
 
@@ -49,3 +51,28 @@ def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
   # The run's optimizer binding (create_optimizer, or multi_optimizer over subsets).
   gin.bind_parameter("experiment_objects.optimizer", gin.query_parameter("train.optimizer"))
   return experiment_objects()
+
+
+@gin.configurable
+def input_objects(model=gin.REQUIRED, train_dataset_cfg=None, phases=None, random_seed=0):
+  """What the run trains on: see `training_inputs`."""
+  return model, train_dataset_cfg, phases, random_seed
+
+
+def training_inputs(gin_files: Sequence[str], bindings: Sequence[str] = (),
+                    search_paths_flag: str = "") -> list:
+  """[(phase name, model, dataset config, data seed)] of an experiment file, one per
+  phase (one, named `train`, without phases), the seeds as the trainer derives them."""
+  parse_experiment(gin_files, [*bindings, "input_objects.model = %MODEL"], search_paths_flag)
+  for name in ("train_dataset_cfg", "phases", "random_seed"):
+    try:
+      gin.bind_parameter(f"input_objects.{name}", gin.query_parameter(f"train.{name}"))
+    except ValueError:   # not bound in this experiment
+      pass
+  model, cfg, phases, seed = input_objects()
+  if cfg is not None:
+    return [("train", model, cfg, seed)]
+  if not phases:
+    raise ConfigError("the experiment sets neither train.train_dataset_cfg nor train.phases")
+  return [(ph.name, ph.model or model, ph.train_dataset_cfg, seed + 1000 * i)
+          for i, ph in enumerate(phases)]

@@ -44,7 +44,8 @@ def vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
   return hashlib.sha256(data).hexdigest()
 
 
-def _task_vocabulary(task: seqio.Task) -> Optional[seqio.Vocabulary]:
+def task_vocabulary(task: seqio.Task) -> Optional[seqio.Vocabulary]:
+  """The vocabulary of the task's first tokenized feature (None: none is tokenized)."""
   for feature in task.output_features.values():
     if not isinstance(feature.vocabulary, seqio.PassThroughVocabulary):
       return feature.vocabulary
@@ -72,7 +73,7 @@ def cache_task(task_name: str, cache_root: str, splits: Optional[Sequence[str]] 
   out.mkdir(parents=True, exist_ok=True)
   for split in splits or task.splits:
     _write_split(task, str(out), split, progress)
-  vocab = _task_vocabulary(task)
+  vocab = task_vocabulary(task)
   storage.write_atomic(out / VMX_CACHE_INFO, json.dumps(
       {"task": task_name, "vocabulary_sha256": vocab and vocabulary_fingerprint(vocab)},
       indent=1))
@@ -136,7 +137,7 @@ def check_cached(mixture_or_task_name: str, split: str):
       raise ConfigError(f"use_cached=True, but the cache of task {name} at {task.cache_dir} "
                         f"has no split {split!r}")
     info = storage.path(task.cache_dir) / VMX_CACHE_INFO
-    vocab = _task_vocabulary(task)
+    vocab = task_vocabulary(task)
     if info.exists() and vocab is not None:
       cached = json.loads(info.read_text()).get("vocabulary_sha256")
       if cached and cached != vocabulary_fingerprint(vocab):

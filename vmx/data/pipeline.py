@@ -1,11 +1,17 @@
-"""Input pipeline: SeqIO task/mixture -> feature converter -> per-host batches.
+"""Input pipeline: SeqIO task/mixture -> feature converter -> batches.
 
-Iteration is seeded and deterministic; a `DataIterator` counts the batches it
-has produced (its `position`), which the checkpoint stores; on restore the same
-seeded pipeline is rebuilt and advanced by `position` batches, so a resumed run
-sees exactly the batches an uninterrupted run would have seen. Every process
-builds the same GLOBAL batch stream (the trainer places each device's rows), so
-the batches do not depend on the number of processes.
+Two readers (`DatasetConfig.reader`):
+- `index` (default; vmx/data/index.py over vmx/data/arrays.py's tokenized cache): the
+  example of row r at step s is a pure function of (seed, s, r) and the tasks' sizes, so
+  a resume starts at its step at once, each process reads only its own rows, and the
+  number of tasks does not slow the stream. The checkpoint holds the step and a
+  description of the stream; a resume with other data is refused (ALLOW_DATA_CHANGE).
+- `seqio`: the tasks' tf.data pipelines (seqio.get_dataset, shuffle buffers) as t5x
+  reads them. Every process builds the same GLOBAL batch stream and the trainer places
+  each device's rows; a `DataIterator` counts the batches it produced (its `position`)
+  and a resume rebuilds the seeded pipeline and skips that many, which takes as long as
+  reading them did. Checkpoints written before the index reader existed hold such a
+  position and resume this way, with a warning.
 """
 from __future__ import annotations
 
@@ -21,6 +27,9 @@ from vmx.errors import ConfigError
 from vmx.gin_utils import check_range, positive_int
 
 
+READERS = ("index", "seqio")
+
+
 @dataclasses.dataclass
 class DatasetConfig:
   """t5x-style dataset configuration (batch_size is GLOBAL, over all hosts).
@@ -28,7 +37,10 @@ class DatasetConfig:
   `split`: `train` or `validation` (vmx's tasks hold out 1% by content, see
   vmx/data/tasks.py). `use_cached`: read seqio's offline cache of the tasks
   (vmx/data/cache.py; the cache dir given by launch/train.py's
-  --seqio_additional_cache_dirs).
+  --seqio_additional_cache_dirs). `reader`: `index` or `seqio` (see the module
+  docstring). `array_cache_dir`: where the index reader's tokenized cache lives (default
+  `vmx.data.arrays.default_root()`, built there on first use; a gs:// dir must be
+  written first by launch/cache_tasks.py --gin_file=...).
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
@@ -38,6 +50,8 @@ class DatasetConfig:
   seed: Optional[int] = None
   use_cached: bool = False
   pack: bool = False
+  reader: str = "index"
+  array_cache_dir: Optional[str] = None
 
   def __post_init__(self):
     check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
@@ -47,6 +61,8 @@ class DatasetConfig:
     check_range(lengths is not None and all(positive_int(v) for v in lengths.values()),
                 "DatasetConfig", "task_feature_lengths", self.task_feature_lengths,
                 "a dict of positive lengths, e.g. {'inputs': 32, 'targets': 32}")
+    check_range(self.reader in READERS, "DatasetConfig", "reader", self.reader,
+                f"one of {READERS}")
 
 
 @dataclasses.dataclass
@@ -173,7 +189,11 @@ def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
 
 
 class DataIterator:
-  """Numpy batches from a deterministic tf.data pipeline, with a checkpointable position."""
+  """Numpy batches from a deterministic tf.data pipeline, with a checkpointable position
+  (the `seqio` reader: GLOBAL batches, a resume replays `position` batches)."""
+
+  reader = "seqio"
+  rows = None   # every process reads the global batch
 
   def __init__(self, make_dataset: Callable[[], tf.data.Dataset], position: int = 0):
     self._make_dataset = make_dataset
@@ -185,8 +205,11 @@ class DataIterator:
     self.position = int(state["position"])
     self._it = iter(self._make_dataset().skip(self.position).as_numpy_iterator())
 
+  def state_at(self, position: int) -> dict:
+    return {"position": int(position)}
+
   def state(self) -> dict:
-    return {"position": self.position}
+    return self.state_at(self.position)
 
   def __iter__(self):
     return self
@@ -197,10 +220,10 @@ class DataIterator:
     return batch
 
 
-def train_iterator(cfg, feature_converter_cls, seed: int) -> DataIterator:
-  """Iterator over the GLOBAL training batches, the same on every process. A
-  MultiTaskConfig zips its tasks' batches (task i shuffled with seed + i) into one dict
-  with `key/feature` names; the position counts steps, as for one task."""
+def _seqio_iterator(cfg, feature_converter_cls, seed: int) -> DataIterator:
+  """The `seqio` reader's GLOBAL batches, the same on every process. A MultiTaskConfig
+  zips its tasks' batches (task i shuffled with seed + i) into one dict with
+  `key/feature` names; the position counts steps, as for one task."""
   if not isinstance(cfg, MultiTaskConfig):
     fc = feature_converter_cls(pack=cfg.pack)
     return DataIterator(lambda: get_dataset(cfg, fc, num_epochs=None, seed=seed))
@@ -211,3 +234,48 @@ def train_iterator(cfg, feature_converter_cls, seed: int) -> DataIterator:
     return tf.data.Dataset.zip(parts).map(
         lambda ex: {f"{key}/{k}": v for key, part in ex.items() for k, v in part.items()})
   return DataIterator(make_dataset)
+
+
+def reader_of(cfg) -> str:
+  readers = {c.reader for c in task_configs(cfg).values()}
+  if len(readers) > 1:
+    raise ConfigError(f"MultiTaskConfig: its tasks use different readers ({sorted(readers)}); "
+                      f"set the same DatasetConfig.reader for all")
+  return readers.pop()
+
+
+def train_iterator(cfg, feature_converter_cls, seed: int, rows: Optional[Mapping] = None,
+                   progress: bool = True):
+  """The training batches of `cfg` from step 0. The index reader yields the rows `rows`
+  ({task key: global row indices}, default all) of each step; the seqio reader yields
+  global batches (`rows` ignored)."""
+  if reader_of(cfg) == "seqio":
+    return _seqio_iterator(cfg, feature_converter_cls, seed)
+  from vmx.data import index   # grain: only for the index reader
+  multi = isinstance(feature_converter_cls, Mapping)
+  converters = {key: (feature_converter_cls[key] if multi else feature_converter_cls)(
+      pack=c.pack) for key, c in task_configs(cfg).items()}
+  return index.IndexIterator(task_configs(cfg), converters, seed, rows, progress)
+
+
+def resume_iterator(cfg, feature_converter_cls, seed: int, state: Mapping,
+                    rows: Optional[Mapping] = None, allow_change: bool = False):
+  """The training batches of `cfg` from a checkpoint's data state. An index state
+  restarts at its step; a replay position (the seqio reader, or a checkpoint written
+  before the index reader) replays the seqio stream, with a warning when the config
+  asks for the index reader."""
+  if state.get("reader") == "index":
+    if reader_of(cfg) != "index":
+      raise ConfigError("the checkpoint's data state is the index reader's but "
+                        "DatasetConfig.reader is 'seqio'; set it to 'index' to resume")
+    it = train_iterator(cfg, feature_converter_cls, seed, rows)
+    it.restore(state, allow_change)
+    return it
+  if reader_of(cfg) == "index":
+    print(f"[vmx] warning: the checkpoint's data position ({state.get('position')} batches) "
+          f"was written by the replaying reader: this run goes on with that reader and "
+          f"replays them (slow at large steps); a new run uses the index reader",
+          flush=True)
+  it = _seqio_iterator(cfg, feature_converter_cls, seed)
+  it.restore(state)
+  return it

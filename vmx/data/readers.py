@@ -83,7 +83,8 @@ def iter_lines(path) -> Iterator[tuple[int, str]]:
     yield i, _decode(raw, path, i)
 
 
-def _stamp(paths) -> str:
+def stamp(paths) -> str:
+  """The files' paths, sizes and content hashes (remote objects: size and time)."""
   out = []
   for p in paths:
     if not storage.path(p).is_file():
@@ -102,7 +103,7 @@ def cached(kind: str, paths, compute):
   """compute() (JSON-able), remembered under `kind` and the files' paths, sizes and content
   hashes (BLAKE2b, ~1 GB/s; remote objects: size and time) in the cache dir's
   validated.json: a file is validated again only when its bytes changed."""
-  key = f"{kind}|{_stamp(paths)}"
+  key = f"{kind}|{stamp(paths)}"
   store = cache_dir() / "validated.json"
   try:
     known = json.loads(store.read_text())

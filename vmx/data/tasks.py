@@ -136,6 +136,14 @@ class SplitSource(seqio.FunctionDataSource):
   def num_input_examples(self, split: str) -> int:
     return self.counts()[split]
 
+  def fingerprint(self) -> str:
+    """What the examples are made of: the reader, filters and held-out dev sets, the
+    validation share, and the files' sizes and content hashes (vmx/data/arrays.py)."""
+    if not self._paths:
+      raise DataError(f"{self.description}: a source without files cannot be fingerprinted; "
+                      f"set DatasetConfig.reader = 'seqio'")
+    return f"{self._kind}|validation={self.validation_percent}|{readers.stamp(self._paths)}"
+
 
 def _pair_key(ex):
   return tf.strings.join([ex["inputs"], ex["targets"]], "\t")
@@ -404,38 +412,96 @@ def nway_split(row: Sequence[str], validation_percent: int) -> str:
   return "validation" if int.from_bytes(digest[:8], "big") % 100 < validation_percent else "train"
 
 
-def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
-                validation_percent: int = VALIDATION_PERCENT,
-                holdout: Optional[devsets.HeldOut] = None) -> seqio.FunctionDataSource:
+class NwaySource(seqio.FunctionDataSource):
   """N-way groups as string vectors `texts` [N] ("" = language missing): `train` repeats
-  without end, `validation` is one pass; groups with fewer than `min_views` languages,
-  and (`holdout`) groups with a sentence of those dev sets, are dropped here."""
-  if holdout:
-    rows = [r for r in rows if holdout.keeps(r)]
-  kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
-  if not kept:
-    raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
-  splits = {"train": [], "validation": []}
-  for r in kept:
-    splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in r])
-  if not validation_percent:
-    del splits["validation"]
+  without end (with a running `draw` number: each pass samples new views), `validation`
+  is one pass; groups with fewer than `min_views` languages, and (`holdout`) groups with
+  a sentence of those dev sets, are dropped here.
 
-  def dataset_fn(split, shuffle_files, seed=None):
+  For the index-based input (vmx/data/arrays.py, index.py) the groups are cached
+  tokenized, every language ([N, L] ids, `stored_examples`), and `draw_views` draws the
+  views of each example when it is read, from a seed that is a function of its position
+  in the stream: the rule of `sample_views` below, in numpy.
+  """
+
+  def __init__(self, languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
+               validation_percent: int = VALIDATION_PERCENT,
+               holdout: Optional[devsets.HeldOut] = None):
+    if holdout:
+      rows = [r for r in rows if holdout.keeps(r)]
+    kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
+    if not kept:
+      raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
+    splits = {"train": [], "validation": []}
+    for r in kept:
+      splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in r])
+    if not validation_percent:
+      del splits["validation"]
+    self.languages, self.num_views = list(languages), min_views
+    self._rows = splits
+    self._fingerprint = None
+    self._holdout = holdout.key if holdout else ""
+    self._validation_percent = validation_percent
+    super().__init__(self._dataset, splits=tuple(splits),
+                     num_input_examples={k: len(v) for k, v in splits.items()})
+
+  def _table(self, split) -> tf.Tensor:
+    if split not in self._rows:
+      raise DataError(f"N-way source: no split {split!r}; it has {list(self._rows)}")
+    return tf.constant(np.array(self._rows[split], dtype=object).reshape(
+        -1, len(self.languages)), tf.string)
+
+  def _dataset(self, split, shuffle_files, seed=None):
     del shuffle_files, seed  # one in-memory table: order is shuffled downstream
-    if split not in splits:
-      raise DataError(f"N-way source: no split {split!r}; it has {list(splits)}")
-    ds = tf.data.Dataset.from_tensor_slices(
-        tf.constant(np.array(splits[split], dtype=object).reshape(-1, len(languages)),
-                    tf.string))
+    ds = tf.data.Dataset.from_tensor_slices(self._table(split))
     # Training is endless, with a running draw number: each pass over the groups samples
     # new views (seqio's own repeat would replay the same per-example seeds every epoch).
     if split == "train":
       ds = ds.repeat()
     return ds.enumerate().map(lambda i, t: {"texts": t, "draw": i})
 
-  return seqio.FunctionDataSource(dataset_fn, splits=tuple(splits),
-                                  num_input_examples={k: len(v) for k, v in splits.items()})
+  def fingerprint(self) -> str:
+    if self._fingerprint is None:
+      h = hashlib.sha256(repr((self.languages, self.num_views, self._validation_percent,
+                               self._holdout)).encode())
+      for split in sorted(self._rows):
+        for r in self._rows[split]:
+          h.update(b"\x00".join(r) + b"\x01")
+      self._fingerprint = h.hexdigest()
+    return self._fingerprint
+
+  def stored_examples(self, task: seqio.Task, split: str, lengths):
+    """Batches of `tokens` [n, N, L] (every language tokenized, zero-padded, cut to L)
+    and `present` [n, N] (the group has that language)."""
+    vocab, length = task.output_features["views"].vocabulary, int(lengths["views"])
+
+    def tokenize(texts):
+      ids = vocab.encode_tf(texts)   # as seqio.preprocessors.tokenize (add_eos=False)
+      return {"tokens": ids.to_tensor(0, shape=[len(self.languages), length]),
+              "present": tf.strings.length(texts) > 0}
+    ds = tf.data.Dataset.from_tensor_slices(self._table(split)).map(
+        tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(4096).as_numpy_iterator()
+
+  def draw_views(self, stored: dict, seeds_B) -> dict:
+    """`views` [B, V * L]: per example, V distinct languages of its group drawn uniformly
+    (view 0 the anchor), from the generator seeded by its row of `seeds_B` [B, k]."""
+    tokens, present = stored["tokens"], stored["present"]
+    v = self.num_views
+    out = np.empty((len(tokens), v * tokens.shape[-1]), tokens.dtype)
+    for b, seed in enumerate(seeds_B):
+      scores = np.random.default_rng(seed).random(present.shape[1])
+      scores[~present[b]] = -1.0
+      idx = np.argsort(-scores, kind="stable")[:v]
+      out[b] = tokens[b, idx].reshape(-1)
+    return {"views": out}
+
+
+def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
+                validation_percent: int = VALIDATION_PERCENT,
+                holdout: Optional[devsets.HeldOut] = None) -> NwaySource:
+  """The N-way source of `rows` (see NwaySource)."""
+  return NwaySource(languages, rows, min_views, validation_percent, holdout)
 
 
 @seqio.map_over_dataset(num_seeds=1)

@@ -2,8 +2,8 @@
 by a background thread while the current step runs (the trainer measures how long each
 step still waited for its input: `train/input_wait_fraction` in the metrics).
 
-`Prefetcher(data, place, depth)` wraps a `DataIterator` (numpy global batches with a
-checkpointable position): a thread reads `depth` batches ahead (one more waits to be
+`Prefetcher(data, place, depth)` wraps a data iterator (vmx/data/pipeline.py: numpy
+batches, a `position` and `state_at(position)`): a thread reads `depth` batches ahead (one more waits to be
 queued), `place`s them (the
 trainer's sharded `jax.Array`s: each process puts its own rows on its own devices) and
 queues them. Its `state()` is the position of the batches the trainer *consumed*, not of
@@ -62,7 +62,7 @@ class Prefetcher:
     return item
 
   def state(self) -> dict:
-    return {"position": self.position}
+    return self.data.state_at(self.position)
 
   def close(self):
     self._stop.set()

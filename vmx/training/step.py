@@ -144,11 +144,43 @@ class Trainer:
                              params, state.flax_mutables)
     return state.replace(params=params, opt_state=opt_state, flax_mutables=mutables)
 
-  def place(self, batch) -> dict:
-    """The GLOBAL numpy batch (identical on every process) as sharded jax.Arrays: each
-    process puts its own devices' rows (what the prefetch thread calls ahead of the step)."""
-    return self.partitioner.global_batch({k: batch[k] for k in self.shapes},
-                                         self.batch_shardings)
+  @property
+  def batch_sizes(self) -> dict:
+    """{task key (None for one task): its global batch size}."""
+    return {(n.split("/", 1)[0] if "/" in n else None): s[0] for n, s in self.shapes.items()}
+
+  def local_rows(self) -> dict:
+    """{task key (None for one task): the global batch rows this process's devices hold,
+    sorted}: what the index reader reads on this process."""
+    out = {}
+    for name, shape in self.shapes.items():
+      key = name.split("/", 1)[0] if "/" in name else None
+      if key in out:
+        continue
+      index_map = self.batch_shardings[name].addressable_devices_indices_map(shape)
+      rows = np.arange(shape[0])
+      out[key] = np.unique(np.concatenate([rows[idx[0]] for idx in index_map.values()]))
+    return out
+
+  def place(self, batch, rows=None) -> dict:
+    """A numpy batch as sharded jax.Arrays, called by the prefetch thread ahead of the step:
+    the GLOBAL batch (`rows` None; identical on every process, each puts its own devices'
+    rows), or this process's rows `rows` ({task key: global rows}, `local_rows()`)."""
+    batch = {k: batch[k] for k in self.shapes}
+    if rows is None:
+      return self.partitioner.global_batch(batch, self.batch_shardings)
+    where = {}
+    for key, r in rows.items():
+      lookup = np.full(self.batch_sizes[key], -1, np.int64)
+      lookup[np.asarray(r)] = np.arange(len(r))
+      where[key] = lookup
+
+    def make(name, x):
+      lookup = where[name.split("/", 1)[0] if "/" in name else None]
+      return jax.make_array_from_callback(
+          self.shapes[name], self.batch_shardings[name],
+          lambda idx: np.asarray(x[lookup[idx[0]]][(slice(None),) + tuple(idx[1:])]))
+    return {name: make(name, x) for name, x in batch.items()}
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One update on the GLOBAL batch (numpy, or already `place`d); the step's non-finite

@@ -12,9 +12,9 @@ optimizer state, step, RNG and the data position; a run restarted with the same
 model_dir resumes from the newest intact one (damaged ones are reported and set aside,
 see vmx/modeldir/checkpoints.py).
 
-Every process reads the same global batch stream and hands each of its devices
-its rows, so a run's batches (and so its result) do not depend on the number of
-processes. Non-finite values (any loss term, the gradients, the new parameters)
+Each process reads the rows of the global batch its devices hold (the index reader,
+vmx/data/index.py; the seqio reader reads the whole global batch on every process), so a
+run's batches (and so its result) do not depend on the number of processes. Non-finite values (any loss term, the gradients, the new parameters)
 stop the run with a `NonFiniteError` naming the step and the terms, before anything
 non-finite is logged or saved; the check reads the previous step's flags while the
 current step runs, and the current step's before a log line or a checkpoint.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import os
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -97,7 +98,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           phases: Optional[Sequence[Phase]] = None,
           grad_cache_chunks: int = 1, best_metric: Optional[str] = None,
           best_mode: str = "max", allow_config_change: bool = False,
-          fresh: bool = False, prefetch_batches: int = 2) -> tuple[TrainState, dict]:
+          allow_data_change: bool = False, fresh: bool = False,
+          prefetch_batches: int = 2) -> tuple[TrainState, dict]:
   """Trains `model` for `total_steps` steps (resuming from model_dir), returns (state, last metrics).
 
   `stop_at_step` ends this invocation early (as a preempted job would) without
@@ -117,6 +119,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
   contract of a restart: a run that would continue with another model, data or
   optimization is refused before anything is written (`allow_config_change`: accept the
   changes; `fresh`: move the earlier run aside and start anew); vmx/modeldir/run.py.
+  The checkpoint's data state describes the stream (vmx/data/index.py): a resume whose
+  data (mixture, tasks, batch size, lengths, seed) differ is refused, saying what changed,
+  unless `allow_data_change` (the new stream from the checkpoint's step).
   SIGTERM / SIGINT save a checkpoint at the next step boundary and raise `Preempted`
   (vmx/training/preemption.py).
   `prefetch_batches`: batches read and placed on the devices ahead of the step by a
@@ -175,16 +180,26 @@ def train(*, model: BaseModel = gin.REQUIRED,
         initial_checkpoint_path=initial_checkpoint_path,
         initial_checkpoint_assignment=initial_checkpoint_assignment, best_metric=best_metric,
         best_mode=best_mode, max_length=max_length, operative_config=operative_config,
-        lock=lock, prefetch_batches=prefetch_batches)
+        lock=lock, prefetch_batches=prefetch_batches, allow_data_change=allow_data_change)
   finally:
     if lock is not None:
       lock.release()
 
 
+def _report_input(it):
+  """Several processes: how much of each batch this one read (the index reader: its rows)."""
+  rows = getattr(it, "rows", None)
+  share = ("the whole global batch (the seqio reader)" if rows is None else
+           ", ".join(f"{len(r)} rows{'' if k is None else ' of ' + k}" for k, r in rows.items()))
+  print(f"[vmx] process {jax.process_index()} of {jax.process_count()} read {share} per step"
+        + (f"; {it.examples_read} examples in all (read ahead included)"
+           if hasattr(it, "examples_read") else ""), flush=True)
+
+
 def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languages, partitioner,
          checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed, progress,
          stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment, best_metric,
-         best_mode, max_length, operative_config, lock, prefetch_batches):
+         best_mode, max_length, operative_config, lock, prefetch_batches, allow_data_change):
   """The body of `train` once the run directory is open (its lock held by process 0)."""
   trainer, primary = trainers[0], jax.process_index() == 0
   if jax.process_count() > 1:   # the other processes wait for open_run (--fresh moves files)
@@ -195,12 +210,12 @@ def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languag
   ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
 
   def phase_data(i, data_state=None):
-    ph = phases[i]
-    it = pipeline.train_iterator(ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS,
-                                 random_seed + 1000 * i)
-    if data_state is not None:
-      it.restore(data_state)
-    return Prefetcher(it, trainers[i].place, prefetch_batches)
+    ph, tr = phases[i], trainers[i]
+    args = (ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS, random_seed + 1000 * i)
+    it = (pipeline.train_iterator(*args, tr.local_rows(), progress=primary)
+          if data_state is None else
+          pipeline.resume_iterator(*args, data_state, tr.local_rows(), allow_data_change))
+    return Prefetcher(it, functools.partial(tr.place, rows=it.rows), prefetch_batches)
 
   restored = (ckpt.restore_latest(lambda s: trainers[phase_index(phases, s)].abstract_state)
               if checkpoint_cfg.restore else None)
@@ -367,6 +382,8 @@ def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languag
                         f"resume from it")
       if eval_due(done):
         last.update(evaluate(done))
+    if jax.process_count() > 1:
+      _report_input(data.data)
   finally:
     watch.uninstall()
     data.close()
