@@ -21,7 +21,7 @@ from vmx.errors import ConfigError  # noqa: E402
 
 def require_training_extra():
   """`pip install vmx` is inference only; say how to get the training pipeline."""
-  missing = [m for m in ("seqio", "tensorflow") if importlib.util.find_spec(m) is None]
+  missing = [m for m in ("seqio", "tensorflow", "grain") if importlib.util.find_spec(m) is None]
   if missing:
     raise ConfigError(
         f"training needs {' and '.join(missing)}, which the base install leaves out "

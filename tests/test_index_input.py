@@ -208,3 +208,27 @@ def test_cache_tasks_builds_an_experiments_cache_that_a_run_then_finds(tmp_path)
   tasks, _, tables = index.open_tables(cfg, model.FEATURE_CONVERTER_CLS(), progress=False,
                                        build=False)
   assert len(tables) == 2 and all(len(t) > 1000 for t in tables)
+
+
+def test_the_mixing_is_grains_and_large_tasks_shuffle_as_grain_does(toy_mixture, monkeypatch):
+  """TaskStream computes for whole batches what grain's MapDataset pipeline gives one
+  position at a time: the tasks mixed by rates (MapDataset.mix) and, for tasks over
+  EPOCH_TABLE_MAX, range(n).shuffle(seed_t).repeat() within each."""
+  import grain
+  from grain._src.python.dataset.transformations import mix as grain_mix
+  from vmx.data import index
+  monkeypatch.setattr(index, "EPOCH_TABLE_MAX", 10)    # the toy tasks count as large
+  name, _ = toy_mixture
+  stream = index.TaskStream(_pair_cfg(name), _fc()(), seed=11)
+  parts = [grain.MapDataset.range(len(tab)).shuffle(seed=s).repeat().map(
+      lambda k, i=i: (i, k)) for i, (tab, s) in enumerate(zip(stream.tables, stream.task_seeds))]
+  pipeline = grain.MapDataset.mix(parts, stream.rates)
+  g = np.concatenate([np.arange(500), np.random.default_rng(0).integers(0, 10**12, 200)])
+  task, draw = index.mix_select(g, stream.proportions)
+  np.testing.assert_array_equal(np.stack(stream.mix(g)), np.stack([task, draw]))  # by period
+  example = stream.example_indices(task, draw)
+  for j, pos in enumerate(g.tolist()):
+    assert (task[j], example[j]) == pipeline[pos]
+  huge = np.array([2**61, 2**62 + 12345], np.int64)   # past int64 products: Python ints
+  for pos, t, k in zip(huge.tolist(), *index.mix_select(huge, (300, 100, 7))):
+    assert (t, k) == grain_mix._dataset_and_key_of_next_element(pos, (300, 100, 7))

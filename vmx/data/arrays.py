@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from typing import Mapping, Optional
 
 import numpy as np
@@ -150,14 +151,15 @@ class Table:
       if storage.is_remote(f):
         data = np.frombuffer(f.read_bytes(), dtype)
       else:
-        data = np.memmap(f, dtype, mode="r") if want else np.zeros(0, dtype)
+        # a plain ndarray over the mapping: numpy's memmap subclass costs per index
+        data = np.asarray(np.memmap(f, dtype, mode="r")) if want else np.zeros(0, dtype)
       self.columns[name] = data.reshape((self.count, *shape))
 
   def __len__(self) -> int:
     return self.count
 
   def take(self, indices) -> dict:
-    return {k: np.asarray(v[indices]) for k, v in self.columns.items()}
+    return {k: v[indices] for k, v in self.columns.items()}
 
 
 def _examples(task: seqio.Task, split: str, lengths, converter, use_cached: bool):
@@ -202,7 +204,8 @@ def build(task: seqio.Task, split: str, lengths, converter, directory, parts: di
     bar.close()
   if not count:
     raise ConfigError(f"task {task.name}: split {split!r} has no examples to train on")
-  info = {"count": count, "features": specs, "fingerprint": _digest(parts), "built_from": parts}
+  info = {"count": count, "features": specs, "fingerprint": _digest(parts),
+          "built_at": time.time(), "built_from": parts}
   storage.write_atomic(out / INFO, json.dumps(info, indent=1))
   if not remote:
     try:
@@ -235,12 +238,14 @@ def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[
       raise DataError(f"{directory / INFO}: built from other inputs than its name says; "
                       f"delete {directory}")
     return table
-  others = sorted(p for p in task_dir.glob(f"{split}.*") if (p / INFO).exists()) \
+  others = [p for p in task_dir.glob(f"{split}.*") if (p / INFO).exists()] \
       if task_dir.exists() else []
   differs = ""
-  if others:
-    old = json.loads((others[-1] / INFO).read_text()).get("built_from", {})
-    differs = (f"; the cache at {others[-1]} was built with other "
+  if others:   # the newest one: what the previous run of this task read
+    infos = {p: json.loads((p / INFO).read_text()) for p in others}
+    last = max(others, key=lambda p: infos[p].get("built_at", 0))
+    old = infos[last].get("built_from", {})
+    differs = (f"; the cache at {last} was built with other "
                f"{', '.join(_differences(old, parts)) or 'inputs'}")
   if build_missing is None:
     build_missing = not storage.is_remote(root)

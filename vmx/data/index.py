@@ -8,17 +8,18 @@ The example in row r of step s of a task key (one DatasetConfig) is a pure funct
   i = shuffle(seed_t + k // n_t)(k mod n_t)     epoch k // n_t of task t, shuffled anew per epoch
   example = the task's cached example i         (vmx/data/arrays.py)
 
-(`grain.MapDataset`: `range(n_t).shuffle(seed_t).repeat()` per task, reshuffled each
-epoch; `MapDataset.mix` interleaves the tasks in exact proportion to their rates, each
-index in O(number of tasks) arithmetic.) N-way tasks then draw the example's views from
-a generator seeded by (seed, g). So:
+(computed for a whole batch of positions at once: across tasks grain's `MapDataset.mix`
+interleave, exact proportions by integer arithmetic, `mix_select`; within a task an
+epoch-seeded shuffle, see TaskStream.) N-way tasks then draw the example's views from a
+generator seeded by (seed, g). So:
 
 - a resume at step s starts there at once (`IndexIterator.restore`: the state is the step
   and a description of the stream, a few hundred bytes in the checkpoint);
 - each process reads only the rows its devices hold (`rows`), and the global batch is the
   same whatever the number of processes;
-- the cost of an example does not depend on the number of tasks (one gather per task
-  present in the batch, from memory-mapped columns).
+- the cost of an example hardly depends on the number of tasks: a batch costs one
+  vectorized pass over the tasks' weights and one gather per task present in it, from
+  memory-mapped columns (benchmarks/input_pipeline.py; docs/performance.md).
 
 MultiTaskConfig (InfoXLM: MMLM, TLM and XLCO each step): one stream per task key, task
 key i seeded with seed + i, its features named `key/feature`.
@@ -26,15 +27,33 @@ key i seeded with seed + i, its features named `key/feature`.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Mapping, Optional
 
 import grain
+from grain._src.python.dataset.transformations.mix import _float_to_int_proportions
 import numpy as np
 import seqio
 from tqdm.auto import tqdm
 
 from vmx.data import arrays, cache as seqio_cache
 from vmx.errors import ConfigError
+
+
+# Tasks up to this size shuffle each epoch with numpy (a permutation seeded by (task seed,
+# epoch), computed when the epoch is first read, ~10 ns per example; grain's index
+# shuffle costs 2-170 µs a call, the most on small ranges); larger ones use grain's index
+# shuffle per example, which needs no O(n) memory.
+EPOCH_TABLE_MAX = 1 << 17
+
+
+# Mixtures whose interleave period (the sum of grain's integer weights) is up to this
+# many positions tabulate one period (two int64 arrays).
+PERIOD_TABLE_MAX = 1 << 22
+# Streams whose tasks' columns total up to this many bytes hold them in one array per
+# feature (a copy in memory, one gather a batch); larger ones gather per task from the
+# memory-mapped columns.
+MERGE_MAX_BYTES = 1 << 30
 
 
 def _task_seed(seed: int, name: str) -> int:
@@ -59,8 +78,37 @@ def open_tables(cfg, converter, progress: bool = True, build: Optional[bool] = N
   return [t for t, _ in tasks], [r for _, r in tasks], tables
 
 
+def mix_select(g_R: np.ndarray, proportions) -> tuple[np.ndarray, np.ndarray]:
+  """(task [R], draw of that task [R]) of stream positions `g_R`: grain's
+  `MapDataset.mix` interleave (its `_dataset_and_key_of_next_element`), vectorized over
+  positions. `proportions`: the integer weights grain derives from the rates.
+  `tests/test_index_input.py` pins it to grain's own `MapDataset.mix`."""
+  total = int(sum(proportions))
+  big = int(np.max(g_R, initial=0)) + 1 > (2**62) // max(total, 1)
+  k = np.asarray(g_R, object if big else np.int64)   # Python ints where int64 would overflow
+  k1 = k + 1
+  task = np.full(len(k), -1, np.int64)
+  draw = np.zeros(len(k), np.int64)
+  remaining = total
+  for i, p in enumerate(proportions):
+    next_k, next_k1 = (k * (remaining - p)) // remaining, (k1 * (remaining - p)) // remaining
+    count = k1 - next_k1
+    hit = (task < 0) & ((k - next_k) != count)
+    task[hit], draw[hit] = i, (count[hit] - 1)
+    remaining -= p
+    k, k1 = next_k, next_k1
+    if not (task < 0).any():
+      break
+  return task, draw
+
+
 class TaskStream:
-  """The endless example stream of one DatasetConfig, addressable by position."""
+  """The endless example stream of one DatasetConfig, addressable by position.
+
+  Task t's draw k is example `shuffle(seed_t, k // n_t)(k mod n_t)` of its cache: epoch
+  k // n_t of the task, reshuffled each epoch (numpy's permutation up to EPOCH_TABLE_MAX
+  examples, else grain's `MapDataset.range(n_t).shuffle(seed_t).repeat()` order, i.e.
+  `grain.experimental.index_shuffle` with seed seed_t + epoch, 4 rounds)."""
 
   def __init__(self, cfg, converter, seed: int, progress: bool = True):
     self.cfg, self.seed = cfg, int(cfg.seed if cfg.seed is not None else seed)
@@ -71,13 +119,63 @@ class TaskStream:
       if n is not None and getattr(converter, "num_views", n) != n:
         raise ConfigError(f"task {t.name} draws {n} views but the model reads "
                           f"{converter.num_views} (NUM_VIEWS)")
-    parts = []
-    for i, (t, table) in enumerate(zip(self.tasks, self.tables)):
-      part = grain.MapDataset.range(len(table))
-      if cfg.shuffle:
-        part = part.shuffle(seed=_task_seed(self.seed, t.name))
-      parts.append(part.repeat().map(lambda k, i=i: (i, k)))
-    self.index = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, self.rates)
+    self.task_seeds = [_task_seed(self.seed, t.name) for t in self.tasks]
+    # grain's integer weights (the smallest rate scaled to 100), as MapDataset.mix uses
+    self.proportions = tuple(_float_to_int_proportions(self.rates)) if len(self.tasks) > 1 \
+        else (1,)
+    self._orders = {}   # (task, epoch) -> that epoch's order, for tasks up to EPOCH_TABLE_MAX
+    self.sizes = np.array([len(t) for t in self.tables], np.int64)
+    # grain's interleave repeats with period sum(proportions), each task's draws growing
+    # by its proportion per period: one period, tabulated, maps any position in O(1).
+    period = int(sum(self.proportions))
+    self._period = None
+    if len(self.tasks) > 1 and period <= PERIOD_TABLE_MAX:
+      self._period = (period, *mix_select(np.arange(period), self.proportions),
+                      np.array(self.proportions, np.int64))
+    # Small corpora: every task's columns in one array per feature (one gather a batch).
+    self.merged, self.offsets = None, np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+    specs = {json.dumps(t.info["features"], sort_keys=True) for t in self.tables}
+    nbytes = sum(sum(c.nbytes for c in t.columns.values()) for t in self.tables)
+    if len(specs) == 1 and all(d is None for d in self.draw) and nbytes <= MERGE_MAX_BYTES:
+      self.merged = {k: np.concatenate([t.columns[k] for t in self.tables])
+                     for k in self.tables[0].columns}
+
+  def mix(self, g_R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(task [R], draw of that task [R]) of stream positions `g_R` (see mix_select)."""
+    if len(self.tasks) == 1:
+      return np.zeros(len(g_R), np.int64), np.asarray(g_R, np.int64)
+    if self._period is None:
+      return mix_select(g_R, self.proportions)
+    period, task_P, draw_P, props = self._period
+    cycle, r = np.divmod(np.asarray(g_R, np.int64), period)
+    task = task_P[r]
+    return task, cycle * props[task] + draw_P[r]
+
+  def example_indices(self, task_R: np.ndarray, draw_R: np.ndarray) -> np.ndarray:
+    """The cached example (index in its task's table) of each (task, draw)."""
+    epoch_R, within_R = np.divmod(draw_R, self.sizes[task_R])
+    if not self.cfg.shuffle:
+      return within_R
+    out = np.empty(len(draw_R), np.int64)
+    for j, (t, e, i) in enumerate(zip(task_R.tolist(), epoch_R.tolist(), within_R.tolist())):
+      # small tasks: the epoch's order as an array, kept while it is read
+      out[j] = (self._epoch_order(t, e)[i] if self.sizes[t] <= EPOCH_TABLE_MAX
+                else self._shuffled(t, e, i))
+    return out
+
+  def _shuffled(self, t: int, epoch: int, i: int) -> int:
+    return int(grain.experimental.index_shuffle(
+        i, max_index=len(self.tables[t]) - 1, seed=(self.task_seeds[t] + epoch) % 2**32,
+        rounds=4))
+
+  def _epoch_order(self, t: int, epoch: int) -> np.ndarray:
+    key = (t, epoch)
+    if key not in self._orders:
+      if len(self._orders) >= 2 * len(self.tables):   # about two epochs per task
+        self._orders.pop(next(iter(self._orders)))
+      self._orders[key] = np.random.default_rng(
+          [self.task_seeds[t], epoch]).permutation(len(self.tables[t]))
+    return self._orders[key]
 
   def description(self) -> dict:
     """What the stream is made of (stored with the checkpoint; a resume compares it)."""
@@ -88,18 +186,20 @@ class TaskStream:
             "tasks": [[t.name, len(tab), round(r / sum(self.rates), 9)]
                       for t, tab, r in zip(self.tasks, self.tables, self.rates)]}
 
-  def rows(self, step: int, rows_R: np.ndarray) -> dict:
+  def rows(self, step: int, rows_R) -> dict:
     """The examples of rows `rows_R` of step `step`: {feature: [R, ...]}."""
     g_R = step * self.cfg.batch_size + np.asarray(rows_R, np.int64)
-    picks = [self.index[int(g)] for g in g_R]
-    which = np.array([t for t, _ in picks], np.int64)
-    within = np.array([k for _, k in picks], np.int64)
+    task_R, draw_R = self.mix(g_R)
+    index_R = self.example_indices(task_R, draw_R)
+    if self.merged is not None:
+      flat = self.offsets[task_R] + index_R
+      return {k: v[flat] for k, v in self.merged.items()}
     out = None
-    for t in np.unique(which):
-      sel = np.flatnonzero(which == t)
-      part = self.tables[t].take(within[sel])
+    for t in np.unique(task_R).tolist():
+      sel = np.flatnonzero(task_R == t)
+      part = self.tables[t].take(index_R[sel])
       if self.draw[t] is not None:
-        part = self.draw[t](part, [(self.seed, int(g)) for g in g_R[sel]])
+        part = self.draw[t](part, [(self.seed, int(g_R[j])) for j in sel])
       if out is None:
         out = {k: np.empty((len(g_R), *v.shape[1:]), v.dtype) for k, v in part.items()}
       for k, v in part.items():
