@@ -110,9 +110,10 @@ def toy_encoder(tmp_path_factory, toy_task):
 
 
 def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at_step=None,
-              optimizer=None, period=3, keep=2, num_devices=2, **train_kw):
+              optimizer=None, period=3, keep=2, num_devices=2, reader="index", **train_kw):
   """train() on the toy task with a 1-layer model (dropout on); returns the final state.
-  `train_kw` go to train() (e.g. eval_cfg, eval_period, best_metric)."""
+  `reader`: the DatasetConfig's. `train_kw` go to train() (e.g. eval_cfg, eval_period,
+  best_metric)."""
   import gin
   from vmx import decoders, encoders
   from vmx.data import pipeline
@@ -122,7 +123,7 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
   gin.clear_config()
   enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=8, dropout_rate=0.1)
-  cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8)
+  cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8, reader=reader)
   if kind == "contrastive":
     model = DualEncoderModel(DualEncoder(enc), temperature=0.1)
   elif kind == "infoxlm":  # three tasks a step, momentum encoder + queue in flax_mutables

@@ -84,6 +84,17 @@ def test_other_settings_need_allow_config_change(tmp_path):
       ("TRAIN_STEPS", "10", "30")]             # run length: free
 
 
+def test_a_parameter_added_since_the_run_started_is_no_change_at_its_default():
+  import vmx.configurables  # noqa: F401  (registers DatasetConfig)
+  old = "train/DatasetConfig.batch_size = 8\n"
+  new = old + "train/DatasetConfig.reader = 'index'\n"
+  assert run_lib.config_differences(old, new) == []
+  assert run_lib.config_differences(old, old + "train/DatasetConfig.reader = 'seqio'\n") == [
+      ("train/DatasetConfig.reader", None, "'seqio'")]
+  assert run_lib.config_differences(new, old) == [   # a binding that went away: a change
+      ("train/DatasetConfig.reader", "'index'", None)]
+
+
 def test_one_writer_per_run_directory(tmp_path, toy_task, capfd):
   name, vp, _, _ = toy_task
   d = tmp_path / "run"

@@ -13,6 +13,21 @@ def _run(model_dir, name, vp, stop_at_step=None, kind="contrastive"):
   return toy_train(model_dir, name, vp, kind=kind, stop_at_step=stop_at_step)
 
 
+def test_a_checkpoint_of_the_replaying_reader_resumes_by_replaying(tmp_path, toy_task, capsys):
+  """A checkpoint whose data state is a replay position (written by the seqio reader, or
+  before the index reader existed) resumes under a config asking for the index reader:
+  by replaying, with a warning, and ends where the uninterrupted replaying run ends."""
+  name, vp, _, _ = toy_task
+  full = toy_train(tmp_path / "full", name, vp, reader="seqio")
+  toy_train(tmp_path / "split", name, vp, stop_at_step=3, reader="seqio")
+  capsys.readouterr()
+  resumed = toy_train(tmp_path / "split", name, vp)           # reader: index (default)
+  out = capsys.readouterr().out
+  assert "data position (3 batches) was written by the replaying reader" in out
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               full.params, resumed.params)
+
+
 @pytest.mark.parametrize("kind", ["contrastive", "vmsst"])
 def test_resume_equals_uninterrupted(tmp_path, toy_task, kind):
   name, vp, _, _ = toy_task

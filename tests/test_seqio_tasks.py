@@ -173,22 +173,27 @@ def test_cached_tasks_give_the_uncached_batches(toy_data, tmp_path):
     name = tasks.register_defaults(v1, data_dir)[0]
     fc = feature_converters.PairFeatureConverter
 
-    def batches(use_cached, split="train", n=4):
+    def batches(use_cached, split="train", n=4, reader="seqio", root=None):
       cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8, seed=3,
-                                   use_cached=use_cached, split=split)
+                                   use_cached=use_cached, split=split, reader=reader,
+                                   array_cache_dir=root)
       it = pipeline.train_iterator(cfg, fc, 0)
       return [next(it) for _ in range(n)]
 
-    for a, b in zip(batches(False), batches(True)):
-      assert a.keys() == b.keys()
-      for k in a:
-        np.testing.assert_array_equal(a[k], b[k])
+    for reader in pipeline.READERS:   # index: its columns written from seqio's cache
+      uncached = batches(False, reader=reader, root=str(tmp_path / "a1"))
+      cached = batches(True, reader=reader, root=str(tmp_path / "a2"))
+      for a, b in zip(uncached, cached):
+        assert a.keys() == b.keys()
+        for k in a:
+          np.testing.assert_array_equal(a[k], b[k])
     assert batches(True, "validation", 1)[0]["left_tokens"].shape == (8, 8)
 
     # another vocabulary under the same task names: the cache is refused
     tasks.register_defaults(v2, data_dir)
-    with pytest.raises(ConfigError, match="another vocabulary"):
-      batches(True)
+    for reader in pipeline.READERS:
+      with pytest.raises(ConfigError, match="another vocabulary"):
+        batches(True, reader=reader, root=str(tmp_path / "a3"))
     # a task in no cache dir: the error says how to write one
     base = os.path.join(data_dir, "train", "tatoeba-challenge", "deu-eng")
     other = tasks.moses_task("uncached_deu_eng", os.path.join(base, "train.deu.gz"),

@@ -3,23 +3,24 @@
 The example in row r of step s of a task key (one DatasetConfig) is a pure function of
 (seed, s, r) and the sizes and rates of its tasks:
 
-  g = s * batch_size + r                        its position in the endless stream
-  (task t, k) = grain's mix(rates)[g]           which task fills it, and that task's k-th draw
-  i = shuffle(seed_t + k // n_t)(k mod n_t)     epoch k // n_t of task t, shuffled anew per epoch
-  example = the task's cached example i         (vmx/data/arrays.py)
+  g = s * batch_size + r                  its position in the endless stream
+  (t, k) = mix(proportions)[g]            which task fills it, and that task's k-th draw:
+                                          grain's `MapDataset.mix` interleave (exact
+                                          proportions by integer arithmetic, `mix_select`)
+  i = order(seed_t, k // n_t)[k mod n_t]  epoch k // n_t of task t, reshuffled each epoch
+  example = task t's cached example i     (vmx/data/arrays.py)
 
-(computed for a whole batch of positions at once: across tasks grain's `MapDataset.mix`
-interleave, exact proportions by integer arithmetic, `mix_select`; within a task an
-epoch-seeded shuffle, see TaskStream.) N-way tasks then draw the example's views from a
-generator seeded by (seed, g). So:
+N-way tasks then draw the example's views from a generator seeded by (seed, g). So:
 
 - a resume at step s starts there at once (`IndexIterator.restore`: the state is the step
-  and a description of the stream, a few hundred bytes in the checkpoint);
+  and a description of the stream, a few hundred bytes per task in the checkpoint);
 - each process reads only the rows its devices hold (`rows`), and the global batch is the
   same whatever the number of processes;
-- the cost of an example hardly depends on the number of tasks: a batch costs one
-  vectorized pass over the tasks' weights and one gather per task present in it, from
-  memory-mapped columns (benchmarks/input_pipeline.py; docs/performance.md).
+- a batch costs about the same whatever the number of tasks: the interleave repeats with
+  period sum(proportions), so one tabulated period maps any position; each row is one
+  index into its task's epoch order; one gather per feature reads the rows (from one
+  in-memory array for small corpora, else per task from the memory-mapped columns).
+  Figures: docs/performance.md, "The input path".
 
 MultiTaskConfig (InfoXLM: MMLM, TLM and XLCO each step): one stream per task key, task
 key i seeded with seed + i, its features named `key/feature`.
@@ -31,8 +32,10 @@ import json
 from typing import Mapping, Optional
 
 import grain
-from grain._src.python.dataset.transformations.mix import _float_to_int_proportions
 import numpy as np
+# grain's rates -> integer weights of MapDataset.mix (tests/test_index_input.py pins the
+# interleave to grain's own pipeline, so a change in grain shows there)
+from grain._src.python.dataset.transformations.mix import _float_to_int_proportions
 import seqio
 from tqdm.auto import tqdm
 
@@ -45,8 +48,6 @@ from vmx.errors import ConfigError
 # shuffle costs 2-170 µs a call, the most on small ranges); larger ones use grain's index
 # shuffle per example, which needs no O(n) memory.
 EPOCH_TABLE_MAX = 1 << 17
-
-
 # Mixtures whose interleave period (the sum of grain's integer weights) is up to this
 # many positions tabulate one period (two int64 arrays).
 PERIOD_TABLE_MAX = 1 << 22
@@ -174,7 +175,7 @@ class TaskStream:
       if len(self._orders) >= 2 * len(self.tables):   # about two epochs per task
         self._orders.pop(next(iter(self._orders)))
       self._orders[key] = np.random.default_rng(
-          [self.task_seeds[t], epoch]).permutation(len(self.tables[t]))
+          [self.task_seeds[t], epoch]).permutation(len(self.tables[t])).astype(np.int32)
     return self._orders[key]
 
   def description(self) -> dict:

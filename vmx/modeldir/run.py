@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -202,11 +203,26 @@ def parse_bindings(text: str, where: str = "config") -> dict:
   return out
 
 
+def _is_default(binding: str, value: str) -> bool:
+  """Whether `value` is the default of the configurable parameter `binding`
+  (`[scope/]selector.arg`): a parameter the stored run's vmx did not have yet."""
+  selector, _, arg = binding.rpartition(".")
+  try:
+    configurable = gin_config._REGISTRY.get_match(selector.rpartition("/")[2])  # noqa: SLF001
+    param = inspect.signature(configurable.wrapped).parameters[arg]
+  except (KeyError, TypeError, ValueError, AttributeError):
+    return False
+  return param.default is not inspect.Parameter.empty and repr(param.default) == value
+
+
 def config_differences(old: str, new: str, where: str = "config"
                        ) -> list[tuple[str, Optional[str], Optional[str]]]:
-  """(binding, old value, new value) of every binding that differs (None: absent)."""
+  """(binding, old value, new value) of every binding that differs (None: absent). A
+  binding absent from the old config whose new value is its parameter's default is no
+  difference: the parameter was added to vmx since (the run ran as with its default)."""
   a, b = parse_bindings(old, where), parse_bindings(new)
-  return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+  return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+          and not (k not in a and _is_default(k, b[k]))]
 
 
 def _describe(diffs) -> str:
