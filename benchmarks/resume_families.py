@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--gin.NUM_LAYERS=1", "--gin.EMB_DIM=64", "--gin.NUM_HEADS=2", "--gin.MLP_DIM=128",
          "--gin.MAX_LENGTH=16", "--gin.EVAL_PERIOD=0", "--gin.train.eval_cfg=None",
-         "--gin.LOG_PERIOD=2"]
+         "--gin.LOG_PERIOD=2", "--gin.BEST_METRIC=None"]
 FAMILIES = {
     "contrastive": ("contrastive_tiny.gin", ["--gin.BATCH_SIZE=16"]),
     "vmsst": ("vmsst_tiny.gin", ["--gin.BATCH_SIZE=16"]),

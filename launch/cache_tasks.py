@@ -69,6 +69,7 @@ def main(argv):
 def cache_experiment(args, bindings):
   """Opens (building what is missing) the array cache of every phase's training data."""
   import dataclasses
+  from collections.abc import Mapping
   from vmx import experiment  # lazy: jax, seqio
   from vmx.data import arrays, index, pipeline  # lazy: seqio, grain
   for phase, model, cfg, _ in experiment.training_inputs(args.gin_file, bindings,
@@ -79,7 +80,7 @@ def cache_experiment(args, bindings):
         continue
       root = args.array_cache_dir or c.array_cache_dir or arrays.default_root()
       c = dataclasses.replace(c, array_cache_dir=root)
-      fc = (fcs[key] if isinstance(fcs, dict) else fcs)(pack=c.pack)
+      fc = (fcs[key] if isinstance(fcs, Mapping) else fcs)(pack=c.pack)
       _, _, tables = index.open_tables(c, fc, progress=not args.no_progress, build=True)
       n = sum(len(t) for t in tables)
       print(f"[vmx] {phase}{'/' + key if key else ''}: {len(tables)} task(s), {n} examples "

@@ -7,6 +7,10 @@
 Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, stsb,
 geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
 (standard + sts17 + retrieval, which need --sts17_dir / --retrieval_dir).
+`--protocol=vmsst|ems|infoxlm|emmax|mpcl` (comma-separated for several) runs what that
+paper's tables report, with its conventions, and writes OUTPUT_DIR/protocol_<name>.json
+naming each figure's table and the benchmarks vmx cannot read yet
+(vmx/evaluation/protocols.py; docs/evaluation.md).
 Writes OUTPUT_DIR/<task>.json (MTEB-like), summary.md and plots; OUTPUT_DIR defaults
 to CHECKPOINT_DIR/eval/checkpoint_<step>. Exits 1 if any task failed (the others'
 results are still written). Any object with encode(list_of_str) can be evaluated
@@ -14,6 +18,7 @@ from Python: `vmx.evaluation.harness.run(encoder, suite=..., output_dir=...)`.
 """
 import argparse
 import importlib.util  # noqa: F401  (see launch/train.py)
+import json
 import os
 import sys
 
@@ -25,7 +30,7 @@ def _list(s):
 
 
 def parse_args(argv):
-  from vmx.evaluation import harness  # lazy: jax, after cli.run_main's host set-up
+  from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
   from vmx.modeldir.layout import BEST_DIR, BEST_STEP  # lazy: after cli.run_main
 
   def _step(s):
@@ -40,6 +45,9 @@ def parse_args(argv):
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True, help="a vmx model_dir")
   p.add_argument("--suite", default="standard", help=f"one of {sorted(harness.SUITES)}")
+  p.add_argument("--protocol", default="",
+                 help=f"a paper's evaluation protocol, comma-separated of "
+                      f"{sorted(protocols.PROTOCOLS)} (replaces --suite / --tasks)")
   p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
                                              f"{sorted(harness.TASKS)}")
   p.add_argument("--step", type=_step, default=None,
@@ -89,28 +97,47 @@ def parse_args(argv):
       dev_sets=_list(args.dev_sets), dev_max_sentences=args.dev_max_sentences or None,
       dev_languages=_list(args.dev_languages) or None, plots=not args.no_plots, progress=not args.no_progress)
   try:
-    tasks = harness.resolve_tasks(args.suite, _list(args.tasks))
+    args.protocols = protocols.resolve(_list(args.protocol))
+    tasks = (protocols.tasks_of(args.protocols, cfg) if args.protocols else
+             harness.resolve_tasks(args.suite, _list(args.tasks)))
   except ValueError as e:
     p.error(str(e))
+  if args.protocols and not langs:   # a protocol's own languages (else every language)
+    wanted = [p_.tatoeba_languages for p_ in args.protocols]
+    if all(w is not None for w in wanted):
+      cfg.tatoeba_languages = sorted({l for w in wanted for l in w})
+    else:
+      from vmx.evaluation import tatoeba  # lazy: jax
+      cfg.tatoeba_languages = tatoeba.available_languages(args.data_dir)
   return args, cfg, tasks
 
 
 def main(argv):
   from vmx import storage  # lazy: after cli.run_main
-  from vmx.evaluation import harness  # lazy: jax, after cli.run_main's host set-up
+  from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
   from vmx.inference import Encoder  # lazy: jax
   args, cfg, tasks = parse_args(argv)
   enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step, batch_size=args.batch_size)
   out = storage.path(args.output_dir or
                      storage.path(args.checkpoint_dir) / "eval" / enc.revision)
+  failed = None
   try:
     results = harness.run(enc, output_dir=out, config=cfg, tasks=tasks,
                           model_info={"name": enc.name, "revision": enc.revision})
   except harness.EvaluationFailed as e:
-    print((out / "summary.md").read_text())
-    print(f"[vmx eval] some tasks failed: {e}", file=sys.stderr)
-    return 1
+    failed, results = e, e.results
   print((out / "summary.md").read_text())
+  for proto in args.protocols:
+    report = protocols.report(proto, results, failed.errors if failed else {}, cfg)
+    storage.write_atomic(out / f"protocol_{proto.name}.json", json.dumps(report, indent=1))
+    print(f"[vmx eval] protocol {proto.name} ({proto.paper}):")
+    for f in report["figures"]:
+      print(f"  {f['table']}, {f['column']}: {f['value']:.2f} ({f['metric']})")
+    for m in report["missing"]:
+      print(f"  missing: {m['table']}, {m['benchmark']} ({m['layout']})")
+  if failed is not None:
+    print(f"[vmx eval] some tasks failed: {failed}", file=sys.stderr)
+    return 1
   print(f"[vmx eval] wrote {out}")
   return results
 

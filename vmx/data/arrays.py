@@ -115,6 +115,7 @@ def fingerprint_parts(task: seqio.Task, split: str, lengths: Mapping[str, int],
   return {"format": FORMAT, "task": task.name, "split": split,
           "vocabulary": vocab and seqio_cache.vocabulary_fingerprint(vocab),
           "source": source_fingerprint(task),
+          "source_code": callable_fingerprint(type(task.source)),
           "preprocessors": [callable_fingerprint(p) for p in task.preprocessors],
           "converter": callable_fingerprint(converter),
           "lengths": {k: int(v) for k, v in sorted(lengths.items())}}
@@ -198,6 +199,12 @@ def build(task: seqio.Task, split: str, lengths, converter, directory, parts: di
       n = len(next(iter(batch.values())))
       count += n
       bar.update(n)
+  except BaseException:
+    if not remote:   # a failed or interrupted build leaves nothing behind
+      for f in files.values():
+        f.close()
+      shutil.rmtree(out, ignore_errors=True)
+    raise
   finally:
     for f in files.values():
       f.close()
@@ -216,7 +223,8 @@ def build(task: seqio.Task, split: str, lengths, converter, directory, parts: di
 
 
 def _differences(old: dict, new: dict) -> list[str]:
-  names = {"vocabulary": "vocabulary", "source": "sources", "preprocessors": "preprocessing",
+  names = {"vocabulary": "vocabulary", "source": "sources", "source_code": "source code",
+           "preprocessors": "preprocessing",
            "converter": "feature converter", "lengths": "lengths", "format": "format"}
   return [names[k] for k in names if old.get(k) != new.get(k)]
 

@@ -140,7 +140,12 @@ def _retrieval(encode, cfg, ctx):
 
 
 class EvaluationFailed(RuntimeError):
-  pass
+  """Some tasks failed; `results` holds those that ran, `errors` {task: message}."""
+
+  def __init__(self, message: str, results: Optional[dict] = None,
+               errors: Optional[dict] = None):
+    super().__init__(message)
+    self.results, self.errors = results or {}, errors or {}
 
 
 def resolve_tasks(suite: Optional[str] = None, tasks: Optional[Sequence[str]] = None):
@@ -219,7 +224,7 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
         plots.projection(artifacts["geometry"], out / "geometry_projection.png")
   if errors:
     raise EvaluationFailed("; ".join(f"{k}: {v}" for k, v in errors.items()) +
-                           (f" (other results are in {out})" if out else ""))
+                           (f" (other results are in {out})" if out else ""), results, errors)
   return results
 
 

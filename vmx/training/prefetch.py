@@ -3,10 +3,9 @@ by a background thread while the current step runs (the trainer measures how lon
 step still waited for its input: `train/input_wait_fraction` in the metrics).
 
 `Prefetcher(data, place, depth)` wraps a data iterator (vmx/data/pipeline.py: numpy
-batches, a `position` and `state_at(position)`): a thread reads `depth` batches ahead (one more waits to be
-queued), `place`s them (the
-trainer's sharded `jax.Array`s: each process puts its own rows on its own devices) and
-queues them. Its `state()` is the position of the batches the trainer *consumed*, not of
+batches, a `position` and `state_at(position)`): a thread reads `depth` batches ahead
+(one more waits to be queued), `place`s them (the trainer's sharded `jax.Array`s: each
+process puts its own rows on its own devices) and queues them. Its `state()` is the position of the batches the trainer *consumed*, not of
 those read ahead, so a checkpoint resumes at the right batch and the batches (and so the
 results) are the same with and without prefetching. `depth=0` reads and places in the
 caller's thread. An exception in the thread (the data ran out, a bad file) is raised by

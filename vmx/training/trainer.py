@@ -14,10 +14,11 @@ see vmx/modeldir/checkpoints.py).
 
 Each process reads the rows of the global batch its devices hold (the index reader,
 vmx/data/index.py; the seqio reader reads the whole global batch on every process), so a
-run's batches (and so its result) do not depend on the number of processes. Non-finite values (any loss term, the gradients, the new parameters)
-stop the run with a `NonFiniteError` naming the step and the terms, before anything
-non-finite is logged or saved; the check reads the previous step's flags while the
-current step runs, and the current step's before a log line or a checkpoint.
+run's batches (and so its result) do not depend on the number of processes. Non-finite
+values (any loss term, the gradients, the new parameters) stop the run with a
+`NonFiniteError` naming the step and the terms, before anything non-finite is logged or
+saved; the check reads the previous step's flags while the current step runs, and the
+current step's before a log line or a checkpoint.
 """
 from __future__ import annotations
 
