@@ -132,7 +132,8 @@ def main(argv):
     storage.write_atomic(out / f"protocol_{proto.name}.json", json.dumps(report, indent=1))
     print(f"[vmx eval] protocol {proto.name} ({proto.paper}):")
     for f in report["figures"]:
-      print(f"  {f['table']}, {f['column']}: {f['value']:.2f} ({f['metric']})")
+      value = "undefined" if f["value"] is None else f"{f['value']:.2f}"
+      print(f"  {f['table']}, {f['column']}: {value} ({f['metric']})")
     for m in report["missing"]:
       print(f"  missing: {m['table']}, {m['benchmark']} ({m['layout']})")
   if failed is not None:

@@ -526,3 +526,39 @@ def test_eval_cli_bad_input_is_one_line(tmp_path):
   assert "Traceback" not in p.stderr
   p = run(f"--checkpoint_dir={tmp_path}", "--suite=nope")
   assert p.returncode == 2 and "unknown suite" in p.stderr
+
+
+def test_geometry_eqs_16_to_18_on_a_hand_computed_example():
+  """EMMA-X Eqs. 16-18 as printed: full unnormalized scatter, B / W without the CH factor,
+  eigenvectors without their negatives."""
+  from sklearn.metrics import calinski_harabasz_score
+  from vmx.evaluation import geometry
+  rng = np.random.default_rng(0)
+  embs = {l: rng.normal(size=(6, 3)) + i for i, l in enumerate(("a", "b", "c"))}
+  unit = {l: e / np.linalg.norm(e, axis=1, keepdims=True) for l, e in embs.items()}
+  # Eq. 17 by hand: clusters are the 6 sentences, 3 translations each
+  c = np.mean([unit[l] for l in unit], axis=0)
+  between = 3 * np.sum((c - c.mean(axis=0)) ** 2)
+  within = sum(np.sum((unit[l] - c) ** 2) for l in unit)
+  assert geometry.canonical_form_eq17(embs) == pytest.approx(between / within)
+  x = np.concatenate(list(unit.values()))
+  labels = np.tile(np.arange(6), 3)
+  n, k = 18, 6
+  assert geometry.canonical_form_eq17(embs) == pytest.approx(
+      calinski_harabasz_score(x, labels) * (k - 1) / (n - k))
+  # Eq. 16 by hand: KL between N(mu_a, S_a), S = sum (x - mu)(x - mu)^T (no 1/n)
+  def kl(a, b):
+    ma, mb = unit[a].mean(0), unit[b].mean(0)
+    sa = (unit[a] - ma).T @ (unit[a] - ma)
+    sb = (unit[b] - mb).T @ (unit[b] - mb)
+    inv = np.linalg.inv(sb)
+    return 0.5 * (np.trace(inv @ sa) + (mb - ma) @ inv @ (mb - ma) - 3
+                  + np.log(np.linalg.det(sb)) - np.log(np.linalg.det(sa)))
+  want = np.mean([kl(a, b) for a in unit for b in unit if a != b])
+  assert geometry.invariance_eq16(embs) == pytest.approx(want)
+  assert np.isnan(geometry.invariance_eq16({l: e[:2] for l, e in embs.items()}))  # n <= d
+  # Eq. 18: the eigenvectors as returned, no negatives (the signed variant is never above it)
+  _, vecs = np.linalg.eigh(x.T @ x)
+  z = np.exp(x @ vecs).sum(axis=0)
+  assert geometry.isotropy_eq18(embs) == pytest.approx(z.min() / z.max())
+  assert geometry.isotropy(embs) <= geometry.isotropy_eq18(embs) + 1e-12

@@ -110,3 +110,17 @@ def test_every_variant_builds_and_takes_a_step(name, request):
   assert np.isfinite(loss) and loss > 0
   assert float(metrics["grad_norm"].compute()) > 0  # (the rsqrt warmup's lr is 0 at step 0)
   assert int(state.flax_mutables["annealing"]["updates"]) == 1
+
+
+def test_random_language_assignment_is_seeded_balanced_and_random():
+  """Table 4 "4 enc.": languages allocated to the encoders at random (A.1), seeded."""
+  from vmx.configurables import random_language_assignment
+  from vmx.errors import ConfigError
+  langs = [f"l{i}" for i in range(10)]
+  a = random_language_assignment(langs, 4, seed=0)
+  assert a == random_language_assignment(langs, 4, seed=0)
+  assert sorted(np.bincount(a, minlength=4).tolist()) == [2, 2, 3, 3]   # as even as it can be
+  assert a != [i % 4 for i in range(10)]                                # not round-robin by id
+  assert a != random_language_assignment(langs, 4, seed=1)
+  with pytest.raises(ConfigError, match="num_groups"):
+    random_language_assignment(langs, 11)

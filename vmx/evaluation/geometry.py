@@ -13,6 +13,16 @@ Input: embeddings E[l] [n, d] of the same n sentences in each language l.
   Z(c) = sum_i exp(c^T w_i) over the eigenvectors c of W^T W (both signs, so the
   value does not depend on the solver's sign choice); 1 = isotropic.
 Embeddings are L2-normalized first (the cosine geometry that retrieval uses).
+
+The paper's equations exactly, beside these variants (`*_eq16`, `*_eq17`, `*_eq18`):
+* Eq. 16: each language's Gaussian has the full scatter matrix Σ (x − μ)(x − μ)^T, with no
+  1/n, as its covariance. With n ≤ d sentences the scatter is singular and the KL is
+  infinite: NaN, reported as such.
+* Eq. 17: c_h = [L · Σ_k ‖c_k − c‖²] / [Σ_k Σ_{s∈k} ‖s − c_k‖²], with n clusters (the
+  sentences) of L translations: between- over within-cluster scatter, without the
+  Calinski–Harabasz factor (N − K) / (K − 1). So eq17 = CH · (K − 1) / (N − K).
+* Eq. 18: the principal ratio over the eigenvectors as the solver returns them (no
+  negatives), so it depends on the solver's sign choice; the variant above does not.
 """
 from __future__ import annotations
 
@@ -78,6 +88,38 @@ def isotropy(embs: dict) -> float:
   return principal_ratio(np.concatenate([mining.normalize(e) for e in embs.values()]))
 
 
+def invariance_eq16(embs: dict) -> float:
+  """Eq. 16: mean over ordered pairs of KL between Gaussians with the full scatter matrix
+  (no 1/n) as covariance; NaN when a scatter matrix is singular (n <= d)."""
+  g = {}
+  for l, e in embs.items():
+    x = np.asarray(mining.normalize(e), np.float64)
+    mu = x.mean(axis=0)
+    scatter = (x - mu).T @ (x - mu)
+    if np.linalg.slogdet(scatter)[0] <= 0:
+      return float("nan")
+    g[l] = (mu, scatter)
+  return float(np.mean([kl_gaussian(g[a], g[b]) for a, b in itertools.permutations(sorted(g), 2)]))
+
+
+def canonical_form_eq17(embs: dict) -> float:
+  """Eq. 17: L · Σ_k ‖c_k − c‖² / Σ_k Σ_{s∈k} ‖s − c_k‖² (clusters: the sentences)."""
+  x_LxNxD = np.stack([mining.normalize(e) for e in embs.values()]).astype(np.float64)
+  c_NxD = x_LxNxD.mean(axis=0)
+  between = x_LxNxD.shape[0] * np.sum((c_NxD - c_NxD.mean(axis=0)) ** 2)
+  within = np.sum((x_LxNxD - c_NxD) ** 2)
+  return float(between / within)
+
+
+def isotropy_eq18(embs: dict) -> float:
+  """Eq. 18: min_v Σ_e exp(v^T e) / max_v Σ_e exp(v^T e) over the eigenvectors v (as
+  numpy's eigh returns them) of W^T W."""
+  w = np.concatenate([mining.normalize(e) for e in embs.values()]).astype(np.float64)
+  _, vecs = np.linalg.eigh(w.T @ w)
+  logz = logsumexp(w @ vecs, axis=0)
+  return float(np.exp(logz.min() - logz.max()))
+
+
 def load_nway(files: common.DataFiles, paths: dict, n: Optional[int] = None):
   """{lang3: sentences} of line-aligned files; unequal lengths are an error."""
   texts = {}
@@ -99,8 +141,9 @@ def evaluate(encode, paths: Optional[dict] = None, n: int = 1000, cov: str = "di
   texts = load_nway(files, paths or DEFAULT_FILES, n)
   embs = {l: encode(t, l) for l, t in common.progress_iter(texts.items(), "geometry", progress)}
   scores = {"invariance_kl": invariance(embs, cov), "canonical_form_ch": canonical_form(embs),
-            "isotropy_pr": isotropy(embs), "n_sentences": len(next(iter(texts.values()))),
-            "covariance": cov}
+            "isotropy_pr": isotropy(embs), "invariance_kl_eq16": invariance_eq16(embs),
+            "canonical_form_eq17": canonical_form_eq17(embs), "isotropy_eq18": isotropy_eq18(embs),
+            "n_sentences": len(next(iter(texts.values()))), "covariance": cov}
   subset = {"hf_subset": "default", "languages": sorted(embs), "main_score":
             scores["invariance_kl"], **scores}
   return {"scores": {"test": [subset]}, "main_score": subset["main_score"],

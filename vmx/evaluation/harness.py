@@ -77,7 +77,7 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
                          progress=cfg.progress, own_languages=ctx.get("languages"))
   subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
               "accuracy_xx2en": r["xx2en"], "accuracy_en2xx": r["en2xx"], "xsim_error": r["xsim"],
-              "n": r["n"], "group": "head" if l in tatoeba.XTREME36 else "long_tail"}
+              "n": r["n"], "group": "head" if l in tatoeba.EMMAX_HEAD else "long_tail"}
              for l, r in res["languages"].items()]
   return {"scores": {"test": subsets}, "main_score": res["mean"]["mean"],
           "mean": res["mean"], "groups": res["groups"]}
@@ -235,7 +235,7 @@ def _details(r: dict) -> str:
     parts = [f"xx→en {r['mean']['xx2en']:.2f}, en→xx {r['mean']['en2xx']:.2f}, "
              f"xSIM err {r['mean']['xsim']:.2f}"]
     parts += [f"{k} ({v['n_languages']}) {v['mean']:.2f}" for k, v in g.items()
-              if v["n_languages"] and k != "head"]     # head = xtreme36 here
+              if v["n_languages"]]
     return "; ".join(parts)
   if name == "dev":
     return ", ".join(f"{k} {v:.2f}" for k, v in r["sets"].items()) + (

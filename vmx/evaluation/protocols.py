@@ -29,7 +29,7 @@ from vmx.evaluation import common, tatoeba
 INFOXLM_PARALLEL14 = ("ara", "bul", "deu", "ell", "spa", "fra", "hin", "rus", "swh", "tha",
                       "tur", "urd", "vie", "cmn")
 INFOXLM_OTHER22 = tuple(l for l in tatoeba.XTREME36 if l not in INFOXLM_PARALLEL14)
-EMMAX_HEAD = tuple(sorted(set(tatoeba.XTREME36) | {"aze", "lit", "pol", "ukr", "ron"}))
+EMMAX_HEAD = tatoeba.EMMAX_HEAD
 VMSST_STS17 = {"xl_same": ("ar-ar", "es-es"), "xl_diff": ("ar-en", "es-en", "tr-en")}
 STS17_LAYOUT = ("--sts17_dir=DIR: SemEval-2017 Task 1 test release, STS.input.trackN.xx-yy.txt "
                 "with STS.gs.trackN.xx-yy.txt (vmx/evaluation/sts.py)")
@@ -165,12 +165,16 @@ def _emmax(results) -> list:
   geo = results.get("geometry")
   if geo:
     sub = geo["scores"]["test"][0]
-    out.append({"table": "Table 4", "column": "invariance (KL) / canonical form (CH) / "
-                "isotropy (PR)", "value": sub["invariance_kl"],
-                "ch": sub["canonical_form_ch"], "pr": sub["isotropy_pr"],
-                "metric": "vmx's geometry variants (vmx/evaluation/geometry.py; KL with "
-                          f"{sub['covariance']} covariance), not yet Eqs. 16-18 exactly: "
-                          "docs/departures.md", "languages": sub["languages"]})
+    out.append({"table": "Table 4", "column": "invariance KL (Eq. 16)",
+                "value": sub["invariance_kl_eq16"], "metric": "full unnormalized scatter; "
+                "NaN when a language has no more sentences than dimensions",
+                "variant_diag_cov": sub["invariance_kl"], "languages": sub["languages"]})
+    out.append({"table": "Table 4", "column": "canonical form CH (Eq. 17)",
+                "value": sub["canonical_form_eq17"], "metric": "between / within scatter",
+                "variant_calinski_harabasz": sub["canonical_form_ch"]})
+    out.append({"table": "Table 4", "column": "isotropy PR (Eq. 18)",
+                "value": sub["isotropy_eq18"], "metric": "eigenvectors as the solver returns "
+                "them", "variant_both_signs": sub["isotropy_pr"]})
   return out
 
 
@@ -262,5 +266,7 @@ def report(protocol: Protocol, results: dict, errors: dict, cfg) -> dict:
       missing.append(dataclasses.asdict(m))
   failed = {t: str(e) for t, e in errors.items() if t in protocol.tasks
             or t in protocol.optional_tasks}
+  figures = [{k: (None if isinstance(v, float) and v != v else v) for k, v in f.items()}
+             for f in protocol.figures(results)]   # NaN (undefined) -> null in the JSON
   return {"protocol": protocol.name, "paper": protocol.paper,
-          "figures": protocol.figures(results), "missing": missing, "tasks_failed": failed}
+          "figures": figures, "missing": missing, "tasks_failed": failed}

@@ -49,15 +49,20 @@ class DualEncoder(nn.Module):
 
 
 class DualEncoderModel(SentenceEncoderModel):
-  """t5x-style model for dual encoders trained with in-batch InfoNCE."""
+  """t5x-style model for dual encoders trained with in-batch InfoNCE.
+
+  `normalize` (training only): cosine similarities / temperature (vmx's default), or
+  False: raw dot products, exp(s . t) with temperature 1 as the VMSST paper writes the
+  CONTRASTIVE baseline (§6.3; ablations/contrastive_dot_product.gin)."""
   FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
   CONFIG_FIELDS = ("module", "temperature", "bidirectional")
 
   def __init__(self, module: DualEncoder, temperature: float = 0.05,
-               bidirectional: bool = True):
+               bidirectional: bool = True, normalize: bool = True):
     super().__init__(module)
     self.temperature = temperature
     self.bidirectional = bidirectional
+    self.normalize = normalize
 
   def pooled_encoder(self):
     if not self.module.share_encoders or self.module.projection_dims:
@@ -87,7 +92,7 @@ class DualEncoderModel(SentenceEncoderModel):
   def grad_cache_loss(self, embeddings, batch, flax_mutables=None):
     left, right = embeddings
     loss, metrics = losses.in_batch_softmax_loss(left, right, self.temperature,
-                                                 self.bidirectional)
+                                                 self.bidirectional, self.normalize)
     return loss, metrics, flax_mutables
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):

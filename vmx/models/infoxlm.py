@@ -59,7 +59,7 @@ from vmx.errors import ConfigError
 from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
 
-MOMENTUM_SCHEDULES = ("constant", "infoxlm15")
+MOMENTUM_SCHEDULES = ("constant", "inverse_sqrt", "infoxlm15")   # infoxlm15: inverse_sqrt's old name
 TASKS = ("mmlm", "tlm", "xlco")
 
 
@@ -114,7 +114,10 @@ class InfoXLM(nn.Module):
 
 
 def momentum_coefficient(schedule: str, momentum: float, step):
-  """m at update `step` (1, 2, ...): constant, or InfoXLM15's min(1 - t^-0.51, 0.9995)."""
+  """m at update `step` (1, 2, ...): constant, or `inverse_sqrt`, min(1 - t^-0.51, 0.9995):
+  Table 11's "*" schedule of the FROM SCRATCH setting (App. B). `infoxlm15` is the same
+  schedule under its old name (vmx once gave it to InfoXLM15, for which the paper names
+  no momentum)."""
   if schedule == "constant":
     return jnp.float32(momentum)
   t = jnp.maximum(jnp.asarray(step, jnp.float32), 1.0)
