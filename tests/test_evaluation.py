@@ -319,6 +319,14 @@ def test_sts17_crosslingual_layout(tmp_path):
   assert enc.seen == ["spa", "eng"]
   with pytest.raises(DataError, match="no STS.input.trackN"):
     sts.evaluate_sts17(common.as_encode_fn(enc), str(tmp_path / "gs"))
+  # a track that cannot be read (no gold file; a line without a tab) is reported alone
+  write_lines(tmp_path / "STS.input.track1.ar-ar.txt", ["only one sentence"])
+  write_lines(tmp_path / "gs/STS.gs.track1.ar-ar.txt", ["3.0"])
+  write_lines(tmp_path / "STS.input.track6.tr-en.txt", ["a\tb"])
+  res = sts.evaluate_sts17(common.as_encode_fn(VecEncoder()), str(tmp_path), str(tmp_path / "gs"))
+  assert [r["hf_subset"] for r in res["scores"]["test"]] == ["track4a.es-en"]
+  assert set(res["tracks_failed"]) == {"track1.ar-ar", "track6.tr-en"}
+  assert "expected two tab-separated" in res["tracks_failed"]["track1.ar-ar"]
 
 
 # ----------------------------------------------------------------------------- retrieval

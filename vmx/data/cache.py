@@ -36,7 +36,7 @@ VMX_CACHE_INFO = "vmx_cache.json"
 def vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
   """sha256 of the vocabulary's model (SentencePiece proto, or an imported tokenizer's spec)."""
   if isinstance(vocabulary, HfVocabulary):
-    data = storage.path(vocabulary.spec_path).read_bytes()
+    data = vocabulary.spec_bytes
   elif isinstance(vocabulary, seqio.SentencePieceVocabulary):
     data = vocabulary.sp_model
   else:

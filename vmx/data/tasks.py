@@ -32,6 +32,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from vmx import storage
 from vmx.data import devsets, readers, teacher
 from vmx.data.teacher import text_fingerprint  # noqa: F401  (also vmx.data.tasks.text_fingerprint)
 from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
@@ -280,6 +281,8 @@ class HfVocabulary(seqio.Vocabulary):
   def __init__(self, spec_path: str):
     self.tokenizer = HfTokenizer(spec_path)
     self.spec_path = str(spec_path)
+    # what the vocabulary is, kept with it: the file may move once it is loaded
+    self.spec_bytes = storage.path(spec_path).read_bytes()
     super().__init__(extra_ids=0)
 
   @property

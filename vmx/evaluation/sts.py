@@ -54,11 +54,11 @@ def read_senteval(input_path: Path, gs_path: Path, task="sts"):
     if len(parts) < 2:
       raise DataError(f"task {task}: {input_path}:{i}: expected two tab-separated sentences")
     try:
-      y.append(float(g))
+      y.append(float(g.strip()))
     except ValueError:
       raise DataError(f"task {task}: {gs_path}:{i}: not a score: {g[:40]!r}") from None
-    s1.append(parts[0])
-    s2.append(parts[1])
+    s1.append(parts[0].strip())
+    s2.append(parts[1].strip())
   return s1, s2, np.asarray(y)
 
 
@@ -148,18 +148,26 @@ def evaluate_sts17(encode, directory: str, gs_directory: Optional[str] = None,
   inputs = sorted(d.glob("STS.input.track*.txt"))
   if not inputs:
     raise DataError(f"task sts17: no STS.input.trackN.xx-yy.txt files in {d}")
-  subsets = []
+  subsets, failed = [], {}
   for inp in common.progress_iter(inputs, "sts17", progress):
     m = re.fullmatch(r"STS\.input\.(track[\w]+)\.([a-z]+)-([a-z]+)\.txt", inp.name)
     if not m:
-      raise DataError(f"task sts17: {inp}: name is not STS.input.trackN.xx-yy.txt")
+      failed[inp.name] = f"{inp}: name is not STS.input.trackN.xx-yy.txt"
+      continue
     track, l1, l2 = m.groups()
-    s1, s2, y = read_senteval(files.path(str(inp.absolute())),
-                              files.path(str((gs_d / f"STS.gs.{track}.{l1}-{l2}.txt").absolute())),
-                              task="sts17")
+    try:   # a track that cannot be read is reported alone; the others are scored
+      s1, s2, y = read_senteval(
+          files.path(str(inp.absolute())),
+          files.path(str((gs_d / f"STS.gs.{track}.{l1}-{l2}.txt").absolute())), task="sts17")
+    except DataError as e:
+      failed[f"{track}.{l1}-{l2}"] = str(e)
+      continue
     c = correlations(_predict(encode, s1, s2, common.iso3(l1), common.iso3(l2)), y)
     subsets.append({"hf_subset": f"{track}.{l1}-{l2}",
                     "languages": sorted({common.iso3(l1), common.iso3(l2)}),
                     "main_score": c["spearman"], **c})
-  return {"scores": {"test": subsets},
+  if not subsets:
+    raise DataError(f"task sts17: no track of {d} could be read: "
+                    + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+  return {"scores": {"test": subsets}, "tracks_failed": failed,
           "main_score": common.mean([s["main_score"] for s in subsets])}
