@@ -218,6 +218,20 @@ def test_loss_and_state_equal_on_1_and_8_devices():
                out[0].params, out[1].params)
 
 
+def test_the_queue_is_filled_before_step_1(tmp_path, toy_task, capsys):
+  """§4.1: the key encoder fills the queue forward-only before the first update, so XLCO
+  is on from step 1 and the data stream has moved by the batches it read."""
+  import json
+  name, vp, _, _ = toy_task
+  state = toy_train(tmp_path / "run", name, vp, kind="infoxlm", total_steps=2, period=2)
+  assert "filling the model state before step 1: 2 batches" in capsys.readouterr().out
+  rows = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")]
+  assert [r["train/xlco_active"] for r in rows if "train/xlco_active" in r] == [1.0]  # 1-2
+  assert int(state.flax_mutables["queue"]["filled"]) == 2
+  data = json.loads((tmp_path / "run" / "checkpoint_2" / "data" / "metadata").read_text())
+  assert data["step"] == 2 + 2          # 2 prefill batches, then 2 steps' batches
+
+
 def test_resume_with_a_non_empty_queue_equals_uninterrupted(tmp_path, toy_task):
   name, vp, _, _ = toy_task
   full = toy_train(tmp_path / "full", name, vp, kind="infoxlm")

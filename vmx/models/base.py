@@ -187,6 +187,17 @@ class BaseModel(abc.ABC):
     del params
     return flax_mutables
 
+  def prefill_batches(self, flax_mutables) -> int:
+    """Training batches a new run reads forward-only before step 1 to fill its model state
+    (`prefill`, e.g. InfoXLM's queue, §4.1); 0: none."""
+    del flax_mutables
+    return 0
+
+  def prefill(self, params, batch, flax_mutables):
+    """flax_mutables after reading one batch forward-only (no parameter update)."""
+    del params, batch
+    return flax_mutables
+
   # GradCache split (see the module docstring); None: the model does not support it.
   grad_cache_embed = None
   grad_cache_loss = None

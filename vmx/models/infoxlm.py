@@ -32,9 +32,11 @@ Loss = mmlm_weight * MMLM + tlm_weight * TLM + xlco_weight * XLCO (each averaged
 masked token, per query; the authors' fairseq code sums and divides the gradient by
 the total sample size instead).
 
-Queue pre-fill: the queue starts empty and XLCO is off until it is full (the first
-queue_size / B_xlco steps, while MMLM and TLM train); the authors fill it with forward
-passes before the first update instead. Non-gradient state (flax_mutables):
+Queue pre-fill (§4.1): a new run encodes queue_size / B_xlco batches of XLCO pairs with the
+key encoder before step 1 (`prefill_batches` / `prefill`, called by the trainer), so XLCO
+contrasts against a full queue from its first update. `prefill_queue=False`: the queue
+starts empty and XLCO is off until training has filled it (the first queue_size / B_xlco
+steps, while MMLM and TLM train). Non-gradient state (flax_mutables):
   momentum/params   the key encoder: the query encoder's parameters up to the universal
                     layer and the projection, sharded like them;
   queue/keys        [S, B_xlco, D] (S = queue_size / B_xlco slots of one step's keys),
@@ -152,7 +154,8 @@ class InfoXLMModel(SentenceEncoderModel):
                random_low: int = 1, mmlm_weight: float = 1.0, tlm_weight: float = 1.0,
                xlco_weight: float = 1.0, temperature: float = 0.25, queue_size: int = 131072,
                momentum: float = 0.9999, momentum_schedule: str = "constant",
-               mixup: bool = True, joined_drops_first: bool = False, normalize: bool = False):
+               mixup: bool = True, joined_drops_first: bool = False, normalize: bool = False,
+               prefill_queue: bool = True):
     super().__init__(module)
     vocab = module.encoder.vocab_size
     if not 0 < mask_id < vocab:
@@ -186,6 +189,7 @@ class InfoXLMModel(SentenceEncoderModel):
     self.momentum, self.momentum_schedule = momentum, momentum_schedule
     self.mixup, self.joined_drops_first = mixup, joined_drops_first
     self.normalize = normalize
+    self.prefill_queue = prefill_queue
 
   @property
   def tasks(self) -> tuple:
@@ -295,6 +299,24 @@ class InfoXLMModel(SentenceEncoderModel):
       return flax_mutables
     return {**flax_mutables,
             "momentum": {"params": key_params(params, self.module.xlco_layer)}}
+
+  def prefill_batches(self, flax_mutables) -> int:
+    """§4.1: "pre-fill the queue with a set of encoded examples until it reaches the
+    desired size": a new run encodes queue_size / B batches of XLCO pairs with the key
+    encoder before step 1 (`prefill_queue`; False: XLCO stays off until training has
+    filled the queue)."""
+    queue = (flax_mutables or {}).get("queue")
+    return int(queue["keys"].shape[0]) if self.prefill_queue and queue is not None else 0
+
+  def prefill(self, params, batch, flax_mutables):
+    """One batch of XLCO keys, as a training step would encode them, into the queue."""
+    del params
+    queue = flax_mutables["queue"]
+    rng = jax.random.fold_in(jax.random.PRNGKey(0), queue["next"])
+    _, k_in = self.xlco_inputs(rng, batch["xlco/left_tokens"], batch["xlco/right_tokens"])
+    k = jax.lax.stop_gradient(self._unit(self.module.apply(
+        {"params": flax_mutables["momentum"]["params"]}, k_in, method=InfoXLM.xlco_vector)))
+    return {**flax_mutables, "queue": moco.enqueue(queue, k)}
 
   def after_update(self, params, flax_mutables, step):
     if "momentum" not in flax_mutables:

@@ -92,6 +92,11 @@ class Trainer:
                                                               self.batch_shardings),
                               out_shardings=(self.state_shardings, repl, repl),
                               donate_argnums=(0,))
+    self.prefill_step = jax.jit(
+        lambda state, batch: state.replace(flax_mutables=model.prefill(
+            state.params, batch, state.flax_mutables)),
+        in_shardings=(self.state_shardings, self.batch_shardings),
+        out_shardings=self.state_shardings, donate_argnums=(0,))
     self.nonfinite_names: list[str] = []  # what each flag of `nonfinite` checks (set at trace)
     self.nonfinite = None                 # [n] bool flags of the last step (device array)
 
@@ -129,6 +134,17 @@ class Trainer:
         ["parameters (after the update)"]
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                          flax_mutables=mutables), metrics, jnp.stack(flags)
+
+  def prefill(self, state: TrainState, batches) -> TrainState:
+    """A new run's forward-only fill of the model state before step 1: the model's
+    `prefill` on its `prefill_batches` next batches (numpy, or already placed)."""
+    for _ in range(self.model.prefill_batches(state.flax_mutables)):
+      batch = next(batches)
+      if not all(isinstance(batch[k], jax.Array) for k in self.shapes):
+        batch = self.place(batch)
+      with self.partitioner.context():
+        state = self.prefill_step(state, batch)
+    return state
 
   def create_state(self, seed: int) -> TrainState:
     with self.partitioner.context():

@@ -236,6 +236,11 @@ def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languag
                else initial_checkpoint_assignment)
       state = trainer.replace_params(state, initial_checkpoint.load(
           state.params, trainer.state_shardings.params, initial_checkpoint_path, rules))
+    n = phases[0].model.prefill_batches(state.flax_mutables)
+    if n:   # e.g. InfoXLM's queue of negatives, filled before step 1 (§4.1)
+      print(f"[vmx] filling the model state before step 1: {n} batches, forward only",
+            flush=True)
+      state = trainer.prefill(state, data)
   start = int(local_value(state.step))
   end = min(total_steps, stop_at_step or total_steps)
   # Self-contained model_dir for inference (vocabulary, model config) and the run's config:
