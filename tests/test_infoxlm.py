@@ -357,3 +357,23 @@ def test_multi_task_batches_have_each_tasks_share_and_resume(toy_task):
   again.restore(again.state_at(2))
   for k, v in next(again).items():
     np.testing.assert_array_equal(v, batches[2][k])
+
+
+def test_xlco_starts_after_the_key_encoder_warm_up():
+  """App. B (from scratch): XLCO is enabled after `xlco_start` updates; before, the full
+  queue is filled and the key encoder follows, but the XLCO term is off."""
+  model = _model(xlco_start=3)
+  batch = _batch()
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+  params = v["params"]
+  mutables = model.derive_mutables(params, {k: v[k] for k in ("momentum", "queue", "updates")})
+  for _ in range(model.prefill_batches(mutables)):
+    mutables = model.prefill(params, batch, mutables)
+  active = []
+  for step in (1, 2, 3, 4):
+    _, m, mutables = model.compute_loss(params, batch, jax.random.PRNGKey(step), mutables)
+    active.append(float(m["xlco_active"]))
+    mutables = model.after_update(params, mutables, jnp.asarray(step))
+  assert active == [0.0, 0.0, 0.0, 1.0]     # updates 0, 1, 2 before; 3 from the 4th step
+  assert "updates" not in _model().get_initial_variables(
+      jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})

@@ -155,7 +155,7 @@ class InfoXLMModel(SentenceEncoderModel):
                xlco_weight: float = 1.0, temperature: float = 0.25, queue_size: int = 131072,
                momentum: float = 0.9999, momentum_schedule: str = "constant",
                mixup: bool = True, joined_drops_first: bool = False, normalize: bool = False,
-               prefill_queue: bool = True):
+               prefill_queue: bool = True, xlco_start: int = 0):
     super().__init__(module)
     vocab = module.encoder.vocab_size
     if not 0 < mask_id < vocab:
@@ -190,6 +190,9 @@ class InfoXLMModel(SentenceEncoderModel):
     self.mixup, self.joined_drops_first = mixup, joined_drops_first
     self.normalize = normalize
     self.prefill_queue = prefill_queue
+    if isinstance(xlco_start, bool) or not isinstance(xlco_start, int) or xlco_start < 0:
+      raise ConfigError(f"InfoXLMModel.xlco_start={xlco_start!r}: expected an update count >= 0")
+    self.xlco_start = xlco_start
 
   @property
   def tasks(self) -> tuple:
@@ -283,7 +286,10 @@ class InfoXLMModel(SentenceEncoderModel):
         queue = flax_mutables["queue"]
         negatives, valid = moco.queued_keys(queue)
         l, mm = losses.queue_infonce(q, k, negatives, valid, self.temperature)
-        active = moco.is_full(queue).astype(jnp.float32)   # pre-fill: XLCO off
+        active = moco.is_full(queue)                      # no pre-fill: XLCO off until full
+        if self.xlco_start:   # App. B: the key encoder warms up before XLCO is enabled
+          active = active & (flax_mutables["updates"] >= self.xlco_start)
+        active = active.astype(jnp.float32)
         acc = mm["accuracy"]
         new = {**flax_mutables, "queue": moco.enqueue(queue, k)}
         m["queue_filled"] = queue["filled"].astype(jnp.float32) / queue["keys"].shape[0]
@@ -324,13 +330,19 @@ class InfoXLMModel(SentenceEncoderModel):
     m = momentum_coefficient(self.momentum_schedule, self.momentum, step)
     key = moco.ema(key_params(params, self.module.xlco_layer),
                        flax_mutables["momentum"]["params"], m)
-    return {**flax_mutables, "momentum": {"params": key}}
+    out = {**flax_mutables, "momentum": {"params": key}}
+    if "updates" in flax_mutables:
+      out["updates"] = jnp.asarray(step, jnp.int32)
+    return out
 
   def flax_mutables_axes(self, params_axes, flax_mutables):
     if "momentum" not in flax_mutables:
       return None
-    return {"momentum": {"params": key_params(params_axes, self.module.xlco_layer)},
+    axes = {"momentum": {"params": key_params(params_axes, self.module.xlco_layer)},
             "queue": {"keys": (None, "batch", "embed"), "next": (), "filled": ()}}
+    if "updates" in flax_mutables:
+      axes["updates"] = ()
+    return axes
 
   # --- t5x interface ---
 
@@ -356,4 +368,6 @@ class InfoXLMModel(SentenceEncoderModel):
       variables["momentum"] = {"params": key_params(variables["params"],
                                                     self.module.xlco_layer)}
       variables["queue"] = moco.new_queue(self.queue_size // b, d, rows=b)
+      if self.xlco_start:   # updates so far, for the delayed start of XLCO
+        variables["updates"] = jnp.zeros((), jnp.int32)
     return variables
