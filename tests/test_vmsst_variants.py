@@ -35,8 +35,9 @@ STRUCTURE = {
         lambda p: "language_embed" not in p["language_encoder_0"],
     "ablations/vmsst_no_decoder_language_embedding.gin":
         lambda p: p["decoder_0"]["start_embed"]["embedding"].shape[0] == 1,
-    "ablations/vmsst_per_language.gin":
-        lambda p: "decoder_4" in p and "language_encoder_4" in p and "decoder_5" not in p,
+    "ablations/vmsst_per_language.gin":   # Table 6: ar, en, es, tr: 4 language encoders and
+        lambda p: ("decoder_3" in p and "language_encoder_3" in p     # 4 decoders (+ the
+                   and "decoder_4" not in p),                        # semantic encoder)
     "vmsst_tiny.gin": lambda p: "language_encoder_0" in p and
         p["language_encoder_0"]["language_embed"]["embedding"].shape[0] == 9,
     "bitranslation_tiny.gin": lambda p: "language_encoder_0" not in p,
