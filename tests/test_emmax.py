@@ -423,3 +423,24 @@ def test_non_parallel_text_never_holds_both_sides_of_a_pair(tmp_path):
   assert read(vtasks.text_source([en], 1, validation_percent=0)) == [
       f"e{i}" for i in range(1, 9, 2)]
   assert len(read(vtasks.text_source([xx, en], validation_percent=0))) == 18
+
+
+def test_warmup_contrast_eq2_is_the_one_way_infonce_of_eq_2():
+  """`warmup_contrast='eq2'`: phase 1's InfoNCE as Eq. 2 prints it, x -> y against the other
+  y' of the batch (NumPy), where the default contrasts all 2B sentences (the authors' code)."""
+  batch = _batch("warmup")
+  losses_ = {}
+  for mode in ("eq2", "both_sides"):
+    model = tiny_model("warmup", warmup_contrast=mode)
+    v = model.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+    _, m, _ = model.compute_loss(v["params"], batch, None, None)
+    losses_[mode] = float(m["infonce_loss"])
+    if mode == "eq2":
+      x = np.asarray(model._gamma(v["params"], batch["left_tokens"], None), np.float64)
+      y = np.asarray(model._gamma(v["params"], batch["right_tokens"], None), np.float64)
+      s = x @ y.T / model.temperature
+      want = -np.mean(np.diag(s) - np.log(np.exp(s).sum(axis=1)))
+      assert losses_[mode] == pytest.approx(want, rel=1e-4)
+  assert losses_["eq2"] != pytest.approx(losses_["both_sides"], rel=1e-3)
+  with pytest.raises(ConfigError, match="warmup_contrast"):
+    tiny_model("warmup", warmup_contrast="eq3")

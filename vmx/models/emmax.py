@@ -16,6 +16,8 @@ The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
       M: InfoNCE (Eq. 2), s / tau, over both sides of the batch as the authors' code
          does (vmx.losses.paired_batch_infonce): every sentence of [x; y] is an anchor,
          its translation the positive, the other 2B - 2 sentences the negatives.
+         `warmup_contrast='eq2'`: Eq. 2 as printed, x -> y with the batch's other y' as
+         negatives (vmx.losses.in_batch_softmax_loss, one direction).
       G: cross-entropy (Eq. 4) on relations gamma(a) - y~ of `classifier_batch_size`
          examples a step, anchors a drawn from both sides of the batch: a third
          translations (rank 1), a third random pairs (rank N), a third mixup virtual
@@ -74,6 +76,7 @@ from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
 
 STAGES = ("warmup", "em")
+WARMUP_CONTRASTS = ("both_sides", "eq2")   # phase 1's InfoNCE: the authors' code, or Eq. 2
 CLASSIFIERS = ("gmm", "fcn")
 
 
@@ -171,7 +174,7 @@ class EmmaXModel(SentenceEncoderModel):
   def __init__(self, module: EmmaX, stage: str = "em", temperature: float = 0.04,
                max_temperature: float = 0.08, queue_size: int = 256, momentum: float = 0.999,
                rank_ema: float = 0.001, classifier_batch_size: int = 1024,
-               em_parallel: bool = False):
+               em_parallel: bool = False, warmup_contrast: str = "both_sides"):
     super().__init__(module)
     if not isinstance(module.num_ranks, int) or module.num_ranks < 2:
       raise ConfigError(f"EmmaX.num_ranks={module.num_ranks!r}: EMMA-X needs N >= 2 semantic "
@@ -197,6 +200,10 @@ class EmmaXModel(SentenceEncoderModel):
     if not isinstance(em_parallel, bool):
       raise ConfigError(f"EmmaXModel.em_parallel={em_parallel!r}: expected True or False")
     self.em_parallel = em_parallel
+    if warmup_contrast not in WARMUP_CONTRASTS:
+      raise ConfigError(f"EmmaXModel.warmup_contrast={warmup_contrast!r}; expected one of "
+                        f"{WARMUP_CONTRASTS}")
+    self.warmup_contrast = warmup_contrast
 
   @property
   def num_ranks(self) -> int:
@@ -248,8 +255,12 @@ class EmmaXModel(SentenceEncoderModel):
     y = self._gamma(params, batch["right_tokens"], d_y)
     b = x.shape[0]
     # M: Eq. 2 over both sides of the batch (translation positive, the other 2B - 2
-    # sentences negatives, same-language ones included).
-    l_m, mm = losses.paired_batch_infonce(x, y, self.temperature)
+    # sentences negatives, same-language ones included), or as printed: x -> y only.
+    if self.warmup_contrast == "eq2":
+      l_m, mm = losses.in_batch_softmax_loss(x, y, self.temperature, bidirectional=False,
+                                             normalize=False)
+    else:
+      l_m, mm = losses.paired_batch_infonce(x, y, self.temperature)
     # G: Eq. 4 on translations, random pairs and mixup examples (Eq. 3), anchors and
     # random sentences from both sides.
     z = jax.lax.stop_gradient(jnp.concatenate([x, y], axis=0))                   # [2B, D]
