@@ -444,3 +444,26 @@ def test_warmup_contrast_eq2_is_the_one_way_infonce_of_eq_2():
   assert losses_["eq2"] != pytest.approx(losses_["both_sides"], rel=1e-3)
   with pytest.raises(ConfigError, match="warmup_contrast"):
     tiny_model("warmup", warmup_contrast="eq3")
+
+
+def test_e_step_against_the_queue_alone():
+  """`e_step_candidates='queue'` (§3.3): the anchors are compared with the K queued keys
+  only, not with the batch's own keys; the two settings differ, both are finite."""
+  batch = _batch("em")
+  out = {}
+  for mode in ("queue", "batch_and_queue"):
+    model = tiny_model("em", e_step_candidates=mode)
+    v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 8)})
+    mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
+    mut["queue"] = {"keys": losses.l2_normalize(jax.random.normal(jax.random.PRNGKey(1),
+                                                                   (16, 16))),
+                    "next": jnp.int32(0), "filled": jnp.int32(16)}
+    _, m, new = model.compute_loss(v["params"], batch, jax.random.PRNGKey(2), mut)
+    out[mode] = m
+    assert np.isfinite(float(m["ranking_loss"])) and int(new["queue"]["filled"]) == 16
+    fractions = sum(float(m[f"rank{r}_fraction"]) for r in range(1, 5))
+    assert fractions == pytest.approx(1.0, abs=1e-5)
+  assert float(out["queue"]["ranking_loss"]) != pytest.approx(
+      float(out["batch_and_queue"]["ranking_loss"]), rel=1e-4)
+  with pytest.raises(ConfigError, match="em_parallel"):
+    tiny_model("em", e_step_candidates="queue", em_parallel=True)

@@ -33,7 +33,8 @@ The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
   'em'      (phase 2, non-parallel text only)
       anchors x of the batch against Y = the momentum keys of the batch and a MoCo queue of
       K past keys (momentum encoder, m = 0.999; the anchor's own key is left out, as in the
-      authors' code);
+      authors' code); `e_step_candidates='queue'`: Y = the queue alone, as §3.3 writes it
+      ("a queue of random sentences"), emmax_large.gin's setting;
       E-step: c*_G(x, y) = argmax_r p_G(r | x, y) (Eq. 9) and c*_M(x, y) = argmin_r
          |s(x, y) - s_r| (Eq. 10), both targets (stop-gradient);
       M-step, dual supervision: M learns from c*_G with ranking InfoNCE (Eq. 7,
@@ -76,6 +77,7 @@ from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
 
 STAGES = ("warmup", "em")
+E_STEP_CANDIDATES = ("batch_and_queue", "queue")   # Y of the E-step: vmx's, or §3.3's queue
 WARMUP_CONTRASTS = ("both_sides", "eq2")   # phase 1's InfoNCE: the authors' code, or Eq. 2
 CLASSIFIERS = ("gmm", "fcn")
 
@@ -174,7 +176,8 @@ class EmmaXModel(SentenceEncoderModel):
   def __init__(self, module: EmmaX, stage: str = "em", temperature: float = 0.04,
                max_temperature: float = 0.08, queue_size: int = 256, momentum: float = 0.999,
                rank_ema: float = 0.001, classifier_batch_size: int = 1024,
-               em_parallel: bool = False, warmup_contrast: str = "both_sides"):
+               em_parallel: bool = False, warmup_contrast: str = "both_sides",
+               e_step_candidates: str = "batch_and_queue"):
     super().__init__(module)
     if not isinstance(module.num_ranks, int) or module.num_ranks < 2:
       raise ConfigError(f"EmmaX.num_ranks={module.num_ranks!r}: EMMA-X needs N >= 2 semantic "
@@ -204,6 +207,12 @@ class EmmaXModel(SentenceEncoderModel):
       raise ConfigError(f"EmmaXModel.warmup_contrast={warmup_contrast!r}; expected one of "
                         f"{WARMUP_CONTRASTS}")
     self.warmup_contrast = warmup_contrast
+    if e_step_candidates not in E_STEP_CANDIDATES or (e_step_candidates == "queue"
+                                                      and em_parallel):
+      raise ConfigError(f"EmmaXModel.e_step_candidates={e_step_candidates!r}; expected one of "
+                        f"{E_STEP_CANDIDATES} ('queue' has no in-batch translations: not with "
+                        f"em_parallel=True)")
+    self.e_step_candidates = e_step_candidates
 
   @property
   def num_ranks(self) -> int:
@@ -313,13 +322,18 @@ class EmmaXModel(SentenceEncoderModel):
       rank_sims = self.initial_rank_sims()
     else:
       queue = flax_mutables["queue"]
-      others = jnp.concatenate([keys, queue["keys"]], axis=0)
-      valid_k = jnp.concatenate([jnp.ones((b,), bool),
-                                 jnp.arange(queue["keys"].shape[0]) < queue["filled"]])
+      in_queue = jnp.arange(queue["keys"].shape[0]) < queue["filled"]
+      if self.e_step_candidates == "queue":     # §3.3: Y = the queue of random sentences
+        others, valid_k = queue["keys"], in_queue
+      else:
+        others = jnp.concatenate([keys, queue["keys"]], axis=0)
+        valid_k = jnp.concatenate([jnp.ones((b,), bool), in_queue])
       rank_sims = flax_mutables["rank_sims"]
     cols = jnp.arange(others.shape[0])[None, :]
-    own = cols == jnp.arange(b)[:, None]                                          # [B, B+K]
-    gold = cols == partner[:, None]          # translations (em_parallel), rank 1 for both
+    # the first B columns are the batch's own keys (not with Y = the queue only)
+    in_batch = flax_mutables is None or self.e_step_candidates != "queue"
+    own = (cols == jnp.arange(b)[:, None]) & in_batch                           # [B, B+K]
+    gold = (cols == partner[:, None]) & in_batch   # translations (em_parallel): rank 1
     valid = valid_k[None, :] & ~own
     sim = x @ others.T                                                            # [B, B+K]
     xs, sim_t = jax.lax.stop_gradient(x), jax.lax.stop_gradient(sim)
