@@ -377,3 +377,22 @@ def test_xlco_starts_after_the_key_encoder_warm_up():
   assert active == [0.0, 0.0, 0.0, 1.0]     # updates 0, 1, 2 before; 3 from the 4th step
   assert "updates" not in _model().get_initial_variables(
       jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+
+
+def test_the_retrieval_vector_can_be_the_mean_of_a_middle_layer():
+  """§4.2: InfoXLM's Tatoeba vector is the mean of layer 7 (base); `retrieval_layer` and
+  `retrieval_pooling` make inference embed that instead of the universal layer's CLS."""
+  batch = _batch()
+  base = _model()
+  v = base.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+  tokens = batch["mmlm/tokens"]
+  mid = InfoXLMModel(InfoXLM(_encoder(), universal_layer=2, retrieval_layer=1,
+                             retrieval_pooling="mean"), mask_id=1, random_low=3,
+                     queue_size=2 * B)
+  got = np.asarray(mid.embed(v["params"], tokens))
+  hidden, valid = base.module.apply({"params": v["params"]}, tokens, None, True, 1,
+                                    method=lambda m, *a: m.encoder(*a[:2], deterministic=a[2],
+                                                                   depth=a[3]))
+  h, w = np.asarray(hidden, np.float64), np.asarray(valid, np.float64)[..., None]
+  np.testing.assert_allclose(got, (h * w).sum(1) / w.sum(1), rtol=1e-4, atol=1e-5)
+  assert not np.allclose(got, np.asarray(base.embed(v["params"], tokens)), atol=1e-3)

@@ -181,3 +181,21 @@ def test_sentences_of_unknown_pieces_warn_and_bad_unicode_is_one_error(toy_encod
   np.testing.assert_allclose(v[0], v[2])        # why it matters: the same vector
   with pytest.raises(InputError, match=r"sentences\[1\] .*not valid Unicode.*surrogate"):
     encoder.encode(["alpha", "bad \udce9"], lang="xx")
+
+
+def test_a_model_field_added_since_the_run_started_is_no_model_change():
+  """vmx_model.json written before a module field existed (here InfoXLM's retrieval
+  options) still describes the same model: it is rebuilt with today's defaults."""
+  import json as json_
+  from vmx import encoders
+  from vmx.models.infoxlm import InfoXLM, InfoXLMModel
+  enc = encoders.TransformerEncoder(vocab_size=32, num_layers=2, emb_dim=8, num_heads=2,
+                                    mlp_dim=16, max_length=16)
+  model = InfoXLMModel(InfoXLM(enc, universal_layer=1), queue_size=8)
+  current = json_.loads(json_.dumps(model.get_config()))
+  old = json_.loads(json_.dumps(current))
+  for field in ("retrieval_layer", "retrieval_pooling"):
+    del old["module"][field]
+  assert old != current and run_lib.same_model(old, current)
+  old["module"]["universal_layer"] = 2
+  assert not run_lib.same_model(old, current)

@@ -227,8 +227,9 @@ PROTOCOLS = {
                  "eval/xnli/ holds the dev split only; vmx's xnli_transfer task is a linear "
                  "probe, not fine-tuning"),
          Missing("Table 1 / 4", "MLQA", "MLQA v1 (SQuAD format) per language pair"),
-         Missing("Tables 2, 3", "layer-7 mean retrieval vector",
-                 "the checkpoint's own pooled vector is used")),
+         Missing("Tables 2, 3", "layer-7 mean retrieval vector, unless the run set it",
+                 "InfoXLM.retrieval_layer = 7, retrieval_pooling = 'mean' at training; "
+                 "otherwise the checkpoint's own pooled vector is used")),
         tatoeba_languages=tatoeba.XTREME36),
     "emmax": Protocol(
         "emmax", "Guo et al., EMMA-X",

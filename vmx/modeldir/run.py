@@ -32,6 +32,7 @@ from gin import config as gin_config
 from gin import config_parser
 
 from vmx import gin_utils, storage
+from vmx.models.base import model_from_config, to_config
 from vmx.errors import CheckpointError, ConfigError, VmxError
 from vmx.modeldir.layout import (CHECKPOINT_PREFIX, CONFIG_FILE, LOCK_FILE, METRICS_FILE,
                                  MODEL_INFO_FILE, PREVIOUS_SUFFIX,
@@ -231,6 +232,19 @@ def _describe(diffs) -> str:
   return "; ".join(parts) + (f" (+{len(diffs) - 6} more)" if len(diffs) > 6 else "")
 
 
+def same_model(stored: dict, current: dict) -> bool:
+  """Whether a stored model config (vmx_model.json) describes the current model: compared
+  after rebuilding it with today's code, so a field vmx added since (at its default) is
+  no change."""
+  if stored == current:
+    return True
+  try:
+    rebuilt = json.loads(json.dumps(to_config(model_from_config(stored))))
+  except Exception:  # noqa: BLE001  (a config today's code cannot rebuild differs)
+    return False
+  return rebuilt == current
+
+
 def check_restart(model_dir, model, operative_config: str, allow_change: bool = False) -> list:
   """ConfigError (nothing written) if this experiment may not continue the run stored in
   `model_dir`; returns the accepted differences [(binding, old, new)]. A directory with
@@ -242,8 +256,8 @@ def check_restart(model_dir, model, operative_config: str, allow_change: bool = 
   diffs = config_differences(stored.read_text(), operative_config, str(stored))
   model_changed = False
   if (d / MODEL_INFO_FILE).exists():
-    model_changed = read_model_info(model_dir).get("model") != json.loads(
-        json.dumps(model.get_config()))
+    model_changed = not same_model(read_model_info(model_dir).get("model"),
+                                   json.loads(json.dumps(model.get_config())))
   bound = [x for x in diffs if not FREE_BINDINGS.match(x[0])]
   if model_changed:
     shown = bound + [x for x in diffs if x not in bound]

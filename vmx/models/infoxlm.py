@@ -71,6 +71,11 @@ class InfoXLM(nn.Module):
   universal_layer: Optional[int] = None   # XLCO's layer (None: the last)
   projection: bool = True                 # XLCO's d x d projection W (no bias)
   pooling: str = "first"                  # CLS (XLM-R's <s>); 'mean' for vocabularies without one
+  # The retrieval (inference) vector: the universal layer pooled as XLCO's (None), or the
+  # paper's evaluation vector, the mean of layer 7 for base (§4.2, after Hu et al. 2020):
+  # retrieval_layer = 7, retrieval_pooling = 'mean'.
+  retrieval_layer: Optional[int] = None
+  retrieval_pooling: Optional[str] = None
 
   @property
   def xlco_layer(self) -> int:
@@ -81,6 +86,9 @@ class InfoXLM(nn.Module):
     if not 1 <= self.xlco_layer <= enc.num_layers:
       raise ConfigError(f"InfoXLM.universal_layer={self.universal_layer}: the encoder has "
                         f"{enc.num_layers} layers (TransformerEncoder.num_layers)")
+    if self.retrieval_layer is not None and not 1 <= self.retrieval_layer <= enc.num_layers:
+      raise ConfigError(f"InfoXLM.retrieval_layer={self.retrieval_layer}: the encoder has "
+                        f"{enc.num_layers} layers")
     self.mlm_head = masked_lm.MlmHead(enc.vocab_size, enc.emb_dim, enc.norm_epsilon,
                                       scale_logits=enc.family != "bert", dtype=enc.dtype,
                                       name="mlm_head")
@@ -103,6 +111,15 @@ class InfoXLM(nn.Module):
     hidden, valid = self.encoder(tokens_BxL, None, deterministic=deterministic,
                                  depth=self.xlco_layer)
     return self.encoder.pool(hidden, valid, self.pooling)
+
+  def retrieval_vector(self, tokens_BxL, deterministic: bool = True):
+    """What inference embeds: `sentence_vector`, or layer `retrieval_layer` pooled with
+    `retrieval_pooling` (the paper's Tatoeba vector: the mean of layer 7)."""
+    if self.retrieval_layer is None and self.retrieval_pooling is None:
+      return self.sentence_vector(tokens_BxL, deterministic)
+    hidden, valid = self.encoder(tokens_BxL, None, deterministic=deterministic,
+                                 depth=self.retrieval_layer or self.xlco_layer)
+    return self.encoder.pool(hidden, valid, self.retrieval_pooling or self.pooling)
 
   def xlco_vector(self, tokens_BxL, deterministic: bool = True):
     """q (or k, with the momentum parameters): W f_l(x), [B, D] float32."""
@@ -347,7 +364,7 @@ class InfoXLMModel(SentenceEncoderModel):
   # --- t5x interface ---
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
-    return self.module.apply({"params": params}, tokens_BxL, method=InfoXLM.sentence_vector)
+    return self.module.apply({"params": params}, tokens_BxL, method=InfoXLM.retrieval_vector)
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     lengths = [s[1] for k, s in input_shapes.items() if len(s) == 2]
