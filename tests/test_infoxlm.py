@@ -396,3 +396,20 @@ def test_the_retrieval_vector_can_be_the_mean_of_a_middle_layer():
   h, w = np.asarray(hidden, np.float64), np.asarray(valid, np.float64)[..., None]
   np.testing.assert_allclose(got, (h * w).sum(1) / w.sum(1), rtol=1e-4, atol=1e-5)
   assert not np.allclose(got, np.asarray(base.embed(v["params"], tokens)), atol=1e-3)
+
+
+def test_mixup_partners_come_from_another_language_pair():
+  """§3.3: each pair is concatenated with a pair from another parallel corpus: the next row
+  whose (unordered) language pair differs; the next row where all rows share one pair."""
+  from vmx.models.infoxlm import InfoXLMModel, mixup_partners
+  left = jnp.asarray([0, 0, 1, 0, 2, 2], jnp.int32)
+  right = jnp.asarray([1, 1, 0, 3, 0, 0], jnp.int32)
+  pairs = InfoXLMModel.xlco_pairs({"xlco/left_lang": left, "xlco/right_lang": right})
+  got = np.asarray(mixup_partners(pairs, 6))
+  # pairs: {0,1} {0,1} {0,1} {0,3} {0,2} {0,2}
+  assert got.tolist() == [3, 3, 3, 4, 0, 0]
+  for i, j in enumerate(got.tolist()):
+    assert int(pairs[i]) != int(pairs[j])
+  same = jnp.zeros((4,), jnp.int32)
+  assert np.asarray(mixup_partners(same, 4)).tolist() == [1, 2, 3, 0]
+  assert np.asarray(mixup_partners(None, 4)).tolist() == [1, 2, 3, 0]

@@ -132,6 +132,18 @@ class InfoXLM(nn.Module):
             self.xlco_vector(tokens_BxL, deterministic))
 
 
+def mixup_partners(pair_B, b: int):
+  """[B] the mixup partner of each row: the next row (mod B) whose language pair differs
+  (`pair_B`: one id per pair), the next row itself where none differs or `pair_B` is None."""
+  nxt = (jnp.arange(b) + 1) % b
+  if pair_B is None or b < 2:
+    return nxt
+  cand = (jnp.arange(b)[:, None] + jnp.arange(1, b)[None, :]) % b              # [B, B-1]
+  differs = pair_B[cand] != pair_B[:, None]
+  first = cand[jnp.arange(b), jnp.argmax(differs, axis=1)]
+  return jnp.where(jnp.any(differs, axis=1), first, nxt)
+
+
 def momentum_coefficient(schedule: str, momentum: float, step):
   """m at update `step` (1, 2, ...): constant, or `inverse_sqrt`, min(1 - t^-0.51, 0.9995):
   Table 11's "*" schedule of the FROM SCRATCH setting (App. B). `infoxlm15` is the same
@@ -172,7 +184,8 @@ class InfoXLMModel(SentenceEncoderModel):
                xlco_weight: float = 1.0, temperature: float = 0.25, queue_size: int = 131072,
                momentum: float = 0.9999, momentum_schedule: str = "constant",
                mixup: bool = True, joined_drops_first: bool = False, normalize: bool = False,
-               prefill_queue: bool = True, xlco_start: int = 0):
+               prefill_queue: bool = True, xlco_start: int = 0,
+               mixup_partner: str = "other_pair"):
     super().__init__(module)
     vocab = module.encoder.vocab_size
     if not 0 < mask_id < vocab:
@@ -210,6 +223,10 @@ class InfoXLMModel(SentenceEncoderModel):
     if isinstance(xlco_start, bool) or not isinstance(xlco_start, int) or xlco_start < 0:
       raise ConfigError(f"InfoXLMModel.xlco_start={xlco_start!r}: expected an update count >= 0")
     self.xlco_start = xlco_start
+    if mixup_partner not in ("other_pair", "next_row"):
+      raise ConfigError(f"InfoXLMModel.mixup_partner={mixup_partner!r}; expected 'other_pair' "
+                        "(§3.3: a pair from another parallel corpus) or 'next_row'")
+    self.mixup_partner = mixup_partner
 
   @property
   def tasks(self) -> tuple:
@@ -241,16 +258,28 @@ class InfoXLMModel(SentenceEncoderModel):
     """a b or b a (drawn per row), padding between them removed: [B, 2L]."""
     return masked_lm.join_padded(*self._swap(rng, a_BxL, b_BxL), self.joined_drops_first)
 
-  def xlco_inputs(self, rng, left_BxL, right_BxL):
+  def xlco_inputs(self, rng, left_BxL, right_BxL, pair_B=None):
     """(query tokens, key tokens): one side of each pair as the query (drawn per row);
-    with mixup, row i joins pair i with pair i+1 (mod B) on both sides, each side in
-    its own random order."""
+    with mixup, row i joins pair i with a partner pair on both sides, each side in its
+    own random order. The partner is the next row (mod B) whose language pair `pair_B`
+    differs, "a randomly sampled translation pair from another parallel corpus" (§3.3;
+    the rows are in random order); the next row itself where every row has the same
+    pair, or with `mixup_partner='next_row'`."""
     k_dir, k_q, k_k = jax.random.split(rng, 3)
     src, tgt = self._swap(k_dir, left_BxL, right_BxL)
     if not self.mixup:
       return src, tgt
-    return (self._join(k_q, src, jnp.roll(src, -1, axis=0)),
-            self._join(k_k, tgt, jnp.roll(tgt, -1, axis=0)))
+    partner = mixup_partners(None if self.mixup_partner == "next_row" else pair_B,
+                             left_BxL.shape[0])
+    return (self._join(k_q, src, src[partner]), self._join(k_k, tgt, tgt[partner]))
+
+  @staticmethod
+  def xlco_pairs(batch):
+    """[B] the language pair of each XLCO row (unordered), or None without language ids."""
+    if "xlco/left_lang" not in batch:
+      return None
+    a, b = batch["xlco/left_lang"], batch["xlco/right_lang"]
+    return jnp.minimum(a, b) * 65536 + jnp.maximum(a, b)
 
   def _unit(self, v_BxD):
     return losses.l2_normalize(v_BxD) if self.normalize else v_BxD
@@ -284,7 +313,7 @@ class InfoXLMModel(SentenceEncoderModel):
     new = flax_mutables
     if self.xlco_weight:
       q_in, k_in = self.xlco_inputs(k_xlco, batch["xlco/left_tokens"],
-                                    batch["xlco/right_tokens"])
+                                    batch["xlco/right_tokens"], self.xlco_pairs(batch))
       q = self._unit(self.module.apply({"params": params}, q_in, not training,
                                        method=InfoXLM.xlco_vector,
                                        rngs={"dropout": d_xlco} if training else None))
@@ -336,7 +365,8 @@ class InfoXLMModel(SentenceEncoderModel):
     del params
     queue = flax_mutables["queue"]
     rng = jax.random.fold_in(jax.random.PRNGKey(0), queue["next"])
-    _, k_in = self.xlco_inputs(rng, batch["xlco/left_tokens"], batch["xlco/right_tokens"])
+    _, k_in = self.xlco_inputs(rng, batch["xlco/left_tokens"], batch["xlco/right_tokens"],
+                               self.xlco_pairs(batch))
     k = jax.lax.stop_gradient(self._unit(self.module.apply(
         {"params": flax_mutables["momentum"]["params"]}, k_in, method=InfoXLM.xlco_vector)))
     return {**flax_mutables, "queue": moco.enqueue(queue, k)}
