@@ -200,16 +200,18 @@ def build(task: seqio.Task, split: str, lengths, converter, directory, parts: di
       count += n
       bar.update(n)
   except BaseException:
+    for f in files.values():
+      f.close()
     if not remote:   # a failed or interrupted build leaves nothing behind
-      for f in files.values():
-        f.close()
       shutil.rmtree(out, ignore_errors=True)
     raise
   finally:
-    for f in files.values():
-      f.close()
     bar.close()
+  for f in files.values():
+    f.close()
   if not count:
+    if not remote:
+      shutil.rmtree(out, ignore_errors=True)
     raise ConfigError(f"task {task.name}: split {split!r} has no examples to train on")
   info = {"count": count, "features": specs, "fingerprint": _digest(parts),
           "built_at": time.time(), "built_from": parts}

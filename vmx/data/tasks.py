@@ -43,8 +43,9 @@ DEFAULT_SHUFFLE_BUFFER = 20_000
 
 class _QuietUncachedWarning(logging.Filter):
   """seqio warns once per task about uncached FunctionDataSources; our sources are
-  validated text files shuffled with a seeded buffer, and resumption replays the
-  seeded stream, so the warning's concern (reshuffling on restart) does not apply."""
+  validated text files read in file order (the index reader caches them and shuffles by
+  position; the seqio reader replays its seeded stream on resume), so the warning's
+  concern (reshuffling on restart) does not apply."""
 
   def filter(self, record):
     return "uncached FunctionDataset" not in str(record.msg)

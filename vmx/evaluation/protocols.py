@@ -91,23 +91,23 @@ def _bucc(results, scoring: str) -> Optional[dict]:
           "pairs": [r["hf_subset"] for r in rows]}
 
 
-def _sts17(results, pairs: Sequence[str], metric: str) -> Optional[dict]:
-  """The mean over `pairs` (e.g. 'ar-en') of STS17 `metric` ×100. es-en has two tracks (4a,
-  4b) and the paper does not say which it used: they are averaged into one es-en value,
-  so each pair counts once."""
+def _sts17(results, pairs: Optional[Sequence[str]], metric: str) -> Optional[dict]:
+  """The mean over `pairs` (e.g. 'ar-en'; None: every pair present) of STS17 `metric` ×100.
+  es-en has two tracks (4a, 4b) and the papers do not say which they used: they are
+  averaged into one es-en value, so each pair counts once."""
   res = results.get("sts17")
   if not res:
     return None
   by_pair = {}
   for r in res["scores"]["test"]:
     by_pair.setdefault(r["hf_subset"].split(".", 1)[1], []).append(r)
-  got = {p: by_pair[p] for p in pairs if p in by_pair}
+  got = {p: by_pair[p] for p in (by_pair if pairs is None else pairs) if p in by_pair}
   if not got:
     return None
   return {"value": common.mean([common.mean([r[metric] for r in rows]) for rows in got.values()]),
           "metric": f"{metric} x100", "tracks": [r["hf_subset"] for rows in got.values()
                                                 for r in rows],
-          "pairs_missing": sorted(set(pairs) - set(by_pair))}
+          "pairs_missing": sorted(set(pairs or ()) - set(by_pair))}
 
 
 # ---------------------------------------------------------------------------- protocols
@@ -190,16 +190,8 @@ def _mpcl(results) -> list:
   out += _figure("Table 1", "Tatoeba (36avg.), xx->En",
                  tatoeba_mean(results, tatoeba.XTREME36, "xx2en"))
   out += _figure("Table 1", "STS17 (Spearman, the pairs present)",
-                 _sts17_all(results, "spearman"))
+                 _sts17(results, None, "spearman"))
   return out
-
-
-def _sts17_all(results, metric):
-  res = results.get("sts17")
-  if not res:
-    return None
-  return {"value": common.mean([r[metric] for r in res["scores"]["test"]]),
-          "metric": f"{metric} x100", "tracks": [r["hf_subset"] for r in res["scores"]["test"]]}
 
 
 STS17_OPTIONAL = {"sts17": (Missing("Table 1", "STS17", STS17_LAYOUT), "sts17_dir")}

@@ -178,25 +178,29 @@ class Trainer:
       out[key] = np.unique(np.concatenate([rows[idx[0]] for idx in index_map.values()]))
     return out
 
-  def place(self, batch, rows=None) -> dict:
-    """A numpy batch as sharded jax.Arrays, called by the prefetch thread ahead of the step:
-    the GLOBAL batch (`rows` None; identical on every process, each puts its own devices'
-    rows), or this process's rows `rows` ({task key: global rows}, `local_rows()`)."""
-    batch = {k: batch[k] for k in self.shapes}
+  def place(self, batch) -> dict:
+    """The GLOBAL numpy batch (identical on every process) as sharded jax.Arrays: each
+    process puts its own devices' rows (what the prefetch thread calls ahead of the step)."""
+    return self.partitioner.global_batch({k: batch[k] for k in self.shapes},
+                                         self.batch_shardings)
+
+  def placer(self, rows=None) -> Callable[[dict], dict]:
+    """What places a reader's batches: `place` for global batches (`rows` None), else a
+    function placing this process's rows `rows` ({task key: global rows}, `local_rows()`)
+    into the global arrays."""
     if rows is None:
-      return self.partitioner.global_batch(batch, self.batch_shardings)
-    where = {}
+      return self.place
+    where = {}   # task key -> [global batch] position of each global row among `rows`
     for key, r in rows.items():
-      lookup = np.full(self.batch_sizes[key], -1, np.int64)
-      lookup[np.asarray(r)] = np.arange(len(r))
-      where[key] = lookup
+      where[key] = np.full(self.batch_sizes[key], -1, np.int64)
+      where[key][np.asarray(r)] = np.arange(len(r))
 
     def make(name, x):
       lookup = where[name.split("/", 1)[0] if "/" in name else None]
       return jax.make_array_from_callback(
           self.shapes[name], self.batch_shardings[name],
           lambda idx: np.asarray(x[lookup[idx[0]]][(slice(None),) + tuple(idx[1:])]))
-    return {name: make(name, x) for name, x in batch.items()}
+    return lambda batch: {name: make(name, batch[name]) for name in self.shapes}
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One update on the GLOBAL batch (numpy, or already `place`d); the step's non-finite

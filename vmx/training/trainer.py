@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import os
 import time
 from typing import Callable, Mapping, Optional, Sequence
@@ -216,7 +215,7 @@ def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languag
     it = (pipeline.train_iterator(*args, tr.local_rows(), progress=primary)
           if data_state is None else
           pipeline.resume_iterator(*args, data_state, tr.local_rows(), allow_data_change))
-    return Prefetcher(it, functools.partial(tr.place, rows=it.rows), prefetch_batches)
+    return Prefetcher(it, tr.placer(it.rows), prefetch_batches)
 
   restored = (ckpt.restore_latest(lambda s: trainers[phase_index(phases, s)].abstract_state)
               if checkpoint_cfg.restore else None)
