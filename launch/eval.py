@@ -6,7 +6,9 @@
 
 Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, stsb,
 geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
-(standard + sts17 + retrieval, which need --sts17_dir / --retrieval_dir).
+(standard + sts17 + retrieval, which need --sts17_dir / --retrieval_dir). Tasks outside
+the suites: paracrawl, mldoc, amazon_v1, amazon_v2, flores (their --*_dir) and
+tatoeba_layers (per-layer Tatoeba, --tatoeba_layers).
 `--protocol=vmsst|ems|infoxlm|emmax|mpcl` (comma-separated for several) runs what that
 paper's tables report, with its conventions, and writes OUTPUT_DIR/protocol_<name>.json
 naming each figure's table and the benchmarks vmx cannot read yet
@@ -69,6 +71,37 @@ def parse_args(argv):
   p.add_argument("--geometry_n", type=int, default=1000)
   p.add_argument("--transfer_languages", default=",".join(harness.transfer.XNLI_LANGS))
   p.add_argument("--transfer_source", default="en")
+  p.add_argument("--transfer_probe", default=None, choices=harness.transfer.PROBES,
+                 help="probe of the transfer tasks (default: xnli_transfer logistic, "
+                      "mldoc / amazon_v1 / amazon_v2 EMS's mlp)")
+  p.add_argument("--transfer_seeds", default="",
+                 help="comma-separated probe seeds; the mean is reported (default: "
+                      "xnli_transfer 0, mldoc / amazon 0,1,2,3,4)")
+  for name in ("mldoc", "amazon_v1", "amazon_v2"):
+    b = harness.transfer.BENCHMARKS[name]
+    p.add_argument(f"--{name}_dir", default=None,
+                   help=f"task {name} (EMS {b.table}): DIR/{b.pattern}, text<TAB>label")
+  p.add_argument("--paracrawl_dir", default=None,
+                 help="task paracrawl (EMS Table 9): OPUS ParaCrawl v5 ParaCrawl.<pair>.<xx> "
+                      "files (vmx/evaluation/paracrawl.py)")
+  p.add_argument("--paracrawl_languages", default="",
+                 help="comma-separated (default: every Table 9 language whose files are there)")
+  p.add_argument("--paracrawl_queries", type=int, default=harness.paracrawl.N_QUERIES)
+  p.add_argument("--paracrawl_candidates", type=int, default=harness.paracrawl.N_CANDIDATES)
+  p.add_argument("--paracrawl_seed", type=int, default=0)
+  p.add_argument("--flores_dir", default=None,
+                 help="task flores (EMMA-X Tables 3-4): FLORES-200's flores200_dataset/ "
+                      "(<split>/<lang_Script>.<split>)")
+  p.add_argument("--flores_splits", default=",".join(harness.flores.DEFAULT_SPLITS),
+                 help="task flores: splits read, concatenated (EMMA-X: all 3,001 sentences)")
+  p.add_argument("--flores_languages", default="",
+                 help="task flores: FLORES codes (default: every language supplied)")
+  p.add_argument("--tatoeba_layers", default="",
+                 help="task tatoeba_layers (InfoXLM Fig. 1): 'all' or comma-separated layer "
+                      "numbers; with --protocol=infoxlm it adds the Fig. 1 rows")
+  p.add_argument("--tatoeba_layer_languages",
+                 default=",".join(harness.tatoeba.INFOXLM_PARALLEL14),
+                 help="task tatoeba_layers: its Tatoeba languages (default InfoXLM's 14)")
   p.add_argument("--dev_sets", default=",".join(harness.devsets.DEFAULT_DEV_SETS),
                  help="task dev: dev sets carved from the training data (vmx/data/devsets.py)")
   p.add_argument("--dev_max_sentences", type=int, default=1000,
@@ -85,6 +118,17 @@ def parse_args(argv):
     except ValueError:
       p.error(f"--geometry_files={args.geometry_files!r}: expected lang=path,lang=path")
   langs = _list(args.languages)
+  layers = None
+  if args.tatoeba_layers:
+    try:
+      layers = (args.tatoeba_layers if args.tatoeba_layers == "all" else
+                [int(x) for x in _list(args.tatoeba_layers)])
+    except ValueError:
+      p.error(f"--tatoeba_layers={args.tatoeba_layers!r}: expected 'all' or layer numbers 1,2,..")
+  try:
+    seeds = [int(x) for x in _list(args.transfer_seeds)] or None
+  except ValueError:
+    p.error(f"--transfer_seeds={args.transfer_seeds!r}: expected integers 0,1,..")
   if langs == ["all"]:
     from vmx.evaluation import tatoeba  # lazy: jax
     langs = tatoeba.available_languages(args.data_dir)
@@ -94,6 +138,15 @@ def parse_args(argv):
       sts17_dir=args.sts17_dir, sts17_gs_dir=args.sts17_gs_dir, retrieval_dirs=args.retrieval_dir,
       geometry_files=geo, geometry_n=args.geometry_n,
       transfer_languages=_list(args.transfer_languages), transfer_source=args.transfer_source,
+      transfer_probe=args.transfer_probe, transfer_seeds=seeds, mldoc_dir=args.mldoc_dir,
+      amazon_v1_dir=args.amazon_v1_dir, amazon_v2_dir=args.amazon_v2_dir,
+      paracrawl_dir=args.paracrawl_dir,
+      paracrawl_languages=_list(args.paracrawl_languages) or None,
+      paracrawl_queries=args.paracrawl_queries, paracrawl_candidates=args.paracrawl_candidates,
+      paracrawl_seed=args.paracrawl_seed, tatoeba_layers=layers,
+      flores_dir=args.flores_dir, flores_splits=_list(args.flores_splits),
+      flores_languages=_list(args.flores_languages) or None,
+      tatoeba_layer_languages=_list(args.tatoeba_layer_languages),
       dev_sets=_list(args.dev_sets), dev_max_sentences=args.dev_max_sentences or None,
       dev_languages=_list(args.dev_languages) or None, plots=not args.no_plots, progress=not args.no_progress)
   try:

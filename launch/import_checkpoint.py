@@ -3,12 +3,14 @@
 MT5EncoderModel, or a model built on one) as a vmx model directory.
 
   python launch/import_checkpoint.py --hf_dir=DIR --output_dir=DIR [--pooling=mean|first|pooler]
-      [--max_length=N]
+      [--max_length=N] [--decoder]
 
 The output opens with `vmx.inference.Encoder.from_checkpoint(output_dir)` and starts a
 training run with `--gin.INITIAL_CHECKPOINT_PATH="'output_dir'"`. safetensors are read
 without torch; pytorch_model.bin needs torch. Nothing is written unless every tensor
-of the checkpoint is accounted for (see vmx/modeldir/hf_import.py).
+of the checkpoint is accounted for (see vmx/modeldir/hf_import.py). `--decoder` keeps an
+mT5 / T5 encoder-decoder checkpoint's decoder (without its cross-attention) for VMSST's
+and BITRANSLATION's decoders (VMSST §6.5; gin_configs/vmsst_24l_mt5.gin).
 """
 import argparse
 import os
@@ -28,12 +30,20 @@ def main(argv):
   p.add_argument("--max_length", type=int, default=None,
                  help="tokens per sentence (default: sentence-transformers' max_seq_length, "
                       "else 128)")
+  p.add_argument("--decoder", action="store_true",
+                 help="also import the decoder of a T5 / mT5 encoder-decoder checkpoint "
+                      "(MT5ForConditionalGeneration) for VMSST / BITRANSLATION")
   args = p.parse_args(argv)
   from vmx.modeldir.hf_import import import_checkpoint  # lazy: jax, after cli.run_main's host set-up
-  s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length)
+  s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length,
+                        decoder=args.decoder)
   print(f"imported {s['family']} encoder: {s['tensors']} tensors, {s['parameters']:,} "
         f"parameters, {s['pooling']} pooling, max_length {s['max_length']}, tokenizer "
         f"{s['tokenizer']} -> {s['output_dir']}")
+  if s["decoder"]:
+    print(f"imported t5 decoder: {s['decoder_tensors']} tensors, "
+          f"{s['decoder_parameters']:,} parameters ({s['decoder']['num_layers']} layers; its "
+          f"cross-attention left out) -> {s['output_dir']}/decoder")
   if s["ignored"]:
     print(f"ignored (not part of the encoder): {', '.join(s['ignored'])}")
 

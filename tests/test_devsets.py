@@ -204,3 +204,28 @@ def test_parallel_corpora_mixture_mixes_corpora_without_the_dev_sets(dev_data, t
       str(root / "wmt-newstest/de-en/train.de.gz"), str(root / "wmt-newstest/de-en/train.en.gz")]
   with pytest.raises(DataError, match=r"parallel_corpora_mixture.corpora=\[\]: expected"):
     tasks.parallel_corpora_mixture([], vp, ["deu"])
+
+
+def test_tatoeba_test_set_is_held_out_in_code(tmp_path):
+  """VMSST §6.1 removes Tatoeba from its training data: `holdout=['tatoeba']` drops every
+  pair sharing a sentence (either side, any language) with the Tatoeba v1 test set; the
+  shared tatoeba-challenge pairs were built without them (nothing to drop), so the filter
+  removes exactly the planted ones."""
+  from vmx.data import devsets, tasks as vtasks
+  data = os.environ.get("VMX_DATA_DIR")
+  if not data or not os.path.isdir(f"{data}/eval/tatoeba/v1"):
+    pytest.skip("real data not found (set VMX_DATA_DIR)")
+  h = devsets.HeldOut(["tatoeba"], data)
+  sentences = h.sentences()
+  deu = [l.strip() for l in open(f"{data}/eval/tatoeba/v1/tatoeba.deu-eng.deu", encoding="utf-8")]
+  eng = [l.strip() for l in open(f"{data}/eval/tatoeba/v1/tatoeba.deu-eng.eng", encoding="utf-8")]
+  assert deu[5] in sentences and eng[7] in sentences and len(sentences) > 150_000
+  root = f"{data}/train/tatoeba-challenge/deu-eng"
+  real = vtasks.moses_source(f"{root}/train.deu.gz", f"{root}/train.eng.gz", "skip", 0)
+  held = vtasks.moses_source(f"{root}/train.deu.gz", f"{root}/train.eng.gz", "skip", 0, h)
+  assert held.counts() == real.counts()              # the shared data are Tatoeba-free
+  src = write_lines(tmp_path / "c.de", ["frei a", f" {deu[5]} ", "frei c"])
+  tgt = write_lines(tmp_path / "c.en", ["free a", "free b", eng[7]])
+  planted = vtasks.moses_source(src, tgt, validation_percent=0, holdout=h)
+  assert planted.counts() == {"train": 1}
+  assert devsets.check_names(["tatoeba", "tico19"], "x") == ["tatoeba", "tico19"]

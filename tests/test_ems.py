@@ -186,7 +186,7 @@ def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p2)
 
 
-EMS_FILES = ["ems_tiny.gin", "ems.gin", "ablations/ems_no_language_token.gin",
+EMS_FILES = ["ems_tiny.gin", "ems.gin", "ems_authors.gin", "ablations/ems_no_language_token.gin",
              "ablations/ems_no_contrastive.gin", "ablations/ems_no_xtr.gin",
              "ablations/ems_no_mlp.gin", "ablations/ems_xtr_shared_embedding.gin"]
 
@@ -202,9 +202,11 @@ SLOW_EMS_FILES = ("ems_tiny.gin", "ablations/ems_no_language_token.gin", "ablati
                                   else f for f in EMS_FILES])
 def test_every_ems_file_builds_and_takes_a_step(name):
   from conftest import build_and_step
+  # TRAIN_STEPS: ems.gin counts its epochs from the data (test_three_epochs_... below).
   model, _, metrics = build_and_step(
       name, ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
-             "VOCAB_SIZE = 50", "MAX_LENGTH = 8", "BATCH_SIZE = 4"], lambda m, b: _batch(b=b))
+             "VOCAB_SIZE = 50", "MAX_LENGTH = 8", "BATCH_SIZE = 4", "TRAIN_STEPS = 20"],
+      lambda m, b: _batch(b=b))
   assert np.isfinite(float(metrics["loss"].compute()))
   assert float(metrics["grad_norm"].compute()) > 0
   if name == "ablations/ems_no_xtr.gin":
@@ -253,3 +255,104 @@ def test_xtr_head_is_eq_4_without_the_code_norms():
   h = h / (1 + np.exp(-h))                                   # swish
   want = h @ np.asarray(params["xtr_out"]["kernel"])
   np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
+
+
+def _paper_and_authors_settings(name):
+  import gin
+  from vmx import experiment
+  gin.clear_config()
+  try:
+    experiment.parse_experiment([name], ["TRAIN_STEPS = 20"])
+    q = gin.query_parameter
+    return {"epochs": q("steps_for_epochs.epochs"), "optimizer": q("%OPTIMIZER"),
+            "schedule": q("%LR_SCHEDULE"), "lr": q("%LEARNING_RATE"),
+            "warmup": q("%WARMUP_STEPS"), "wd": q("%WEIGHT_DECAY"),
+            "dropout": q("%DROPOUT_RATE"), "batch": q("%BATCH_SIZE"),
+            "length": q("%MAX_LENGTH"), "xtr_norms": q("EMS.xtr_norms"),
+            "lowercase": q("vocabulary_path.lowercase"),
+            "pretokenize": q("vocabulary_path.pretokenize"), "alpha": q("%ALPHA"),
+            "swish": "TransformerEncoder.activation = 'swish'" in gin.config_str()}
+  finally:
+    gin.clear_config()
+
+
+def test_ems_gin_is_the_paper_and_ems_authors_gin_the_code():
+  """§4.2-4.3 in ems.gin: three epochs, Adam (L2 1e-5), 3e-4 after 10k warm-up steps,
+  dropout 0.1, batch 152, 120 tokens, lowercased Moses/jieba/Juman++ text, Eq. 4 head,
+  epochs of the whole corpus (pairs drawn in proportion to the languages' sizes); the
+  authors' code's 15 epochs, AMSGrad, cosine, swish and head norms in ems_authors.gin."""
+  paper = _paper_and_authors_settings("ems.gin")
+  assert paper == {"epochs": 3, "optimizer": "adam", "schedule": "constant", "lr": 3e-4,
+                   "warmup": 10000, "wd": 1e-5, "dropout": 0.1, "batch": 152, "length": 120,
+                   "xtr_norms": False, "lowercase": True, "pretokenize": "moses",
+                   "alpha": 1.0, "swish": False}
+  authors = _paper_and_authors_settings("ems_authors.gin")
+  assert authors == {**paper, "epochs": 15, "optimizer": "amsgrad", "schedule": "cosine",
+                     "xtr_norms": True, "swish": True}
+
+
+def test_adam_with_weight_decay_is_pytorch_adam_with_l2():
+  """ems.gin's optimizer: PyTorch Adam(weight_decay=wd), L2 added to the gradient."""
+  from vmx.training import optimizers
+  lr, wd, b1, b2, eps = 0.1, 0.01, 0.9, 0.999, 1e-8
+  tx = optimizers.create_optimizer("adam", lr, weight_decay=wd)
+  p = jnp.array([1.0, -2.0, 0.5])
+  state = tx.init(p)
+  refs = {}
+  for decay in (wd, 0.0):
+    m = v = np.zeros(3)
+    ref = np.array([1.0, -2.0, 0.5])
+    for t, g in enumerate([np.array([0.3, -0.1, 0.2]), np.array([-0.5, 0.4, 0.1]),
+                           np.array([0.05, 0.05, -0.3])], 1):
+      if decay:
+        upd, state = tx.update(jnp.asarray(g, jnp.float32), state, p)
+        p = p + upd
+      gg = g + decay * ref
+      m = b1 * m + (1 - b1) * gg
+      v = b2 * v + (1 - b2) * gg * gg
+      ref = ref - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    refs[decay] = ref
+  np.testing.assert_allclose(np.asarray(p), refs[wd], rtol=1e-4)
+  assert np.abs(refs[wd] - refs[0.0]).max() > 1e-3       # the decay is visible at this rtol
+
+
+def test_three_epochs_are_counted_from_the_training_mixture(toy_task, capsys):
+  """steps_for_epochs (ems.gin's TRAIN_STEPS): ceil(epochs x the train examples, as read,
+  / batch), the same number again (a resumed run), a warning when the warm-up is longer."""
+  import math
+
+  import gin
+  import seqio
+
+  from vmx import configurables, experiment
+  from vmx.data import pipeline
+  from vmx.errors import ConfigError
+  name = toy_task[0]
+  n = sum(1 for _ in seqio.get_mixture_or_task(name).get_dataset(
+      {"inputs": 8, "targets": 8}, split="train", shuffle=False, num_epochs=1))
+  cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8)
+  capsys.readouterr()
+  steps = configurables.steps_for_epochs(3, cfg, warmup_steps=5000, warmup_hint="see x.gin")
+  assert steps == math.ceil(3 * n / 8)
+  out = capsys.readouterr().out
+  assert f"3 epochs of {n:,} train examples ({name}) at batch 8: {steps:,} steps" in out
+  assert (f"warm-up (5,000 steps) is longer than the whole run ({steps:,} steps)" in out
+          and out.rstrip().endswith("see x.gin"))
+  assert configurables.steps_for_epochs(3, cfg, warmup_steps=5000) == steps
+  assert capsys.readouterr().out == ""                      # said once
+  assert configurables.steps_for_epochs(0.5, cfg) == math.ceil(n / 16)
+  assert "warning" not in capsys.readouterr().out           # no warm-up given
+  for bad in (0, -1, True):
+    with pytest.raises(ConfigError, match="steps_for_epochs.epochs"):
+      configurables.steps_for_epochs(bad, cfg)
+  with pytest.raises(ConfigError, match="steps_for_epochs.dataset_cfg"):
+    configurables.steps_for_epochs(3, pipeline.MultiTaskConfig({"a": cfg}))
+  # ems.gin's binding: three epochs of the run's own mixture at its batch size
+  gin.clear_config()
+  try:
+    experiment.parse_experiment(["ems.gin"], [f"MIXTURE_OR_TASK_NAME = '{name}'",
+                                              "BATCH_SIZE = 8", "MAX_LENGTH = 8"])
+    assert configurables.steps_for_epochs() == steps
+    assert "ems_authors.gin" in capsys.readouterr().out      # 10k warm-up > the toy run
+  finally:
+    gin.clear_config()

@@ -329,6 +329,152 @@ def test_sts17_crosslingual_layout(tmp_path):
   assert "expected two tab-separated" in res["tracks_failed"]["track1.ar-ar"]
 
 
+def _semeval2017_release(tmp_path, bad_track3=False):
+  """Both zips of the SemEval-2017 STS test release, with the quirks of the real files:
+  English-first columns in track2 ar-en, track4b es-en and track6 tr-en; 500 input lines
+  and 250 scores in track6; integer scores in track4b; padded Arabic fields with
+  no-break spaces; a field starting with a double quote; a gold zip with a directory
+  entry, an input zip without. Sentences name their language ('xx:') and a vector angle
+  the encoder reads; returns (input zip, gold zip, {track: expected Spearman})."""
+  import zipfile
+  tracks = {"track1.ar-ar": ("ar", "ar"), "track2.ar-en": ("en", "ar"),
+            "track3.es-es": ("es", "es"), "track4a.es-en": ("es", "en"),
+            "track4b.es-en": ("en", "es"), "track5.en-en": ("en", "en"),
+            "track6.tr-en": ("en", "tr")}
+  rng = np.random.default_rng(0)
+  inputs, golds, expected = {}, {}, {}
+  for key, (c1, c2) in tracks.items():
+    ang = rng.uniform(0.05, 1.5, 250)
+    pad = " " if c1 == "ar" or c2 == "ar" else ""
+    lines = [f"{pad}{c1}:{0.0:.6f}\t\xa0{c2}:{a:.6f}{pad}" for a in ang]
+    if key.startswith("track4b"):
+      lines[3] = f'"{c1}:0.000000\t{c2}:{ang[3]:.6f}'
+      gold = [str(int(np.clip(np.round(5 - 3 * a), 2, 5))) for a in ang]
+    else:
+      gold = [f"{5 - 3 * a + rng.normal(0, 0.3):.6f}" for a in ang]
+    if key.startswith("track6"):   # 250 more input lines, none of them scored
+      lines += [f"{c1}:1.000000\t{c2}:{a:.6f}" for a in rng.uniform(0, 1.5, 250)]
+    expected[key] = 100 * stats.spearmanr(np.cos(ang), [float(g) for g in gold])[0]
+    if bad_track3 and key.startswith("track3"):
+      gold[7] = "n/a"
+    inputs[f"STS.input.{key}.txt"] = "\n".join(lines) + "\n"
+    golds[f"STS.gs.{key}.txt"] = "\n".join(gold) + "\n"
+  inp_zip, gs_zip = tmp_path / "Sts2017.eval.v1.1.zip", tmp_path / "Sts2017.gs.zip"
+  with zipfile.ZipFile(inp_zip, "w") as z:
+    z.writestr("STS2017.eval.v1.1/README.txt", "STS 2017 evaluation data")
+    z.writestr("STS2017.eval.v1.1/LICENSE.txt", "CC BY-SA 4.0")
+    for name, text in inputs.items():
+      z.writestr(f"STS2017.eval.v1.1/{name}", text)
+  with zipfile.ZipFile(gs_zip, "w") as z:
+    z.writestr("STS2017.gs/", "")
+    for name, text in golds.items():
+      z.writestr(f"STS2017.gs/{name}", text)
+  return inp_zip, gs_zip, expected
+
+
+class LangAngleEncoder:
+  """'xx:angle' sentences: records the language each sentence was encoded as."""
+
+  def __init__(self):
+    self.mismatched, self.unstripped = [], []
+
+  def encode(self, sentences, lang=None):
+    out = []
+    for s in sentences:
+      if s != s.strip():
+        self.unstripped.append(s)
+      code, a = s.lstrip('"').split(":")
+      if common.iso3(code) != lang:
+        self.mismatched.append((s, lang))
+      out.append([math.cos(float(a)), math.sin(float(a))])
+    return np.array(out, np.float32)
+
+
+def test_sts17_reads_the_semeval_release_as_distributed(tmp_path):
+  """Both zips as distributed (or unzipped), each track read as it is: column languages
+  from the release (not the file name), track6's first 250 lines, integer scores,
+  stripped fields; a track that cannot be read is reported alone."""
+  import zipfile
+  inp_zip, gs_zip, expected = _semeval2017_release(tmp_path)
+  for where in ("zips", "unzipped"):
+    if where == "zips":
+      args = (str(inp_zip), str(gs_zip))
+    else:
+      d = tmp_path / "unzipped"
+      for z in (inp_zip, gs_zip):
+        zipfile.ZipFile(z).extractall(d)
+      args = (str(d),)      # one directory holding both release directories
+    enc = LangAngleEncoder()
+    res = sts.evaluate_sts17(common.as_encode_fn(enc), *args)
+    rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
+    assert set(rows) == set(expected) and not res["tracks_failed"]
+    assert not enc.mismatched and not enc.unstripped
+    for key, want in expected.items():
+      assert rows[key]["spearman"] == pytest.approx(want, abs=1e-6), key
+      assert rows[key]["n"] == 250
+    assert rows["track2.ar-en"]["columns"] == ["eng", "ara"]
+    assert rows["track4a.es-en"]["columns"] == ["spa", "eng"]
+    assert [k for k, r in rows.items() if not r["mteb"]] == ["track4b.es-en"]
+  (tmp_path / "bad").mkdir()
+  _, _, expected = _semeval2017_release(tmp_path / "bad", bad_track3=True)
+  res = sts.evaluate_sts17(common.as_encode_fn(LangAngleEncoder()),
+                           str(tmp_path / "bad" / "Sts2017.eval.v1.1.zip"),
+                           str(tmp_path / "bad" / "Sts2017.gs.zip"))
+  assert list(res["tracks_failed"]) == ["track3.es-es"]
+  assert "STS.gs.track3.es-es.txt:8: not a score" in res["tracks_failed"]["track3.es-es"]
+  assert len(res["scores"]["test"]) == 6
+
+
+def test_flores_retrieval_groups_and_geometry(tmp_path):
+  """EMMA-X Tables 3-4 on FLORES-200's layout: xx -> En top-1 per language (a language
+  with two lines swapped scores 10/12), head (A.1's 68) and long-tail means, geometry per
+  group; splits concatenated; misaligned files and a missing English are DataErrors."""
+  from vmx.evaluation import flores
+  rng = np.random.default_rng(0)
+  vec = {i: rng.normal(size=3) for i in range(12)}
+  langs = ["eng_Latn", "deu_Latn", "fra_Latn", "xyz_Latn"]
+  for split, idx in (("dev", range(0, 5)), ("devtest", range(5, 12))):
+    for code in langs:
+      order = list(idx)
+      if code == "xyz_Latn" and split == "dev":
+        order[0], order[1] = order[1], order[0]
+      write_lines(tmp_path / "flores" / split / f"{code}.{split}",
+                  [f"{code} {i}" for i in order])
+
+  class Enc:
+    seen = set()
+
+    def encode(self, sentences, lang=None):
+      self.seen.add(lang)
+      return np.array([vec[int(s.split()[1])] + 0.01 * (sum(map(ord, s.split()[0])) % 7)
+                       for s in sentences],
+                      np.float32)
+
+  enc = Enc()
+  res = flores.evaluate(common.as_encode_fn(enc), tmp_path / "flores")
+  rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
+  assert set(rows) == {"deu_Latn", "fra_Latn", "xyz_Latn"} and res["n_sentences"] == 12
+  assert rows["deu_Latn"]["accuracy_xx2en"] == 100.0
+  assert rows["xyz_Latn"]["accuracy_xx2en"] == pytest.approx(100 * 10 / 12)
+  assert res["groups"]["head"]["n_languages"] == 2 and res["groups"]["head"]["xx2en"] == 100.0
+  assert res["groups"]["long_tail"]["xx2en"] == pytest.approx(100 * 10 / 12)
+  assert enc.seen == {"eng", "deu", "fra", "xyz"}
+  assert "bel_Cyrl" in res["head_missing"] and len(flores.EMMAX_FLORES_HEAD) == 68
+  assert set(res["geometry"]) == {"head", "all"}            # one long-tail language: no geometry
+  assert res["geometry"]["all"]["n_languages"] == 4
+  assert np.isfinite(res["geometry"]["all"]["invariance_kl_eq16"])   # 12 sentences > 3 dims
+  only = flores.evaluate(common.as_encode_fn(Enc()), tmp_path / "flores", splits=("devtest",),
+                         languages=["deu_Latn"], geometry_metrics=False)
+  assert only["n_sentences"] == 7 and [r["hf_subset"] for r in only["scores"]["test"]] == [
+      "deu_Latn"] and "geometry" not in only
+  write_lines(tmp_path / "flores" / "dev" / "fra_Latn.dev", ["fra_Latn 0"])
+  with pytest.raises(DataError, match="fra_Latn: 8 lines, eng_Latn has 12"):
+    flores.evaluate(common.as_encode_fn(Enc()), tmp_path / "flores")
+  (tmp_path / "flores" / "dev" / "eng_Latn.dev").unlink()
+  with pytest.raises(DataError, match="eng_Latn.<split> missing"):
+    flores.evaluate(common.as_encode_fn(Enc()), tmp_path / "flores")
+
+
 # ----------------------------------------------------------------------------- retrieval
 
 def test_ranking_metrics_hand_computed_and_sklearn():
@@ -570,3 +716,149 @@ def test_geometry_eqs_16_to_18_on_a_hand_computed_example():
   z = np.exp(x @ vecs).sum(axis=0)
   assert geometry.isotropy_eq18(embs) == pytest.approx(z.min() / z.max())
   assert geometry.isotropy(embs) <= geometry.isotropy_eq18(embs) + 1e-12
+
+
+def _separable(tmp_path, langs=("en", "de", "fr")):
+  """text<TAB>label files of 3 classes per language and split; `ClassEncoder` maps 'c<Y>
+  <n>' to class Y's centre plus noise (+ a per-language shift)."""
+  rng = np.random.default_rng(0)
+  for lang in langs:
+    for split, n in (("train", 150), ("dev", 60), ("test", 90)):
+      ys = rng.integers(0, 3, n)
+      write_lines(tmp_path / f"{lang}.{split}.tsv",
+                  [f"c{y} {rng.integers(1 << 30)}\tlabel{y}" for y in ys])
+
+
+class ClassEncoder:
+  def __init__(self, shift=0.3):
+    self.centres = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32) * 2
+    self.shift = shift
+
+  def encode(self, sentences, lang=None):
+    y = np.array([int(s[1]) for s in sentences])
+    noise = np.stack([np.random.default_rng(int(s.split()[1])).standard_normal(16)
+                      for s in sentences]).astype(np.float32)
+    return self.centres[y] + 0.7 * noise + (self.shift if lang != "eng" else 0.0)
+
+
+def test_mlp_probe_is_accurate_deterministic_per_seed_and_averaged(tmp_path):
+  """EMS §5.4-5.5: an MLP probe, the mean of runs with different seeds."""
+  _separable(tmp_path)
+  enc = common.as_encode_fn(ClassEncoder())
+  kw = dict(test_pattern=str(tmp_path / "{lang}.test.tsv"), languages=["de", "fr"],
+            source="en", train_pattern=str(tmp_path / "{lang}.train.tsv"), probe="mlp")
+  res = transfer.evaluate(enc, seeds=[0, 1, 2], dev_pattern=str(tmp_path / "{lang}.dev.tsv"),
+                          **kw)
+  rows = res["scores"]["test"]
+  assert [r["hf_subset"] for r in rows] == ["en-de", "en-fr"]
+  for r in rows:
+    assert len(r["accuracy_per_seed"]) == 3 and r["n"] == 90
+    assert r["accuracy"] == pytest.approx(np.mean(r["accuracy_per_seed"]))
+  assert res["main_score"] == pytest.approx(np.mean([r["accuracy"] for r in rows]))
+  assert res["main_score"] > 90
+  assert res["probe"] == "mlp" and len(res["best_epochs"]) == 3
+  again = transfer.evaluate(enc, seeds=[2, 0], dev_pattern=str(tmp_path / "{lang}.dev.tsv"),
+                            **kw)
+  for r, a in zip(rows, again["scores"]["test"]):    # the same seed, the same run
+    assert a["accuracy_per_seed"] == [r["accuracy_per_seed"][2], r["accuracy_per_seed"][0]]
+  held_out = transfer.evaluate(enc, seeds=[0], **kw)   # no dev file: 10 % of train held out
+  assert held_out["main_score"] > 80 and held_out["n_train"] == 150
+  with pytest.raises(ValueError, match="probe='svm'"):
+    transfer.evaluate(enc, probe="svm", **{k: v for k, v in kw.items() if k != "probe"})
+  write_lines(tmp_path / "en.dev.tsv", ["c1 5\tlabel9"])
+  with pytest.raises(DataError, match=r"en\.dev\.tsv: labels \['label9'\]"):
+    transfer.evaluate(enc, dev_pattern=str(tmp_path / "{lang}.dev.tsv"), **kw)
+
+
+def test_transfer_benchmark_both_directions(tmp_path):
+  """MLDoc / Amazon (EMS Tables 10-12): en->xx and xx->en for each other language."""
+  _separable(tmp_path)
+  bench = transfer.Benchmark("toy", "Table X", ("en", "de", "fr"), "{lang}.{split}.tsv")
+  res = transfer.evaluate_benchmark(common.as_encode_fn(ClassEncoder()), bench, tmp_path,
+                                    seeds=[0, 1])
+  rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
+  assert set(rows) == {"en-de", "en-fr", "de-en", "fr-en"}
+  assert rows["de-en"]["direction"] == "xx->en" and rows["en-fr"]["direction"] == "en->xx"
+  assert res["en2xx"] == pytest.approx((rows["en-de"]["accuracy"] + rows["en-fr"]["accuracy"]) / 2)
+  assert res["main_score"] == pytest.approx(np.mean([r["accuracy"] for r in rows.values()]))
+  assert res["main_score"] > 85
+  assert "amazon_v1_dir=DIR: DIR/{lang}.{domain}.{train,dev,test}.tsv" in \
+      transfer.AMAZON_V1.layout("amazon_v1_dir")
+  (tmp_path / "fr.dev.tsv").unlink()
+  with pytest.raises(DataError, match=r"task toy: .*fr\.dev\.tsv: no such file"):
+    transfer.evaluate_benchmark(common.as_encode_fn(ClassEncoder()), bench, tmp_path)
+
+
+# ----------------------------------------------------------------------------- paracrawl
+
+def _paracrawl(d, lang="de", n=400):
+  """OPUS-named files: pair i is 'x<i> ..' / 'y<i> ..'; one duplicate source text, one
+  empty target line. `PairEncoder` puts both sides of pair i at vector i, except the
+  English side of every `PairEncoder.broken`-th pair (at minus it: never retrieved)."""
+  pair = "-".join(sorted((lang, "en")))
+  xx = [f"x{i} {lang}" for i in range(n)]
+  en = [f"y{i} en" for i in range(n)]
+  xx[7], en[11] = "x3 " + lang, ""
+  write_lines(d / f"ParaCrawl.{pair}.{lang}", xx)
+  write_lines(d / f"ParaCrawl.{pair}.en", en)
+  return d / f"ParaCrawl.{pair}.{lang}", d / f"ParaCrawl.{pair}.en"
+
+
+class PairEncoder:
+  def __init__(self, broken=5):
+    self.table = np.random.default_rng(1).standard_normal((1000, 64)).astype(np.float32)
+    self.broken = broken
+
+  def encode(self, sentences, lang=None):
+    ids = np.array([int(s.split()[0][1:]) for s in sentences])
+    v = self.table[ids].copy()
+    if lang == "eng":
+      v[ids % self.broken == 0] *= -1
+    return v + 0.05 * np.random.default_rng(len(ids)).standard_normal(v.shape)
+
+
+def test_paracrawl_margin_p_at_1_on_a_known_answer(tmp_path):
+  """EMS §5.3: queries against a larger pool, ratio margin (k=4), P@1 both directions."""
+  from vmx.evaluation import paracrawl
+  _paracrawl(tmp_path, "de")
+  _paracrawl(tmp_path, "fr")                       # OPUS's name: ParaCrawl.en-fr.*
+  res = paracrawl.evaluate(common.as_encode_fn(PairEncoder()), tmp_path, n_queries=40,
+                           n_candidates=300, seed=3)
+  assert [r["hf_subset"] for r in res["scores"]["test"]] == ["de-en", "fr-en"]
+  assert "bg" in res["languages_missing"] and len(res["languages_missing"]) == 19
+  src, tgt, lines, n = paracrawl.draw(tmp_path / "ParaCrawl.de-en.de",
+                                      tmp_path / "ParaCrawl.de-en.en", 40, 300, seed=3)
+  assert n == 400 and len(src) == len(set(src)) == 300 and "" not in tgt
+  ids = [(int(s.split()[0][1:]), int(t.split()[0][1:])) for s, t in zip(src, tgt)]
+  assert [t for _, t in ids] == list(lines - 1)              # line L is pair L - 1
+  # a query is found iff its pair is a translation (line 8's 'x3' is not) and not broken
+  want = 100 * np.mean([s == t and t % 5 != 0 for s, t in ids[:40]])
+  de = res["scores"]["test"][0]
+  assert 0 < want < 100 and de["p_at_1_en2xx"] == pytest.approx(want)
+  assert de["p_at_1_xx2en"] == pytest.approx(want) and de["main_score"] == de["p_at_1_en2xx"]
+  assert de["first_query_lines"] == lines[:5].tolist()
+  again = paracrawl.draw(tmp_path / "ParaCrawl.de-en.de", tmp_path / "ParaCrawl.de-en.en",
+                         40, 300, seed=3)
+  assert again[0] == src and paracrawl.draw(tmp_path / "ParaCrawl.de-en.de",
+                                            tmp_path / "ParaCrawl.de-en.en", 40, 300,
+                                            seed=4)[0] != src
+
+
+def test_paracrawl_bad_input_names_the_file(tmp_path):
+  from vmx.evaluation import paracrawl
+  enc = common.as_encode_fn(PairEncoder())
+  xx, en = _paracrawl(tmp_path, "de", n=100)
+  write_lines(en, [f"y{i} en" for i in range(99)])
+  with pytest.raises(DataError, match=r"ParaCrawl\.de-en\.de has 100 lines, .*"
+                                      r"ParaCrawl\.de-en\.en has 99"):
+    paracrawl.evaluate(enc, tmp_path, n_queries=10, n_candidates=50)
+  en.unlink()
+  with pytest.raises(DataError, match=r"task paracrawl: .*ParaCrawl\.de-en\.en: no such file"):
+    paracrawl.evaluate(enc, tmp_path, n_queries=10, n_candidates=50)
+  with pytest.raises(DataError, match=r"ParaCrawl\.en-fr\.fr: no such file"):
+    paracrawl.evaluate(enc, tmp_path, ["fr"], n_queries=10, n_candidates=50)
+  _paracrawl(tmp_path, "de", n=100)
+  with pytest.raises(DataError, match=r"has 100 lines, fewer than the 200 candidates"):
+    paracrawl.evaluate(enc, tmp_path, n_queries=10, n_candidates=200)
+  with pytest.raises(DataError, match=r"needs --paracrawl_dir"):
+    harness.TASKS["paracrawl"](enc, harness.EvalConfig(), {"files": common.DataFiles("paracrawl")})

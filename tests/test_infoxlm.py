@@ -413,3 +413,49 @@ def test_mixup_partners_come_from_another_language_pair():
   same = jnp.zeros((4,), jnp.int32)
   assert np.asarray(mixup_partners(same, 4)).tolist() == [1, 2, 3, 0]
   assert np.asarray(mixup_partners(None, 4)).tolist() == [1, 2, 3, 0]
+
+
+def test_from_scratch_initialization_is_uniform_0_02():
+  """App. B: from scratch, "randomly initialized from U[-0.02, 0.02]": every weight matrix
+  and embedding (query/key/value/out, MLP and head kernels, token and position tables) is
+  drawn from it; biases stay 0 and norm scales 1; the key encoder starts as a copy; the
+  draw is seeded; infoxlm_scratch.gin sets it, the pretrained files do not."""
+  from flax import traverse_util
+  from vmx import experiment
+  import gin
+  batch = _batch()
+  shapes = {k: x.shape for k, x in batch.items()}
+  v = _model(uniform_init=0.02).get_initial_variables(jax.random.PRNGKey(0), shapes)
+  flat = traverse_util.flatten_dict(v["params"], sep="/")
+  weights = {k: np.asarray(a) for k, a in flat.items() if k.rsplit("/", 1)[-1] in
+             ("kernel", "embedding", "query", "key", "value", "out")}
+  assert len(weights) >= 10 and "encoder/token_embed/embedding" in weights
+  for k, a in weights.items():
+    assert np.abs(a).max() <= 0.02, k
+  allw = np.concatenate([a.ravel() for a in weights.values()])
+  assert allw.std() == pytest.approx(0.02 / np.sqrt(3), rel=0.02)     # uniform's std
+  assert abs(allw.mean()) < 5e-4
+  for k, a in flat.items():
+    if k.endswith("/scale"):
+      np.testing.assert_array_equal(np.asarray(a), 1.0)
+    elif k.endswith("bias"):
+      np.testing.assert_array_equal(np.asarray(a), 0.0)
+  mom = traverse_util.flatten_dict(v["momentum"]["params"], sep="/")
+  for k, a in mom.items():
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(flat[f"encoder/{k}"]
+                                                            if f"encoder/{k}" in flat else flat[k]))
+  again = _model(uniform_init=0.02).get_initial_variables(jax.random.PRNGKey(0), shapes)
+  np.testing.assert_array_equal(np.asarray(again["params"]["encoder"]["token_embed"]["embedding"]),
+                                weights["encoder/token_embed/embedding"])
+  default = _model().get_initial_variables(jax.random.PRNGKey(0), shapes)
+  assert np.abs(np.asarray(default["params"]["encoder"]["layers_0"]["mlp"]["wi"]["kernel"])).max() > 0.02
+  with pytest.raises(ConfigError, match="uniform_init"):
+    _model(uniform_init=0.0)
+  for name, want in (("infoxlm_scratch.gin", 0.02), ("infoxlm_base.gin", None)):
+    gin.clear_config()
+    try:
+      model = experiment.build_experiment([name], ["EMB_DIM = 16",
+                                                   "NUM_HEADS = 2", "MLP_DIM = 32"])[0]
+    finally:
+      gin.clear_config()
+    assert model.uniform_init == want, name

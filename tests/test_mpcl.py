@@ -83,11 +83,12 @@ def _model(num_views=3, **kw):
   return mpcl.MPCLModel(dual_encoder.DualEncoder(encoder=enc), num_views=num_views, **kw)
 
 
-def _views_batch(b=4, v=3, length=8, seed=0):
+def _views_batch(b=4, v=3, length=8, seed=0, hard_negative=False):
   rng = np.random.default_rng(seed)
-  toks = rng.integers(1, 40, size=(b, v, length)).astype(np.int32)
+  toks = rng.integers(1, 40, size=(b, v + hard_negative, length)).astype(np.int32)
   toks[:, :, 6:] = 0
-  return {"views": toks.reshape(b, v * length)}
+  out = {"views": toks[:, :v].reshape(b, v * length)}
+  return {**out, "hard_negative": toks[:, v]} if hard_negative else out
 
 
 def test_single_positive_warmup_then_mpcl():
@@ -218,7 +219,7 @@ def test_real_nway_corpora_are_aligned():
 
 
 MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.gin",
-              "ablations/mpcl_single_pairs_tiny.gin"]
+              "ablations/mpcl_single_pairs_tiny.gin", "mpcl_hard_negative.gin"]
 
 
 @pytest.mark.parametrize("name", MPCL_FILES)
@@ -227,10 +228,11 @@ def test_every_mpcl_file_builds_and_takes_a_step(name):
   model, _, metrics = build_and_step(
       name, ["NUM_LAYERS = 1", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
              "VOCAB_SIZE = 40", "MAX_LENGTH = 8", "BATCH_SIZE = 4"],
-      lambda m, b: _views_batch(b=b, v=m.num_views))
+      lambda m, b: _views_batch(b=b, v=m.num_views, hard_negative=m.hard_negatives))
   # the paper's files: K = 5 positives (§3.5); the CPU-scale files: 3; pairs: 1
   assert model.num_views == (2 if "pairs" in name else 4 if "tiny" in name else 6)
   assert model.positives == ("one" if "single" in name and "pairs" not in name else "all")
+  assert model.hard_negatives == ("hard_negative" in name)   # §3.5's XLM-R w/ hard negative
   assert np.isfinite(float(metrics["loss"].compute()))
 
 

@@ -98,6 +98,79 @@ def test_family_hidden_states_equal_transformers(kind, scan, tmp_path):
     np.testing.assert_allclose(out[i, :n], ref[i, :n], atol=1e-4, rtol=0)
 
 
+def tiny_mt5_seq2seq():
+  """A random tiny MT5ForConditionalGeneration (3 decoder layers, 2 encoder layers)."""
+  torch.manual_seed(0)
+  cfg = transformers.MT5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                               num_decoder_layers=3, num_heads=3,
+                               relative_attention_num_buckets=8,
+                               relative_attention_max_distance=20,
+                               feed_forward_proj="gated-gelu", decoder_start_token_id=0)
+  return transformers.MT5ForConditionalGeneration(cfg)
+
+
+@pytest.mark.parametrize("scan,lm_head", [(False, False), (True, False), (False, True)])
+def test_mt5_decoder_logits_equal_transformers(scan, lm_head, tmp_path):
+  """VMSST §6.5: mT5's decoder re-purposed. With the cross-attention's output zeroed in
+  Hugging Face and the new conditioning parts zeroed in vmx (and the start embedding set
+  to mT5's decoder start token), the imported decoder gives mT5's logits: causal
+  relative position bias, self-attention, gated MLP, norms and the output projection
+  are all mapped right. The output is the shared embedding (transformers 5 saves mT5
+  tied), or a checkpoint's own `lm_head.weight` (Google's mT5 files: untied)."""
+  import jax
+  from flax import traverse_util
+  from vmx import decoders
+  from vmx.checkpoint_import import read_hf_config, read_hf_tensors
+  from vmx.modeldir.hf_import import convert_decoder, decoder_settings, decoder_shapes
+  from vmx.training.initial_checkpoint import assign, flatten
+  from safetensors.numpy import save_file
+  m = tiny_mt5_seq2seq().eval()
+  with torch.no_grad():
+    for blk in m.decoder.block:
+      blk.layer[1].EncDecAttention.o.weight.zero_()
+  m.save_pretrained(tmp_path)
+  cfg = read_hf_config(tmp_path)
+  settings = decoder_settings(cfg)
+  assert settings["num_layers"] == 3 and settings["family"] == "t5"
+  tensors = read_hf_tensors(tmp_path)
+  head = np.random.default_rng(1).normal(size=(99, 32)).astype(np.float32)
+  if lm_head:   # an untied output layer, as in Google's mT5 checkpoints
+    save_file({**tensors, "lm_head.weight": head}, str(tmp_path / "model.safetensors"))
+    tensors = read_hf_tensors(tmp_path)
+  flat, ignored = convert_decoder(cfg, tensors, decoder_shapes(settings))
+  assert any(".EncDecAttention." in k for k in ignored)
+  dec = decoders.ConditionedDecoder(**settings, scan_layers=scan)
+  d = settings["emb_dim"]
+  tokens = padded_ids(0, 5, lengths=(11, 4, 1, 7), length=12)[:, :].astype(np.int32)
+  cond = np.random.default_rng(0).normal(size=(4, 2 * d)).astype(np.float32)
+  target = flatten(jax.eval_shape(lambda: dec.init(jax.random.PRNGKey(0), tokens, None, cond))
+                   ["params"])
+  loaded, new, _ = assign({k: v.shape for k, v in target.items()}, flat)
+  fresh = {k for k in target if k not in loaded}
+  assert set(new) == fresh
+  assert all(decoders_fresh(k) for k in fresh), fresh
+  params = dict(loaded)
+  for k in fresh:
+    params[k] = np.zeros(target[k].shape, np.float32)
+  emb = tensors["shared.weight"]
+  params["token_embed/embedding"] = emb
+  params["start_embed/embedding"] = emb[:1]          # mT5's decoder_start_token_id (0)
+  targets, mask = decoders.decoder_targets(tokens)
+  logits = np.asarray(dec.apply({"params": traverse_util.unflatten_dict(params, sep="/")},
+                                targets, None, cond))
+  with torch.no_grad():
+    out = m(input_ids=torch.tensor(tokens.astype(np.int64)), output_hidden_states=True,
+            labels=torch.tensor(np.asarray(targets).astype(np.int64)))
+  ref = out.decoder_hidden_states[-1].numpy() @ head.T if lm_head else out.logits.numpy()
+  mask = np.asarray(mask)
+  np.testing.assert_allclose(logits[mask], ref[mask], atol=1e-4, rtol=0)
+
+
+def decoders_fresh(path: str) -> bool:
+  from vmx.modeldir.hf_import import DECODER_FRESH
+  return bool(DECODER_FRESH.fullmatch(path))
+
+
 def _spm(tmp_path, style: str) -> str:
   """A SentencePiece model from real text with XLM-R's special ids (<unk>=0, <s>=1,
   </s>=2) or mT5's (<pad>=0, </s>=1, <unk>=2)."""
@@ -292,10 +365,98 @@ def test_vmsst_takes_the_imported_encoder(tmp_path):
                            "language_encoder_0/language_embed")) for k in new), new
 
 
-def _import_cli(hf_dir, out):
+def _synthetic_spm(tmp_path, vocab_size=60) -> str:
+  """An mT5-style SentencePiece model (<pad>=0, </s>=1, <unk>=2) from made-up text."""
+  import sentencepiece as spm
+  rng = np.random.default_rng(0)
+  words = ["".join(rng.choice(list("abcdefghij"), size=rng.integers(2, 6))) for _ in range(40)]
+  sents = [" ".join(rng.choice(words, size=8)) for _ in range(300)]
+  prefix = str(tmp_path / "spiece")
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(sents), model_prefix=prefix,
+                                 vocab_size=vocab_size, hard_vocab_limit=False, minloglevel=2,
+                                 pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+  return prefix + ".model"
+
+
+def test_vmsst_takes_the_imported_mt5_decoder(tmp_path):
+  """`import_checkpoint --decoder` keeps mT5's decoder in the model directory; VMSST's
+  rules load it into its decoder (VMSST §6.5): every imported decoder array lands, and
+  only the conditioning sublayers, the output's conditioning rows and the language start
+  embeddings are new. The directory still opens for inference as a dual encoder, and a
+  train step runs from those parameters. An encoder-only or BERT checkpoint with
+  --decoder is a one-line error."""
+  import shutil
+  import jax
+  from flax import traverse_util
+  from vmx import decoders, encoders
+  from vmx.checkpoint_import import import_checkpoint
+  from vmx.inference import Encoder
+  from vmx.models import VMSST, VMSSTModel
+  from vmx.training import optimizers, partitioning
+  from vmx.training.initial_checkpoint import assign, flatten, read_params
+  from vmx.training.trainer import Trainer
+  hf_dir = tmp_path / "mt5"
+  m = tiny_mt5_seq2seq()
+  m.save_pretrained(hf_dir)
+  shutil.copy(_synthetic_spm(tmp_path), hf_dir / "spiece.model")
+  imported = tmp_path / "imported"
+  s = import_checkpoint(hf_dir, imported, max_length=12, decoder=True)
+  assert s["decoder"]["num_layers"] == 3 and s["decoder_tensors"] == 3 + 9 * 3
+  assert any(".EncDecAttention." in k for k in s["ignored"])
+  assert not any(".SelfAttention." in k or "DenseReluDense" in k for k in s["ignored"])
+  vec = Encoder.from_checkpoint(imported).encode(["abc de", "fgh"])
+  assert vec.shape == (2, 32) and np.isfinite(vec).all()
+
+  t5 = dict(vocab_size=99, emb_dim=32, num_heads=3, head_dim=8, mlp_dim=37, max_length=12)
+  enc = encoders.TransformerEncoder(family="t5", num_layers=2, position_embedding="none",
+                                    relative_attention_num_buckets=8,
+                                    relative_attention_max_distance=20, **t5)
+  dec = decoders.ConditionedDecoder(family="t5", num_layers=3, relative_attention_num_buckets=8,
+                                    relative_attention_max_distance=20, **t5)
+  model = VMSSTModel(VMSST(enc, dec, num_languages=3), elbo_weight=0.025)
+  b, length = 4, 12
+  rng = np.random.default_rng(0)
+  batch = {"left_tokens": rng.integers(3, 60, (b, length)).astype(np.int32),
+           "right_tokens": rng.integers(3, 60, (b, length)).astype(np.int32),
+           "left_lang": np.arange(b, dtype=np.int32) % 3,
+           "right_lang": (np.arange(b, dtype=np.int32) + 1) % 3}
+  trainer = Trainer(model, optimizers.create_optimizer("adam", 1e-3),
+                    partitioning.Partitioner(num_devices=1), {k: v.shape for k, v in batch.items()})
+  state = trainer.create_state(0)
+  target = flatten(jax.device_get(state.params))
+  source, _ = read_params(imported)
+  loaded, new, ignored = assign({k: v.shape for k, v in target.items()}, source,
+                                VMSSTModel.INITIAL_CHECKPOINT_ASSIGNMENT)
+  assert not ignored
+  assert {k.split("/", 1)[1] for k in loaded if k.startswith("decoder_0/")} == {
+      k.split("/", 1)[1] for k in source if k.startswith("decoder/")}
+  assert sorted({k.split("/", 1)[0] if not k.startswith("decoder_0/layers_") else
+                 k.split("/")[2] for k in new}) == [
+      "conditioning", "decoder_0", "language_encoder_0", "language_latent_0",
+      "pre_conditioning_norm", "semantic_latent"]
+  assert sorted(k for k in new if k.startswith("decoder_0/") and "/layers_" not in k) == [
+      "decoder_0/output/cond_kernel", "decoder_0/start_embed/embedding"]
+  np.testing.assert_array_equal(loaded["decoder_0/output/kernel"],
+                                m.shared.weight.detach().numpy().T)
+  params = traverse_util.unflatten_dict({**target, **loaded}, sep="/")
+  state, metrics = trainer.step(state.replace(params=jax.device_put(params)), batch)
+  assert np.isfinite(float(metrics["loss"].compute()))
+
+  bert = tmp_path / "bert"
+  tiny_hf_model("bert").save_pretrained(bert)
+  (bert / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(99)))
+  _one_line_error(_import_cli(bert, tmp_path / "o1", "--decoder"), "has no decoder")
+  enc_only = tmp_path / "enc_only"
+  tiny_hf_model("mt5").save_pretrained(enc_only)
+  shutil.copy(hf_dir / "spiece.model", enc_only)
+  _one_line_error(_import_cli(enc_only, tmp_path / "o2", "--decoder"), "no decoder tensors")
+  assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def _import_cli(hf_dir, out, *flags):
   return subprocess.run([sys.executable, str(REPO / "launch" / "import_checkpoint.py"),
-                         f"--hf_dir={hf_dir}", f"--output_dir={out}"], capture_output=True,
-                        text=True)
+                         f"--hf_dir={hf_dir}", f"--output_dir={out}", *flags],
+                        capture_output=True, text=True)
 
 
 def _one_line_error(r, *needles):

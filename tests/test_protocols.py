@@ -57,6 +57,163 @@ def test_vmsst_sts17_means_and_score():
   assert set(figs["Score"]["subtasks_missing"]) == {"bucc", "mkqa", "nq", "tatoeba"}
 
 
+def test_mpcl_sts17_takes_mteb_sets_and_emmax_flores_groups():
+  """MPCL scores STS17 through MTEB, whose es-en is track 4a only; EMMA-X's Table 3 FLORES
+  head / long-tail figures and Table 4's geometry per group come from the flores task,
+  the equations as printed with vmx's variants beside them."""
+  from vmx.evaluation import protocols
+  sts17 = [{"hf_subset": "track4a.es-en", "spearman": 30.0, "mteb": True},
+           {"hf_subset": "track4b.es-en", "spearman": 10.0, "mteb": False},
+           {"hf_subset": "track5.en-en", "spearman": 80.0, "mteb": True}]
+  figs = {f["column"]: f for f in protocols._mpcl({"sts17": {"scores": {"test": sts17}}})}
+  sts = [f for c, f in figs.items() if c.startswith("STS17")][0]
+  assert sts["value"] == pytest.approx(55.0) and sts["tracks"] == ["track4a.es-en",
+                                                                   "track5.en-en"]
+  geo = {k: float(i) for i, k in enumerate(("invariance_kl_eq16", "canonical_form_eq17",
+                                            "isotropy_eq18", "invariance_kl",
+                                            "canonical_form_ch", "isotropy_pr"))}
+  fl = {"groups": {"head": {"xx2en": 90.0, "en2xx": 91.0, "n_languages": 60},
+                   "long_tail": {"xx2en": 70.0, "en2xx": 72.0, "n_languages": 120},
+                   "all": {"xx2en": 76.7, "en2xx": 0.0, "n_languages": 180}},
+        "head_missing": ["bel_Cyrl"], "splits": ["dev", "devtest"], "n_sentences": 2009,
+        "geometry": {g: {**geo, "n_languages": 3} for g in ("head", "long_tail", "all")}}
+  figs = {f["column"]: f for f in protocols._emmax({"flores": fl})}
+  assert figs["FLORES head (A.1's 68), xx->En"]["value"] == 90.0
+  assert figs["FLORES long-tail, xx->En"]["value"] == 70.0
+  eq16 = figs["invariance KL (Eq. 16), FLORES all"]
+  assert eq16["value"] == 0.0 and eq16["variant"] == {"invariance_kl": 3.0}
+  assert figs["isotropy PR (Eq. 18), FLORES head"]["variant"] == {"isotropy_pr": 5.0}
+  assert len([c for c in figs if "FLORES" in c]) == 2 + 3 * 3
+
+
+# EMS Table 4, P@1 per language (mean of both directions), in protocols.EMS_SEEN58's order:
+# the EMS and SBERT-distill rows. Table 6 prints each group's mean of these.
+EMS_TABLE4 = {
+    "EMS": [94.0, 93.9, 83.8, 95.8, 97.0, 97.4, 95.9, 97.0, 99.3, 96.5, 98.9, 97.8, 94.9, 98.0,
+            96.2, 97.1, 92.5, 93.4, 97.5, 97.4, 87.8, 95.8, 96.7, 55.6, 95.8, 73.5, 63.8, 92.3,
+            31.3, 97.3, 96.9, 77.8, 88.2, 69.9, 97.0, 73.9, 97.7, 97.5, 96.0, 98.2, 95.9, 97.9,
+            95.2, 97.5, 97.1, 98.6, 98.4, 96.4, 97.0, 53.2, 52.8, 69.7, 84.8, 97.4, 98.6, 96.0,
+            86.0, 97.7],
+    "SBERT-distill": [84.5, 87.7, 77.6, 94.0, 96.4, 96.3, 95.0, 96.2, 98.7, 95.5, 68.8, 95.8,
+                      48.6, 96.4, 94.7, 96.0, 88.4, 96.4, 97.0, 94.7, 91.3, 94.1, 94.9, 37.3,
+                      94.2, 91.4, 73.7, 90.1, 43.7, 95.8, 96.4, 94.0, 91.0, 58.5, 92.2, 91.7,
+                      96.0, 98.0, 94.8, 97.0, 94.8, 96.4, 93.5, 96.2, 95.5, 98.0, 97.5, 93.8,
+                      95.7, 27.6, 85.7, 89.1, 32.4, 96.3, 97.2, 94.3, 92.2, 97.2]}
+EMS_TABLE6 = {"EMS": (96.6, 88.2, 95.0, 91.8, 95.4, 72.0),
+              "SBERT-distill": (94.9, 85.5, 94.8, None, 92.1, 73.3)}
+
+
+def test_ems_language_groups_reproduce_table6_from_table4():
+  """The group lists (protocols.EMS_TABLE6, EMS_TABLE13) give back the averages the paper
+  prints, from its own per-language figures, to the printed rounding."""
+  from vmx.evaluation import protocols, tatoeba
+  seen = protocols.EMS_SEEN58
+  assert len(seen) == 58 and len(protocols.EMS_UNSEEN54) == 54
+  assert not set(seen) & set(protocols.EMS_UNSEEN54)
+  assert {len(v) for v in protocols.EMS_TABLE6.values()} <= {14, 37, 45, 43, 42, 11}
+  for group in list(protocols.EMS_TABLE6.values()) + list(protocols.EMS_TABLE13.values()):
+    assert set(group) <= set(seen), group
+  assert set(protocols.EMS_TABLE6["XTREME (38)"]) == set(tatoeba.XTREME36) | {"max"}
+  for model, row in EMS_TABLE4.items():
+    p1 = dict(zip(seen, row))
+    for (group, langs), want in zip(protocols.EMS_TABLE6.items(), EMS_TABLE6[model]):
+      if want is not None:
+        got = np.mean([p1[l] for l in langs])
+        assert got == pytest.approx(want, abs=0.05 + 1e-9), (model, group)
+  p1 = dict(zip(seen, EMS_TABLE4["EMS"]))
+  assert np.mean(EMS_TABLE4["EMS"]) == pytest.approx(89.8, abs=0.05 + 1e-9)          # Table 4 Avg.
+  for (group, langs), want in zip(protocols.EMS_TABLE13.items(), (95.4, 73.7)):  # Table 13
+    assert np.mean([p1[l] for l in langs]) == pytest.approx(want, abs=0.05 + 1e-9), group
+
+
+def test_ems_figures_and_optional_tasks():
+  from vmx.evaluation import harness, protocols, tatoeba
+  rng = np.random.default_rng(0)
+  res = _fake_tatoeba(rng, list(protocols.EMS_SEEN58) + ["xho", "zsm"])
+  res["paracrawl"] = {"main_score": 80.0, "p_at_1_xx2en": 70.0, "languages_missing": ["bg"],
+                      "k": 4, "scores": {"test": [{"hf_subset": "de-en", "n_queries": 2000,
+                                                   "n_candidates": 200000}]}}
+  res["mldoc"] = {"main_score": 75.0, "en2xx": 74.0, "xx2en": 76.0, "probe": "mlp",
+                  "seeds": [0, 1, 2, 3, 4], "scores": {"test": [{}] * 14}}
+  rows = {r["languages"][0]: r for r in res["tatoeba"]["scores"]["test"]}
+  figs = {(f["table"], f["column"]): f for f in protocols._ems(res)}
+  for group, langs in protocols.EMS_TABLE6.items():
+    f = figs[("Table 6", f"Tatoeba P@1, {group}")]
+    assert f["value"] == pytest.approx(np.mean([rows[l]["main_score"] for l in langs]))
+    assert f["n_languages"] == f["group_size"] == len(langs)
+  unseen = figs[("Table 5", "Tatoeba P@1, Avg. (54 unseen languages)")]
+  assert unseen["n_languages"] == 2 and len(unseen["languages_missing"]) == 52
+  assert figs[("Table 9", "ParaCrawl P@1, Avg.")]["value"] == 80.0
+  assert figs[("Table 10", "mldoc Avg. (both directions)")]["value"] == 75.0
+  assert figs[("Table 13", "MLDoc X->en Avg.")]["value"] == 76.0
+  ems = protocols.PROTOCOLS["ems"]
+  bare = harness.EvalConfig()
+  assert protocols.tasks_of([ems], bare) == ["tatoeba", "bucc"]
+  missing = {m["benchmark"]: m["layout"] for m in protocols.report(ems, {}, {}, bare)["missing"]}
+  assert set(missing) == {"ParaCrawl sentence retrieval (2k queries, 200k candidates)",
+                          "mldoc", "amazon_v1", "amazon_v2"}
+  assert "--mldoc_dir=DIR: DIR/{lang}.{train,dev,test}.tsv" in missing["mldoc"]
+  assert "MLP" in missing["mldoc"] and "ParaCrawl.<pair>" in missing[
+      "ParaCrawl sentence retrieval (2k queries, 200k candidates)"]
+  given = harness.EvalConfig(paracrawl_dir="/x", mldoc_dir="/y")
+  assert protocols.tasks_of([ems], given) == ["tatoeba", "bucc", "paracrawl", "mldoc"]
+  assert len(protocols.report(ems, {}, {}, given)["missing"]) == 2
+  infoxlm = protocols.PROTOCOLS["infoxlm"]
+  assert protocols.tasks_of([infoxlm], harness.EvalConfig(tatoeba_layers="all")) == [
+      "tatoeba", "tatoeba_layers"]
+  assert "tatoeba_layers" not in protocols.tasks_of([infoxlm], bare)
+  assert tatoeba.INFOXLM_PARALLEL14 == protocols.INFOXLM_PARALLEL14
+
+
+def test_layer_figures_of_a_tiny_random_model(tmp_path):
+  """InfoXLM Fig. 1: each layer's mean-pooled states give a Tatoeba row; for a model whose
+  own vector is the mean of its last layer, the last layer's row is its usual evaluation."""
+  import jax
+  from conftest import write_lines
+  from vmx import encoders
+  from vmx.data import vocab
+  from vmx.evaluation import harness, layerwise, protocols
+  from vmx.inference import Encoder
+  from vmx.models.infoxlm import InfoXLM, InfoXLMModel
+  rng = np.random.default_rng(0)
+  words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu".split()
+  langs = ["deu", "fra"]
+  for lang in langs:
+    xs = [" ".join(rng.choice(words, 4)) for _ in range(30)]
+    d = tmp_path / "eval/tatoeba/v1"
+    write_lines(d / f"tatoeba.{lang}-eng.{lang}", [f"{x} {lang}" for x in xs])
+    write_lines(d / f"tatoeba.{lang}-eng.eng", [f"{x} eng" for x in xs])
+  text = write_lines(tmp_path / "text", [" ".join(rng.choice(words + langs + ["eng"], 5))
+                                         for _ in range(200)])
+  tok = vocab.load_tokenizer(vocab.train_sentencepiece([str(text)], str(tmp_path / "v.model"),
+                                                       40))
+  enc = encoders.TransformerEncoder(vocab_size=40, num_layers=2, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=16)
+  model = InfoXLMModel(InfoXLM(enc, pooling="mean"), mask_id=1, random_low=3, queue_size=8)
+  params = model.get_initial_variables(jax.random.PRNGKey(0),
+                                       model.inference_shapes(16))["params"]
+  encoder = Encoder(model, params, tok, langs + ["eng"], 16)
+  sents = ["alpha beta deu", "gamma delta eta fra"]
+  np.testing.assert_array_equal(layerwise.layer_encoder(encoder, 2).encode(sents),
+                                encoder.encode(sents))
+  assert not np.allclose(layerwise.layer_encoder(encoder, 1).encode(sents),
+                         encoder.encode(sents), atol=1e-3)
+  cfg = harness.EvalConfig(data_dir=str(tmp_path), tatoeba_languages=langs,
+                           tatoeba_layer_languages=langs, progress=False, plots=False)
+  res = harness.run(encoder, tasks=["tatoeba", "tatoeba_layers"], config=cfg)
+  rows = res["tatoeba_layers"]["scores"]["test"]
+  assert [r["layer"] for r in rows] == [1, 2]
+  assert rows[1]["accuracy_xx2en"] == res["tatoeba"]["mean"]["xx2en"]
+  assert rows[1]["accuracy_en2xx"] == res["tatoeba"]["mean"]["en2xx"]
+  figs = [f for f in protocols._infoxlm(res) if f["table"] == "Fig. 1"]
+  assert [f["column"] for f in figs] == ["layer 1", "layer 2"]
+  assert figs[0]["value"] == rows[0]["accuracy_xx2en"] and figs[0]["n_languages"] == 2
+  with pytest.raises(Exception, match="layers 1 .. 2"):
+    layerwise.layer_encoder(encoder, 3)
+  with pytest.raises(Exception, match="needs a vmx Encoder"):
+    layerwise.layer_encoder(object(), 1)
+
+
 @needs_data
 def test_every_protocol_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, toy_task):
   name, vp, _, _ = toy_task
@@ -66,9 +223,11 @@ def test_every_protocol_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, toy_task)
       [sys.executable, "launch/eval.py", f"--checkpoint_dir={tmp_path / 'run'}",
        "--protocol=vmsst,ems,infoxlm,emmax,mpcl", "--languages=deu,fra,ara,jpn,xho",
        f"--data_dir={DATA_DIR}", f"--output_dir={out}", "--no_plots", "--no_progress",
-       "--geometry_n=200"], capture_output=True, text=True, cwd=REPO, timeout=900)
+       "--geometry_n=200", "--tatoeba_layers=all", "--tatoeba_layer_languages=deu,ara"],
+      capture_output=True, text=True, cwd=REPO, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  tables = {"vmsst": {"Table 1"}, "ems": {"Tables 4 / 5", "Table 6", "Table 8"}, "infoxlm": {"Table 2", "Table 3"},
+  tables = {"vmsst": {"Table 1"}, "ems": {"Table 4", "Table 5", "Table 6", "Table 13", "Table 8"},
+            "infoxlm": {"Table 2", "Table 3", "Fig. 1"},
             "emmax": {"Table 2", "Table 3", "Table 4", "Table 5"}, "mpcl": {"Table 1"}}
   for proto, want in tables.items():
     r = json.loads((out / f"protocol_{proto}.json").read_text())
@@ -80,3 +239,9 @@ def test_every_protocol_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, toy_task)
   vmsst = json.loads((out / "protocol_vmsst.json").read_text())
   assert "STS17" in {m["benchmark"] for m in vmsst["missing"]}   # no --sts17_dir given
   assert "missing: Table 1, MKQA" in proc.stdout
+  ems = json.loads((out / "protocol_ems.json").read_text())
+  assert {"mldoc", "amazon_v1", "amazon_v2"} <= {m["benchmark"] for m in ems["missing"]}
+  mUSE = [f for f in ems["figures"] if f["column"] == "Tatoeba P@1, mUSE (15)"][0]
+  assert mUSE["n_languages"] == 4 and mUSE["group_size"] == 14       # ara deu fra jpn
+  infoxlm = json.loads((out / "protocol_infoxlm.json").read_text())
+  assert [f["column"] for f in infoxlm["figures"] if f["table"] == "Fig. 1"] == ["layer 1"]

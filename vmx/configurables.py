@@ -3,11 +3,16 @@
 Names are the class/function names (`TransformerEncoder.num_layers = 6`); the
 module path disambiguates if needed (`vmx.encoders.TransformerEncoder`).
 """
+import math
+from fractions import Fraction
+
 import gin
+import jax
 import numpy as np
 
 from vmx import decoders, encoders
 from vmx.errors import ConfigError
+from vmx.gin_utils import check_range
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
 from vmx.models import distill, dual_encoder, emmax, ems, infoxlm, mpcl, vmsst
 from vmx.evaluation import periodic  # noqa: F401  (TatoebaEvalConfig, HarnessEvalConfig)
@@ -53,3 +58,50 @@ def random_language_assignment(languages=gin.REQUIRED, num_groups: int = gin.REQ
   for rank, lang_id in enumerate(order.tolist()):
     out[lang_id] = rank % num_groups
   return out
+
+
+_EPOCH_STEPS_SHOWN = set()
+
+
+@gin.configurable
+def steps_for_epochs(epochs: float = gin.REQUIRED, dataset_cfg=gin.REQUIRED,
+                     warmup_steps: int = 0, warmup_hint: str = "") -> int:
+  """A run's length in epochs of its training data, as steps: ceil(epochs x the training
+  examples of `dataset_cfg`'s mixture or task / its global batch size), e.g.
+
+    TRAIN_STEPS = @steps_for_epochs()
+    steps_for_epochs.epochs = 3
+    steps_for_epochs.dataset_cfg = @train/DatasetConfig()
+
+  The examples are the tasks' `train` split sizes (their sources count them once and
+  cache the counts by the files' stamps), so a resumed run on the same data gets the
+  same number, and another mixture gets its own. A mixture's epoch is as many examples
+  as its tasks hold together: with temperature sampling (ALPHA < 1) small tasks are seen
+  more often than `epochs` times, large ones less. `warmup_steps` (e.g. %WARMUP_STEPS):
+  a warning, with `warmup_hint` after it, when the warm-up is longer than the run.
+  Needs the registered tasks (so the vocabulary); tools that build a step without data
+  bind TRAIN_STEPS to a number instead.
+  """
+  check_range(isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs > 0,
+              "steps_for_epochs", "epochs", epochs, "a positive number of epochs")
+  if not isinstance(dataset_cfg, pipeline.DatasetConfig):
+    check_range(False, "steps_for_epochs", "dataset_cfg", type(dataset_cfg).__name__,
+                "one DatasetConfig (e.g. @train/DatasetConfig()): the epochs of one "
+                "mixture or task")
+  examples = pipeline.num_examples(dataset_cfg)[None]
+  if not examples:
+    raise ConfigError(f"steps_for_epochs: {dataset_cfg.mixture_or_task_name} does not say how "
+                      f"many {dataset_cfg.split} examples it has ({examples}); set TRAIN_STEPS")
+  steps = math.ceil(Fraction(str(epochs)) * examples / dataset_cfg.batch_size)
+  key = (dataset_cfg.mixture_or_task_name, examples, dataset_cfg.batch_size, epochs,
+         warmup_steps)
+  if key not in _EPOCH_STEPS_SHOWN and jax.process_index() == 0:
+    _EPOCH_STEPS_SHOWN.add(key)
+    print(f"[vmx] {epochs:g} epochs of {examples:,} {dataset_cfg.split} examples "
+          f"({dataset_cfg.mixture_or_task_name}) at batch {dataset_cfg.batch_size}: "
+          f"{steps:,} steps", flush=True)
+    if warmup_steps and warmup_steps >= steps:
+      print(f"[vmx] warning: the warm-up ({warmup_steps:,} steps) is longer than the whole "
+            f"run ({steps:,} steps): the learning rate never reaches its peak (it ends at "
+            f"{steps / warmup_steps:.0%} of it). {warmup_hint}".rstrip(), flush=True)
+  return steps

@@ -19,6 +19,19 @@ parameters, same function, ~1/3 of the FLOPs of the naive form.
 The first decoder input is a start embedding chosen by the target language
 (`num_languages` > 0) or one learned start vector (`num_languages` = 0).
 Sequences are the encoder's tokens (no EOS) plus EOS: see `decoder_targets`.
+
+`family` picks the layers, like `TransformerEncoder.family`:
+  'vmx'  pre-LayerNorm layers and learned absolute positions (vmx's own models);
+  't5'   mT5's decoder without its cross-attention (VMSST §6.5, the pretrained setting:
+         the decoder is "re-purposed" from mT5): RMSNorm pre-norm, T5's causal bucketed
+         relative position bias computed once and shared by the layers, gated-GELU MLP,
+         no biases, unscaled q.k. The conditioning sublayer takes the place of mT5's
+         cross-attention, and the conditioned kernels keep the part acting on the hidden
+         state (`kernel`) apart from the part acting on the conditioning vector
+         (`cond_kernel`): launch/import_checkpoint.py --decoder fills the self-attention,
+         MLP, norms, position bias and `output/kernel` (mT5's lm_head) from an mT5
+         checkpoint, and only the conditioning parts and the language start embeddings
+         start fresh (vmx/modeldir/hf_import.py).
 """
 from __future__ import annotations
 
@@ -31,10 +44,12 @@ from flax.linen import partitioning as nnp
 
 from vmx import layers
 from vmx.data.vocab import EOS_ID
-from vmx.encoders import LayerSettings, check_sizes, layer_kwargs, make_layer_stack
+from vmx.encoders import (LayerSettings, check_sizes, layer_kwargs, make_layer_stack,
+                          relative_position_buckets)
 from vmx.errors import ConfigError
 
 Array = jax.Array
+FAMILIES = ("vmx", "t5")
 
 
 def decoder_targets(tokens_BxL: Array) -> tuple[Array, Array]:
@@ -49,21 +64,41 @@ def decoder_targets(tokens_BxL: Array) -> tuple[Array, Array]:
   return targets.astype(jnp.int32), pos <= length_B[:, None]
 
 
+def _rows_of(init, full_rows: int, start: int):
+  """An initializer drawing a (full_rows x F) matrix with `init` and keeping rows
+  start .. start + n - 1: a split kernel starts as the rows of one (D + C) x F draw."""
+  def rows(key, shape, dtype=jnp.float32):
+    return init(key, (full_rows, shape[1]), dtype)[start:start + shape[0]]
+  return rows
+
+
 class ConditionedLinear(nn.Module):
-  """y = [x ; c] W (+ b) with x [B, L, D], c [B, C]; W stored as one (D + C) x F kernel."""
+  """y = [x ; c] W (+ b) with x [B, L, D], c [B, C].
+
+  W is one (D + C) x F `kernel`, or with `split_kernel` a D x F `kernel` and a C x F
+  `cond_kernel` (the same function and initial distribution: a pretrained D x F matrix
+  can fill `kernel` alone)."""
   features: int
   kernel_axes: tuple[str, str]
   use_bias: bool = True
+  split_kernel: bool = False
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
   def __call__(self, x_BxLxD: Array, cond_BxC: Array) -> Array:
     d, c = x_BxLxD.shape[-1], cond_BxC.shape[-1]
-    kernel = nnp.param_with_axes("kernel", layers.default_kernel_init, (d + c, self.features),
-                                 jnp.float32, axes=self.kernel_axes)
-    kernel = kernel.astype(self.dtype)
-    y = layers.matmul_2d(x_BxLxD.astype(self.dtype), kernel[:d])
-    y_c = jnp.dot(cond_BxC.astype(self.dtype), kernel[d:])  # once per sentence
+    if self.split_kernel:
+      init = layers.default_kernel_init
+      w_x = nnp.param_with_axes("kernel", _rows_of(init, d + c, 0), (d, self.features),
+                                jnp.float32, axes=self.kernel_axes)
+      w_c = nnp.param_with_axes("cond_kernel", _rows_of(init, d + c, d), (c, self.features),
+                                jnp.float32, axes=self.kernel_axes)
+    else:
+      kernel = nnp.param_with_axes("kernel", layers.default_kernel_init,
+                                   (d + c, self.features), jnp.float32, axes=self.kernel_axes)
+      w_x, w_c = kernel[:d], kernel[d:]
+    y = layers.matmul_2d(x_BxLxD.astype(self.dtype), w_x.astype(self.dtype))
+    y_c = jnp.dot(cond_BxC.astype(self.dtype), w_c.astype(self.dtype))  # once per sentence
     if self.use_bias:
       bias = nnp.param_with_axes("bias", nn.initializers.zeros, (self.features,), jnp.float32,
                                  axes=(self.kernel_axes[-1],))
@@ -97,6 +132,32 @@ class DecoderLayer(LayerSettings):
     return x
 
 
+class T5DecoderLayer(LayerSettings):
+  """mT5's decoder layer with the conditioning sublayer in place of its cross-attention:
+  x + SelfAttn_causal(RMS(x), +rel. bias); x + W_c [RMS(x) ; c]; x + GatedMLP(RMS(x))."""
+  norm_epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x_BxLxD: Array, mask_Bx1xLxL: Array, bias_1xHxLxL: Array,
+               cond_BxC: Array, deterministic: bool):
+    drop = lambda h: nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    h = layers.RMSNorm(self.norm_epsilon, self.dtype, name="pre_self_attention_norm")(x_BxLxD)
+    h = layers.MultiHeadAttention(self.num_heads, self.head_dim, self.attention_dropout_rate,
+                                  dtype=self.dtype, scale_query=False, name="self_attention")(
+                                      h, h, mask_Bx1xLxL, deterministic, bias_1xHxLxL)
+    x = x_BxLxD + drop(h)
+    h = layers.RMSNorm(self.norm_epsilon, self.dtype, name="pre_conditioning_norm")(x)
+    h = ConditionedLinear(x.shape[-1], ("mlp", "embed"), use_bias=False, split_kernel=True,
+                          dtype=self.dtype, name="conditioning")(h, cond_BxC)
+    x = x + drop(h)
+    h = layers.RMSNorm(self.norm_epsilon, self.dtype, name="pre_mlp_norm")(x)
+    h = layers.GatedMlpBlock(self.mlp_dim, self.activation, self.dropout_rate,
+                             dtype=self.dtype, name="mlp")(h, deterministic)
+    x = x + drop(h)
+    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
+    return (x, None) if self.scanned else x
+
+
 class ConditionedDecoder(nn.Module):
   """Causal Transformer decoder reading a conditioning vector instead of encoder states.
 
@@ -119,34 +180,59 @@ class ConditionedDecoder(nn.Module):
   remat_policy: str = "none"
   dtype: jnp.dtype = jnp.float32
   shared_embedding: Optional[nn.Module] = None
+  family: str = "vmx"                         # 'vmx' or 't5' (module docstring)
+  norm_epsilon: float = 1e-6                  # 't5'
+  relative_attention_num_buckets: int = 32    # 't5'
+  relative_attention_max_distance: int = 128  # 't5'
 
   def setup(self):
     check_sizes(self)
     if self.num_layers < 1:
       raise ConfigError(f"decoder num_layers={self.num_layers}; need at least 1")
+    if self.family not in FAMILIES:
+      raise ConfigError(f"ConditionedDecoder.family={self.family!r}; expected one of {FAMILIES}")
+    t5 = self.family == "t5"
     self.token_embed = self.shared_embedding or layers.Embed(
         self.vocab_size, self.emb_dim, dtype=self.dtype, name="token_embed")
-    self.position_embed = layers.Embed(self.max_length, self.emb_dim, dtype=self.dtype,
-                                       axes=("length", "embed"),
-                                       embedding_init=nn.initializers.normal(0.02),
-                                       name="position_embed")
+    if t5:
+      self.relative_attention_bias = nnp.param_with_axes(
+          "relative_attention_bias", nn.initializers.normal(0.02),
+          (self.num_heads, self.relative_attention_num_buckets), jnp.float32,
+          axes=("heads", "relpos_buckets"))
+    else:
+      self.position_embed = layers.Embed(self.max_length, self.emb_dim, dtype=self.dtype,
+                                         axes=("length", "embed"),
+                                         embedding_init=nn.initializers.normal(0.02),
+                                         name="position_embed")
     self.start_embed = layers.Embed(max(self.num_languages, 1), self.emb_dim, dtype=self.dtype,
                                     axes=("languages", "embed"),
                                     embedding_init=nn.initializers.normal(0.02),
                                     name="start_embed")
-    self.layer_stack = make_layer_stack(self, DecoderLayer, layer_kwargs(self), self.num_layers,
-                                        self.scan_layers, self.remat_policy, num_inputs=2,
-                                        name="layers")
-    self.final_norm = layers.LayerNorm(dtype=self.dtype, name="final_norm")
+    kwargs = layer_kwargs(self)
+    if t5:
+      kwargs["norm_epsilon"] = self.norm_epsilon
+    self.layer_stack = make_layer_stack(self, T5DecoderLayer if t5 else DecoderLayer, kwargs,
+                                        self.num_layers, self.scan_layers, self.remat_policy,
+                                        num_inputs=3 if t5 else 2, name="layers")
+    self.final_norm = (layers.RMSNorm(self.norm_epsilon, self.dtype, name="final_norm") if t5
+                       else layers.LayerNorm(dtype=self.dtype, name="final_norm"))
     self.embed_dropout = nn.Dropout(self.dropout_rate)
     if self.factorized_output:
       self.output_factor = ConditionedLinear(self.emb_dim, ("mlp", "embed"), use_bias=False,
-                                             dtype=self.dtype, name="output_factor")
+                                             split_kernel=t5, dtype=self.dtype,
+                                             name="output_factor")
       self.output_vocab = layers.Dense(self.vocab_size, ("embed", "vocab"), dtype=self.dtype,
                                        name="output_vocab")
     else:
       self.output = ConditionedLinear(self.vocab_size, ("embed", "vocab"), use_bias=False,
-                                      dtype=self.dtype, name="output")
+                                      split_kernel=t5, dtype=self.dtype, name="output")
+
+  def position_bias(self, length: int) -> Array:
+    """'t5': the causal relative position bias [1, H, L, L] every layer adds to its logits."""
+    buckets = relative_position_buckets(length, length, self.relative_attention_num_buckets,
+                                        self.relative_attention_max_distance,
+                                        bidirectional=False)
+    return jnp.take(self.relative_attention_bias, jnp.asarray(buckets), axis=1)[None]
 
   def __call__(self, targets_BxL: Array, lang_B: Optional[Array], cond_BxC: Array,
                deterministic: bool = True) -> Array:
@@ -157,7 +243,8 @@ class ConditionedDecoder(nn.Module):
       raise ValueError("this decoder starts from a language embedding: pass language ids")
     start = self.start_embed(lang_B if self.num_languages else jnp.zeros((b,), jnp.int32))
     x = jnp.concatenate([start[:, None, :], self.token_embed(targets_BxL[:, :-1])], axis=1)
-    x = x + self.position_embed(jnp.arange(length))[None]
+    if self.family != "t5":   # 't5': positions enter as the relative attention bias
+      x = x + self.position_embed(jnp.arange(length))[None]
     x = self.embed_dropout(x, deterministic=deterministic)
     x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
     # Input position t holds targets[t-1]: a valid key while t <= length of targets.
@@ -166,11 +253,12 @@ class ConditionedDecoder(nn.Module):
     input_valid = jnp.concatenate([jnp.ones((b, 1), bool), targets_BxL[:, :-1] > 0], axis=1)
     mask = layers.make_attention_mask(jnp.ones_like(input_valid), input_valid, causal=True)
     cond = cond_BxC.astype(self.dtype)
+    inputs = (mask, self.position_bias(length), cond) if self.family == "t5" else (mask, cond)
     if self.scan_layers:
-      x, _ = self.layer_stack(x, mask, cond, deterministic)
+      x, _ = self.layer_stack(x, *inputs, deterministic)
     else:
       for lyr in self.layer_stack:
-        x = lyr(x, mask, cond, deterministic)
+        x = lyr(x, *inputs, deterministic)
     h = self.final_norm(x)
     if self.factorized_output:
       logits = self.output_vocab(self.output_factor(h, cond))

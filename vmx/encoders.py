@@ -108,21 +108,29 @@ class T5Layer(LayerSettings):
 
 
 def relative_position_buckets(query_len: int, key_len: int, num_buckets: int,
-                              max_distance: int) -> np.ndarray:
-  """T5's bidirectional relative-position bucket of every (query, key) pair: [Q, K] int32.
+                              max_distance: int, bidirectional: bool = True) -> np.ndarray:
+  """T5's relative-position bucket of every (query, key) pair: [Q, K] int32.
 
-  Half the buckets per direction; within one, exact for distances < num_buckets / 4,
-  log-spaced up to `max_distance`, and the last bucket beyond.
+  Bidirectional (the encoder): half the buckets per direction. Causal
+  (`bidirectional=False`, T5's decoder): all buckets for keys at or before the query,
+  later keys share bucket 0 (the causal mask hides them). Within a direction, exact for
+  distances below half its buckets, log-spaced up to `max_distance`, and the last
+  bucket beyond.
   """
   rel = np.arange(key_len)[None, :] - np.arange(query_len)[:, None]   # key - query
-  half = num_buckets // 2
-  buckets = (rel > 0).astype(np.int32) * half
-  n = np.abs(rel)
-  max_exact = half // 2
+  if bidirectional:
+    per_direction = num_buckets // 2
+    buckets = (rel > 0).astype(np.int32) * per_direction
+    n = np.abs(rel)
+  else:
+    per_direction = num_buckets
+    buckets = np.zeros_like(rel, np.int32)
+    n = -np.minimum(rel, 0)
+  max_exact = per_direction // 2
   with np.errstate(divide="ignore"):
     large = max_exact + (np.log(np.maximum(n, 1) / max_exact) / np.log(max_distance / max_exact)
-                         * (half - max_exact)).astype(np.int32)
-  large = np.minimum(large, half - 1)
+                         * (per_direction - max_exact)).astype(np.int32)
+  large = np.minimum(large, per_direction - 1)
   return (buckets + np.where(n < max_exact, n, large)).astype(np.int32)
 
 

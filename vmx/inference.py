@@ -148,8 +148,9 @@ class Encoder:
     """[len(sentences), D] float32, rows L2-normalized (0 rows -> shape [0, 0]); one string
     gives one [D] vector.
 
-    `lang`: one ISO 639-3 code or one per sentence, needed only by models that read
-    language ids. Raises InputError for bad input and NonFiniteError if the model
+    `lang`: one ISO 639-3 code or one per sentence, needed by models that read language
+    ids, and by vocabularies that pre-tokenize by language (EMS's: Moses, jieba, Juman++;
+    without it Moses's generic rules are used, with a warning). Raises InputError for bad input and NonFiniteError if the model
     produces NaN/Inf (a diverged checkpoint).
 
     The keywords of sentence-transformers' `encode` work as there, so vmx encoders drop
@@ -236,7 +237,8 @@ class Encoder:
     if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
     lang_ids = self._lang_ids(lang, len(sentences))
-    tokens, truncated = self.tokenizer.encode_counting(sentences, self.max_length)
+    # `lang` also picks the pre-tokenizer of a vocabulary that has one (vmx/data/normalize.py)
+    tokens, truncated = self.tokenizer.encode_counting(sentences, self.max_length, lang=lang)
     check = getattr(self.tokenizer, "unknown_only", None)   # vmx's SentencePiece vocabularies
     unknown = [] if check is None else np.flatnonzero(check(tokens)).tolist()
     no_tokens = np.flatnonzero(~tokens.any(axis=1))

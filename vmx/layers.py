@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from flax import traverse_util
 from flax.linen import partitioning as nnp
 from vmx.errors import ConfigError
 
@@ -227,3 +228,24 @@ class GatedMlpBlock(nn.Module):
     h = with_sharding_constraint(h, ("batch", "length", "mlp"))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return Dense(x.shape[-1], ("mlp", "embed"), dtype=self.dtype, name="wo")(h)
+
+
+# Leaf names of weight matrices and embedding tables (the rest: biases, norm scales).
+WEIGHT_NAMES = ("kernel", "cond_kernel", "embedding", "query", "key", "value", "out",
+                "relative_attention_bias")
+
+
+def redraw_uniform(params, rng: Array, scale: float):
+  """`params` with every weight matrix and embedding table (leaves named WEIGHT_NAMES)
+  redrawn from U[-scale, scale], one key per leaf (folded in by its sorted position);
+  biases and norm parameters keep their initial values (0 and 1). BERT-style
+  initialization from scratch, e.g. InfoXLM App. B's U[-0.02, 0.02]."""
+  flat = traverse_util.flatten_dict(params)
+  out = {}
+  for i, path in enumerate(sorted(flat)):
+    leaf = flat[path]
+    if path[-1] in WEIGHT_NAMES:
+      leaf = jax.random.uniform(jax.random.fold_in(rng, i), leaf.shape, leaf.dtype,
+                                -scale, scale)
+    out[path] = leaf
+  return traverse_util.unflatten_dict(out)

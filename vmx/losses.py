@@ -5,6 +5,8 @@ a dict of scalar metrics). Tested against NumPy references in tests/test_losses.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 from flax.linen import partitioning as nnp
@@ -134,7 +136,8 @@ POSITIVES = ("all", "one")
 
 def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
                            rescale: bool = False, normalize: bool = True,
-                           anchors: str = "first", positives: str = "all"):
+                           anchors: str = "first", positives: str = "all",
+                           hard_negatives_GxHxD: Optional[Array] = None):
   """MPCL's loss (Zhao et al., Eq. 2) over the GLOBAL batch.
 
   Group g holds V views: view 0 is the anchor h_g, views 1..V-1 its K = V-1
@@ -152,8 +155,18 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
     V even), and the group's other views leave its denominator (they are
     translations, not negatives): the single-positive loss on the same sentences.
 
+  `hard_negatives_GxHxD` (MPCL's "XLM-R w/ hard negative" variant, §3.5; H per group,
+  the paper's 1): sentences of the batch that are nobody's positive and no anchor. All
+  G*H of them join EVERY anchor's denominator (and its min-max range), as SimCSE's
+  supervised loss counts every hard negative of the batch (Gao et al. 2021, Eq. 5):
+    loss_g = -log( sum_k exp(sim(h_g, h_g^k)) /
+                   (sum_{j != h_g} exp(sim(h_g, h_j)) + sum_{n <= G*H} exp(sim(h_g, h_n^-))) ).
+  None (or H = 0) is the loss above.
+
   Returns (mean loss over anchors, metrics): loss, positive_accuracy (the anchor's
-  nearest sentence in its denominator is one of its positives).
+  nearest sentence in its denominator is one of its positives); with hard negatives also
+  hard_negative_accuracy (the anchor's nearest positive is nearer than each of its own
+  group's hard negatives).
   """
   G, V, D = views_GxVxD.shape
   if anchors not in ANCHORS or positives not in POSITIVES:
@@ -161,6 +174,10 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
                      f"{ANCHORS} and one of {POSITIVES}")
   if positives == "one" and V % 2:
     raise ValueError(f"positives='one' pairs the views 0-1, 2-3, ...: V={V} is odd")
+  if hard_negatives_GxHxD is not None and (hard_negatives_GxHxD.ndim != 3 or
+                                           hard_negatives_GxHxD.shape[::2] != (G, D)):
+    raise ValueError(f"hard_negatives_GxHxD has shape {hard_negatives_GxHxD.shape}; the "
+                     f"views are {views_GxVxD.shape}: expected [{G}, H, {D}]")
   z = views_GxVxD.astype(jnp.float32)
   if normalize:
     z = l2_normalize(z.reshape(G * V, D)).reshape(G, V, D)
@@ -169,10 +186,16 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   else:
     anchors_AxD, anchor_idx = z.reshape(G * V, D), jnp.arange(G * V)
   anchors_AxD = nnp.with_sharding_constraint(anchors_AxD, ("batch", "embed"))
-  all_NxD = gather_global_batch(z.reshape(G * V, D))
-  cos = jnp.einsum("ad,nd->an", anchors_AxD, all_NxD)                    # [A, G*V]
-  col = jnp.arange(G * V)
-  own = (col // V)[None, :] == (anchor_idx // V)[:, None]
+  columns_NxD = z.reshape(G * V, D)
+  H = 0 if hard_negatives_GxHxD is None else hard_negatives_GxHxD.shape[1]
+  if hard_negatives_GxHxD is not None:   # columns G*V ... G*V + G*H - 1: group-major
+    neg = hard_negatives_GxHxD.astype(jnp.float32).reshape(G * H, D)
+    columns_NxD = jnp.concatenate([columns_NxD, l2_normalize(neg) if normalize else neg])
+  all_NxD = gather_global_batch(columns_NxD)
+  cos = jnp.einsum("ad,nd->an", anchors_AxD, all_NxD)                    # [A, G*V + G*H]
+  col = jnp.arange(G * V + G * H)
+  is_view = col < G * V
+  own = is_view[None, :] & ((col // V)[None, :] == (anchor_idx // V)[:, None])
   is_self = col[None, :] == anchor_idx[:, None]
   if positives == "all":
     is_pos = own & ~is_self
@@ -187,7 +210,13 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   loss = jnp.mean(log_den - log_num)
   nearest = jnp.argmax(jnp.where(excluded, neg_inf, sim), axis=1)
   acc = jnp.mean(jnp.take_along_axis(is_pos, nearest[:, None], axis=1))
-  return loss, {"loss": loss, "positive_accuracy": acc}
+  metrics = {"loss": loss, "positive_accuracy": acc}
+  if H:
+    own_neg = ~is_view[None, :] & (((col - G * V) // H)[None, :] == (anchor_idx // V)[:, None])
+    best_pos = jnp.max(jnp.where(is_pos, sim, neg_inf), axis=1)
+    metrics["hard_negative_accuracy"] = jnp.mean(
+        best_pos > jnp.max(jnp.where(own_neg, sim, neg_inf), axis=1))
+  return loss, metrics
 
 
 # ----------------------------------------------------------------------------

@@ -13,6 +13,12 @@ never a test set:
 
 The Bible verses have no English side and are not a dev set here.
 
+Test sets are never read for model selection, but training can skip them the same way:
+`holdout=['tatoeba']` drops every training example that shares a sentence with the
+Tatoeba v1 test set (eval/tatoeba/v1, all 112 languages and their English sides), as the
+VMSST paper's §6.1 removes Tatoeba from its training data. (`../shared/data/train` is
+built without them already; the filter keeps any other corpus clean too.)
+
 `holdout=[names]` on the training tasks (`tasks.parallel_mixture`,
 `tasks.monolingual_mixture`, `tasks.nway_mixture`, ...) drops every training example
 that contains a sentence of those dev sets, in any of their languages (compared after
@@ -53,6 +59,8 @@ DEV_SETS = {
                      description="TICO-19, its first 1,000 of 2,100 sentences"),
 }
 DEFAULT_DEV_SETS = ("newstest2013", "tico19")
+# Test sets training may skip (by `holdout`); never dev sets.
+TEST_SETS = {"tatoeba": "eval/tatoeba/v1"}
 
 def dev_set(name: str) -> DevSet:
   if name not in DEV_SETS:
@@ -64,9 +72,10 @@ def check_names(names: Sequence[str], where: str) -> list[str]:
   """The names as a list; an unknown one is an error naming `where` (a gin binding)."""
   if isinstance(names, str):
     names = [names]
-  unknown = [n for n in names if n not in DEV_SETS]
+  unknown = [n for n in names if n not in DEV_SETS and n not in TEST_SETS]
   if unknown:
-    raise DataError(f"{where}: unknown dev set(s) {unknown}; known: {', '.join(DEV_SETS)}")
+    raise DataError(f"{where}: unknown dev set(s) {unknown}; known: "
+                    f"{', '.join([*DEV_SETS, *TEST_SETS])}")
   return list(names)
 
 
@@ -95,10 +104,30 @@ def read(name: str, data_dir: Optional[str] = None, languages: Optional[Sequence
   return {l: cols[l] for l in langs}, cols[d.english]
 
 
+def test_set_files(name: str, data_dir: Optional[str] = None) -> list[str]:
+  """Registry-relative paths of every file of test set `name` (the data dir's, else the
+  download registry's)."""
+  root = TEST_SETS[name]
+  data_root = download.configured_data_dir(data_dir)
+  rels = (sorted(f"{root}/{p.name}" for p in (data_root / root).glob("*") if p.is_file())
+          if data_root is not None else sorted(r for r in download.registry()
+                                                if r.startswith(root + "/")))
+  if not rels:
+    raise DataError(f"test set {name}: no files under {root} "
+                    f"(data dir: {data_root or 'registry'})")
+  return rels
+
+
 def held_out_sentences(names: Sequence[str], data_dir: Optional[str] = None) -> set[str]:
-  """Every sentence (stripped, non-empty) of the dev sets `names`, in every language."""
+  """Every sentence (stripped, non-empty) of the dev and test sets `names`, in every
+  language."""
   out = set()
   for name in names:
+    if name in TEST_SETS:
+      for rel in test_set_files(name, data_dir):
+        out.update(l.strip() for _, l in readers.iter_lines(download.resolve(rel, data_dir))
+                   if l.strip())
+      continue
     langs, english = read(name, data_dir)
     for sentences in list(langs.values()) + [english]:
       out.update(s.strip() for s in sentences if s.strip())

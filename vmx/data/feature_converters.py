@@ -111,6 +111,30 @@ class MultiViewFeatureConverter(seqio.FeatureConverter):
     return {"views": self.num_views * task_feature_lengths["views"]}
 
 
+class MultiViewHardNegativeFeatureConverter(MultiViewFeatureConverter):
+  """N-way examples with a hard negative (MPCL's hard-negative variant): the task's
+  views [V + 1, L] hold the V views, then the hard negative
+  (vmx.data.tasks.NwayHardNegativeSource) -> views [V * L], hard_negative [L]."""
+  MODEL_FEATURES = {"views": FeatureSpec(dtype=tf.int32),
+                    "hard_negative": FeatureSpec(dtype=tf.int32)}
+  hard_negatives = True   # vmx/data/index.py checks it against the task's source
+
+  def _convert_features(self, ds, task_feature_lengths):
+    v, length = self.num_views, task_feature_lengths["views"]
+
+    def convert(ex):
+      rows = ex["views"]
+      tf.debugging.assert_equal(tf.shape(rows)[0], v + 1,
+                                message=f"examples must have num_views={v} views and a hard "
+                                        f"negative")
+      return {"views": tf.reshape(rows[:v], [v * length]), "hard_negative": rows[v]}
+    return ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def get_model_feature_lengths(self, task_feature_lengths):
+    return {**super().get_model_feature_lengths(task_feature_lengths),
+            "hard_negative": task_feature_lengths["views"]}
+
+
 class MonolingualFeatureConverter(seqio.FeatureConverter):
   """Single sentences (masked-LM text): inputs -> tokens [L] (zero-padded, truncated)."""
   TASK_FEATURES = {"inputs": FeatureSpec(dtype=tf.int32)}

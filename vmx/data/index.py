@@ -120,6 +120,11 @@ class TaskStream:
       if n is not None and getattr(converter, "num_views", n) != n:
         raise ConfigError(f"task {t.name} draws {n} views but the model reads "
                           f"{converter.num_views} (NUM_VIEWS)")
+      hard = getattr(t.source, "hard_negatives", False)
+      if n is not None and getattr(converter, "hard_negatives", False) != hard:
+        raise ConfigError(f"task {t.name} {'has' if hard else 'has no'} hard negatives but "
+                          f"the model reads {'none' if hard else 'one per example'} "
+                          f"(MPCLModel.hard_negatives)")
     self.task_seeds = [_task_seed(self.seed, t.name) for t in self.tasks]
     # grain's integer weights (the smallest rate scaled to 100), as MapDataset.mix uses
     self.proportions = tuple(_float_to_int_proportions(self.rates)) if len(self.tasks) > 1 \

@@ -35,7 +35,8 @@ import tensorflow as tf
 from vmx import storage
 from vmx.data import devsets, readers, teacher
 from vmx.data.teacher import text_fingerprint  # noqa: F401  (also vmx.data.tasks.text_fingerprint)
-from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
+from vmx.data.pretokenized import PretokenizingVocabulary, tokenize_step
+from vmx.data.vocab import SENTENCEPIECE_KIND, TOKENIZER_SPEC, HfTokenizer, spec_kind
 from vmx.errors import DataError
 
 DEFAULT_SHUFFLE_BUFFER = 20_000
@@ -339,8 +340,11 @@ def truncate_keeping_last(dataset: tf.data.Dataset, sequence_length,
 
 
 def seqio_vocabulary(vocab_path: str) -> seqio.Vocabulary:
-  """seqio vocabulary of a SentencePiece `.model` or an imported `vmx_tokenizer.json`."""
+  """seqio vocabulary of a SentencePiece `.model` or a `vmx_tokenizer.json` (imported, or
+  vmx's own model with its pre-tokenization: vmx/data/pretokenized.py)."""
   if Path(vocab_path).name == TOKENIZER_SPEC:
+    if spec_kind(vocab_path) == SENTENCEPIECE_KIND:
+      return PretokenizingVocabulary(vocab_path)
     return HfVocabulary(vocab_path)
   return seqio.SentencePieceVocabulary(str(vocab_path))
 
@@ -377,7 +381,7 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
                    for k in ("inputs_lang", "targets_lang")})
   # Tokens are cacheable; language ids (they index the run's LANGUAGES) come after.
   preprocessors = [
-      seqio.preprocessors.tokenize,
+      tokenize_step(vocab, {"inputs": src_lang, "targets": tgt_lang}, name),
       seqio.CacheDatasetPlaceholder(),
       functools.partial(add_language_ids,
                         src_lang_id=language_id(src_lang, languages, f"task {name}: "),
@@ -396,10 +400,13 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
 
 
 def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
-                       shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER) -> str:
-  """Registers (or re-registers) a tokenized monolingual task (`inputs`); returns its name."""
+                       shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                       language: Optional[str] = None) -> str:
+  """Registers (or re-registers) a tokenized monolingual task (`inputs`); returns its name.
+  `language`: the text's, needed by a vocabulary that pre-tokenizes by language."""
   vocab = seqio_vocabulary(vocab_path)
-  preprocessors = [seqio.preprocessors.tokenize, seqio.CacheDatasetPlaceholder()]
+  preprocessors = [tokenize_step(vocab, {"inputs": language}, name),
+                   seqio.CacheDatasetPlaceholder()]
   if isinstance(vocab, HfVocabulary) and vocab.tokenizer.closing_special:
     preprocessors.append(functools.partial(truncate_keeping_last, features=("inputs",)))
   _unregister(seqio.TaskRegistry, name)
@@ -541,7 +548,130 @@ def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: st
   seqio.TaskRegistry.add(
       name, source=nway_source(languages, rows, num_views, validation_percent, holdout),
       preprocessors=[functools.partial(sample_views, num_views=num_views),
-                     seqio.preprocessors.tokenize, pad_views],
+                     # the views' languages are drawn per example: no pre-tokenization
+                     tokenize_step(vocab, {"views": None}, name), pad_views],
+      output_features=features, shuffle_buffer_size=shuffle_buffer_size)
+  return name
+
+
+# Hard negatives for N-way groups (MPCL's "XLM-R w/ hard negative" variant, §3.5).
+
+HARD_NEGATIVE_STREAM = 1   # the index reader's hard-negative draw: generator (seed, g, 1)
+
+
+class NwayHardNegativeSource(NwaySource):
+  """N-way groups, each with a sentence that contradicts it: `rows[i]` the group's
+  sentence in the N `languages` (the views, as NwaySource) and `negatives[i]` the
+  contradicting sentence in the same N languages ("" = missing), e.g. an XNLI premise and
+  one of its contradiction hypotheses (tasks/xnli_mt.py). Groups with fewer than
+  `min_views` languages or no hard negative are dropped; `holdout` and the
+  validation split look at both.
+
+  An example is NwaySource's V views, then the hard negative in ONE language drawn
+  uniformly from those it has (§3.5: "randomly selected from all languages"): in the
+  tf.data stream `texts` [N], `negatives` [N] and `draw`, and after
+  `sample_views_and_hard_negative` `views` [V + 1, L], the hard negative last
+  (MultiViewHardNegativeFeatureConverter splits it off).
+
+  Index reader: the cache also holds `negative_tokens` [n, N, L] and `negative_present`
+  [n, N]; `draw_views` draws the views exactly as NwaySource does from the example's
+  seed, and the hard negative's language from the generator of (seed, HARD_NEGATIVE_STREAM):
+  a function of (seed, position), as the views.
+  """
+  hard_negatives = True   # vmx/data/index.py checks it against the model's converter
+
+  def __init__(self, languages: Sequence[str], rows: Sequence[Sequence[str]],
+               negatives: Sequence[Sequence[str]], min_views: int,
+               validation_percent: int = VALIDATION_PERCENT,
+               holdout: Optional[devsets.HeldOut] = None):
+    if len(rows) != len(negatives):
+      raise DataError(f"N-way hard negatives: {len(rows)} groups but {len(negatives)} rows of "
+                      f"hard negatives")
+    n = len(languages)
+    if any(len(r) != n for r in rows) or any(len(g) != n for g in negatives):
+      raise DataError(f"N-way hard negatives: every group and hard negative needs {n} texts "
+                      f"(one per language of {list(languages)})")
+    joined = [[*r, *g] for r, g in zip(rows, negatives)
+              if sum(bool(t) for t in r) >= min_views and any(g)]
+    if not joined:
+      raise DataError(f"no N-way group has {min_views} languages (of {list(languages)}) and "
+                      f"a hard negative")
+    # NwaySource's table, holdout and split over the 2N columns [group; hard negative]
+    # (every joined row has >= min_views texts, so its own filter keeps them all).
+    super().__init__([*languages, *languages], joined, min_views, validation_percent, holdout)
+    self.languages = list(languages)
+
+  def _table(self, split) -> tf.Tensor:
+    if split not in self._rows:
+      raise DataError(f"N-way source: no split {split!r}; it has {list(self._rows)}")
+    return tf.constant(np.array(self._rows[split], dtype=object).reshape(
+        -1, 2 * len(self.languages)), tf.string)
+
+  def _dataset(self, split, shuffle_files, seed=None):
+    n = len(self.languages)
+    return super()._dataset(split, shuffle_files, seed).map(
+        lambda ex: {"texts": ex["texts"][:n], "negatives": ex["texts"][n:], "draw": ex["draw"]})
+
+  def stored_examples(self, task: seqio.Task, split: str, lengths):
+    """NwaySource's `tokens` [n, N, L] and `present` [n, N], and the hard negatives'
+    `negative_tokens` [n, N, L] and `negative_present` [n, N]."""
+    vocab, length = task.output_features["views"].vocabulary, int(lengths["views"])
+    n = len(self.languages)
+
+    def tokenize(texts):
+      ids = vocab.encode_tf(texts).to_tensor(0, shape=[2 * n, length])
+      present = tf.strings.length(texts) > 0
+      return {"tokens": ids[:n], "present": present[:n],
+              "negative_tokens": ids[n:], "negative_present": present[n:]}
+    ds = tf.data.Dataset.from_tensor_slices(self._table(split)).map(
+        tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(4096).as_numpy_iterator()
+
+  def draw_views(self, stored: dict, seeds_B) -> dict:
+    """NwaySource's `views` [B, V * L] and `hard_negative` [B, L]: the hard negative in a
+    language drawn uniformly from those it has."""
+    out = super().draw_views(stored, seeds_B)
+    tokens, present = stored["negative_tokens"], stored["negative_present"]
+    neg = np.empty((len(tokens), tokens.shape[-1]), tokens.dtype)
+    for b, seed in enumerate(seeds_B):
+      scores = np.random.default_rng([*seed, HARD_NEGATIVE_STREAM]).random(present.shape[1])
+      scores[~present[b]] = -1.0
+      neg[b] = tokens[b, int(np.argmax(scores))]
+    return {**out, "hard_negative": neg}
+
+
+@seqio.map_over_dataset(num_seeds=1)
+def sample_views_and_hard_negative(ex, seed, num_views: int):
+  """`sample_views`'s V views (the same rule), then the hard negative in one language
+  drawn uniformly from those it has: `views` [V + 1] (the hard negative last)."""
+  texts, negatives = ex["texts"], ex["negatives"]
+  seed = tf.random.experimental.stateless_fold_in(seed, ex["draw"])
+  scores = tf.random.stateless_uniform(tf.shape(texts), seed)
+  scores = tf.where(tf.strings.length(texts) > 0, scores, -1.0)
+  _, idx = tf.math.top_k(scores, k=num_views)
+  neg_seed = tf.random.experimental.stateless_fold_in(seed, HARD_NEGATIVE_STREAM)
+  neg_scores = tf.random.stateless_uniform(tf.shape(negatives), neg_seed)
+  neg_scores = tf.where(tf.strings.length(negatives) > 0, neg_scores, -1.0)
+  return {"views": tf.concat([tf.gather(texts, idx),
+                              negatives[tf.argmax(neg_scores)][None]], axis=0)}
+
+
+def register_nway_hard_negative_task(name: str, languages: Sequence[str], rows, negatives,
+                                     vocab_path: str, num_views: int,
+                                     shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
+                                     validation_percent: int = VALIDATION_PERCENT,
+                                     holdout: Optional[devsets.HeldOut] = None) -> str:
+  """Registers a task of N-way groups with hard negatives (NwayHardNegativeSource)
+  yielding `views` [num_views + 1, L] token ids, the hard negative last."""
+  vocab = seqio_vocabulary(vocab_path)
+  features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
+  _unregister(seqio.TaskRegistry, name)
+  seqio.TaskRegistry.add(
+      name, source=NwayHardNegativeSource(languages, rows, negatives, num_views,
+                                          validation_percent, holdout),
+      preprocessors=[functools.partial(sample_views_and_hard_negative, num_views=num_views),
+                     # the views' languages are drawn per example: no pre-tokenization
+                     tokenize_step(vocab, {"views": None}, name), pad_views],
       output_features=features, shuffle_buffer_size=shuffle_buffer_size)
   return name
 

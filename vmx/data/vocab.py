@@ -12,6 +12,14 @@ Face's tokenizer gives, special tokens included. vmx reserves id 0 for padding, 
 vocabulary whose padding id is another (XLM-R: 1) has that id and 0 swapped in
 vmx's id space (`to_vmx_ids`; the imported embedding rows are swapped to match).
 `load_tokenizer(path)` opens either kind.
+
+A vmx vocabulary may normalize text as EMS §4.2 does (vmx/data/normalize.py):
+lowercasing is SentencePiece's `nmt_nfkc_cf` rule inside the `.model`
+(`lowercase=True`); pre-tokenization by language (Moses, jieba, Juman++) is recorded in
+a `vmx_tokenizer.json` of kind `sentencepiece` next to the `.model` (its sha256 and the
+`Pretokenizer` settings), and `Tokenizer` applies it in `encode(texts, L, lang=...)`.
+Such a vocabulary is a directory (`vocab.model` + `vmx_tokenizer.json`) and travels into
+MODEL_DIR with both files, so training, the caches and inference see the same text.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import json
 import os
 import random
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -30,12 +39,17 @@ import tokenizers
 from tokenizers import BertWordPieceTokenizer
 
 from vmx import storage
+from vmx.data.normalize import JAPANESE_MODES, Pretokenizer, file_language
 from vmx.data.readers import iter_lines
 from vmx.errors import CheckpointError, ConfigError, DataError
-from vmx.gin_utils import binding_source
+from vmx.gin_utils import binding_source, check_range
 from vmx.storage import cache_dir
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+TOKENIZER_SPEC = "vmx_tokenizer.json"
+SENTENCEPIECE_KIND = "sentencepiece"   # a spec of vmx's own model (+ its pre-tokenization)
+SPM_FILE = "vocab.model"
+LOWERCASE_RULE = "nmt_nfkc_cf"   # SentencePiece's NFKC + case folding (default: nmt_nfkc)
 
 
 def language_tag(lang: str) -> str:
@@ -45,15 +59,27 @@ def language_tag(lang: str) -> str:
 def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size: int,
                         languages: Sequence[str] = (), model_type: str = "unigram",
                         character_coverage: float = 0.9995,
-                        max_sentences_per_file: int = 200_000, seed: int = 0) -> str:
-  """Trains a SentencePiece model on (a seeded sample of) `input_files` (.gz ok)."""
+                        max_sentences_per_file: int = 200_000, seed: int = 0,
+                        lowercase: bool = False, pretokenizer: Optional[Pretokenizer] = None,
+                        file_languages: Optional[Sequence[Optional[str]]] = None) -> str:
+  """Trains a SentencePiece model on (a seeded sample of) `input_files` (.gz ok).
 
+  `lowercase`: the model case-folds (`nmt_nfkc_cf`) whatever it encodes. `pretokenizer`:
+  the sampled lines of each file are pre-tokenized in that file's language
+  (`file_languages`, default: from the names, `normalize.file_language`) before training;
+  the model alone does not record it (see `train_vocabulary`)."""
+  if file_languages is None:
+    file_languages = [file_language(p) for p in input_files]
+  if len(file_languages) != len(input_files):
+    raise ConfigError(f"{len(file_languages)} file languages for {len(input_files)} files")
   rng = random.Random(seed)
   sentences = []
-  for path in input_files:
+  for path, lang in zip(input_files, file_languages):
     lines = [l for _, l in iter_lines(path) if l.strip()]
     if len(lines) > max_sentences_per_file:
       lines = rng.sample(lines, max_sentences_per_file)
+    if pretokenizer is not None:
+      lines = [l for l in pretokenizer(lines, lang) if l.strip()]
     sentences.extend(lines)
   if not sentences:
     raise DataError(f"no text to train a vocabulary on in {list(input_files)}")
@@ -66,6 +92,7 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
       spm.SentencePieceTrainer.train(
           sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
           model_type=model_type, character_coverage=character_coverage,
+          normalization_rule_name=LOWERCASE_RULE if lowercase else "nmt_nfkc",
           pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
           user_defined_symbols=[language_tag(l) for l in languages],
           input_sentence_size=len(sentences), shuffle_input_sentence=False,
@@ -79,57 +106,191 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
   return str(model_path)
 
 
+def train_vocabulary(input_files: Sequence[str], output: str, vocab_size: int,
+                     languages: Sequence[str] = (), lowercase: bool = False,
+                     pretokenizer: Optional[Pretokenizer] = None,
+                     file_languages: Optional[Sequence[Optional[str]]] = None,
+                     max_sentences_per_file: int = 200_000) -> str:
+  """A vmx vocabulary at `output`; returns what to pass as VOCAB_PATH / `load_tokenizer`.
+
+  Without `pretokenizer`: the SentencePiece `.model` `output`. With it: the directory
+  `output` holding `vocab.model` and `vmx_tokenizer.json` (kind `sentencepiece`: the
+  model's sha256 and the pre-tokenization settings, written last); returns the spec."""
+  if pretokenizer is None:
+    return train_sentencepiece(input_files, output, vocab_size, languages,
+                               max_sentences_per_file=max_sentences_per_file,
+                               lowercase=lowercase, file_languages=file_languages)
+  out = Path(output)
+  if out.suffix == ".model" or (out.exists() and not out.is_dir()):
+    raise ConfigError(f"{output}: a pre-tokenizing vocabulary is a directory (vocab.model + "
+                      f"{TOKENIZER_SPEC}); name a directory")
+  if file_languages is None:
+    file_languages = [file_language(p) for p in input_files]
+  unnamed = [p for p, l in zip(input_files, file_languages) if l is None]
+  if unnamed:
+    print(f"[vmx] {len(unnamed)} vocabulary file(s) name no language (e.g. {unnamed[0]}): "
+          f"pre-tokenized with Moses's generic rules", flush=True)
+  pretokenizer.check([*languages, *(l for l in file_languages if l)], "the vocabulary's text")
+  model = train_sentencepiece(input_files, str(out / SPM_FILE), vocab_size, languages,
+                              max_sentences_per_file=max_sentences_per_file,
+                              lowercase=lowercase, pretokenizer=pretokenizer,
+                              file_languages=file_languages)
+  return write_sentencepiece_spec(model, pretokenizer)
+
+
+def write_sentencepiece_spec(model_path: str, pretokenizer: Pretokenizer) -> str:
+  """`vmx_tokenizer.json` (kind `sentencepiece`) beside a SentencePiece model: the model's
+  file name and sha256, and the pre-tokenization it is used with."""
+  model = storage.path(model_path)
+  spec = {"kind": SENTENCEPIECE_KIND, "file": model.name,
+          "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), **pretokenizer.settings}
+  dest = model.parent / TOKENIZER_SPEC
+  storage.write_atomic(dest, json.dumps(spec, indent=1))
+  return str(dest)
+
+
+def _existing_vocabulary(path: Optional[str]) -> Optional[str]:
+  """The vocabulary file VOCAB_PATH names when it exists (a model directory: its spec or
+  vocab.model), None when it is to be built."""
+  if path and storage.path(path).is_dir():
+    for name in (TOKENIZER_SPEC, SPM_FILE):
+      if (storage.path(path) / name).is_file():
+        return str(storage.path(path) / name)
+    raise ConfigError(f"VOCAB_PATH={str(path)!r} is a directory without {TOKENIZER_SPEC} or "
+                      f"{SPM_FILE}")
+  if path and storage.path(path).exists():
+    return str(path)
+  return None
+
+
+def check_normalization(vocabulary: str, lowercase: bool,
+                        pretokenizer: Optional[Pretokenizer]):
+  """An existing vocabulary brings its own normalization; what the run asks for must be
+  part of it (ConfigError naming the binding otherwise). Returns its tokenizer."""
+  tok = load_tokenizer(vocabulary)
+  has = getattr(tok, "pretokenizer", None)
+  if lowercase and not getattr(tok, "lowercases", False):
+    raise ConfigError(f"{binding_source('vocabulary_path', 'lowercase')} = True, but the "
+                      f"vocabulary {vocabulary} does not lowercase (not built with it): build "
+                      f"one (VOCAB_PATH = None or a new path) or drop the setting")
+  if pretokenizer is not None and has != pretokenizer:
+    raise ConfigError(f"{binding_source('vocabulary_path', 'pretokenize')} = "
+                      f"{pretokenizer.settings}, but the vocabulary {vocabulary} records "
+                      f"{has.settings if has else 'no pre-tokenization'}: build one "
+                      f"(VOCAB_PATH = None or a new path) or drop the setting")
+  return tok
+
+
 @gin.configurable
 def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
                     vocab_size: int = 32000, languages: Sequence[str] = (),
-                    max_sentences_per_file: int = 200_000) -> str:
+                    max_sentences_per_file: int = 200_000, lowercase: bool = False,
+                    pretokenize: Optional[str] = None, japanese: str = "jumanpp") -> str:
   """An existing vocabulary, or a SentencePiece model built from `train_files` and cached.
 
   `max_sentences_per_file`: a seeded sample of at most that many lines from each file
   (lower: the languages of small files weigh more against the large ones).
 
+  Normalization (EMS §4.2, vmx/data/normalize.py), part of the vocabulary built:
+  `lowercase` (the model case-folds), `pretokenize` ('moses': Moses, jieba for Chinese,
+  Juman++ for Japanese, in each file's language; None: none) and `japanese` ('jumanpp',
+  or 'none': Japanese left to SentencePiece). A pre-tokenizing vocabulary is a directory
+  (`vocab.model` + `vmx_tokenizer.json`). Languages of `languages` that cannot be
+  pre-tokenized here (Juman++ not on PATH, a package missing) are a ConfigError now.
+
   `path` a vmx model directory (e.g. launch/import_checkpoint.py's output): its
   vocabulary (`vmx_tokenizer.json` or `vocab.model`). `path` a file that exists: used
-  as is (e.g. mT5's `.model`). `path` set and absent: built there. `path` unset: built
-  under the cache, keyed by inputs, size and languages.
+  as is (e.g. mT5's `.model`). An existing vocabulary keeps its own normalization; one
+  asked for here must be part of it. `path` set and absent: built there. `path` unset:
+  built under the cache, keyed by inputs, size, languages and normalization.
   """
-  if path and storage.path(path).is_dir():
-    for name in (TOKENIZER_SPEC, "vocab.model"):
-      if (storage.path(path) / name).is_file():
-        return str(storage.path(path) / name)
-    raise ConfigError(f"VOCAB_PATH={str(path)!r} is a directory without {TOKENIZER_SPEC} or "
-                      f"vocab.model")
-  if path and storage.path(path).exists():
-    return str(path)
-  if path and (not str(path).endswith(".model") or storage.is_remote(path)):
+  check_range(isinstance(lowercase, bool), "vocabulary_path", "lowercase", lowercase,
+              "True or False")
+  check_range(japanese in JAPANESE_MODES, "vocabulary_path", "japanese", japanese,
+              f"one of {JAPANESE_MODES}")
+  pretok = None
+  if pretokenize is not None:
+    pretok = Pretokenizer(pretokenize, japanese, "vocabulary_path")
+  existing = _existing_vocabulary(path)
+  if existing:
+    has = getattr(check_normalization(existing, lowercase, pretok), "pretokenizer", None)
+    if has is not None:
+      has.check(languages, f"the languages of vocabulary {existing}")
+    return existing
+  if path and not pretok and (not str(path).endswith(".model") or storage.is_remote(path)):
     raise ConfigError(f"VOCAB_PATH={str(path)!r} does not exist (an imported model directory, "
                       f"or a SentencePiece .model to use, or a local one to build)")
+  if path and pretok and (str(path).endswith(".model") or storage.is_remote(path)):
+    raise ConfigError(f"VOCAB_PATH={str(path)!r}: a pre-tokenizing vocabulary "
+                      f"({binding_source('vocabulary_path', 'pretokenize')}) is built as a "
+                      f"local directory (vocab.model + {TOKENIZER_SPEC}); name a directory")
   if not train_files:
     raise DataError(f"vocabulary {path!r} does not exist and no train_files to build it from")
+  if pretok is not None:
+    pretok.check(languages, "LANGUAGES")
   if not path:
     cap = [] if max_sentences_per_file == 200_000 else [f"cap={max_sentences_per_file}"]
-    key = hashlib.sha256("|".join([*map(str, train_files), str(vocab_size), *languages, *cap])
-                         .encode()).hexdigest()[:16]
-    path = cache_dir().parent / "vocab" / f"spm_{vocab_size}_{key}.model"
-    if path.exists():
-      return str(path)
-  print(f"[vmx] building SentencePiece vocabulary ({vocab_size} pieces) -> {path}", flush=True)
-  return train_sentencepiece(list(train_files), str(path), vocab_size, languages,
-                             max_sentences_per_file=max_sentences_per_file)
+    norm = (["lowercase"] if lowercase else []) + (
+        [json.dumps(pretok.settings, sort_keys=True)] if pretok else [])
+    key = hashlib.sha256("|".join([*map(str, train_files), str(vocab_size), *languages, *cap,
+                                   *norm]).encode()).hexdigest()[:16]
+    path = cache_dir().parent / "vocab" / f"spm_{vocab_size}_{key}{'' if pretok else '.model'}"
+    done = path / TOKENIZER_SPEC if pretok else path
+    if done.exists():
+      return str(done)
+  print(f"[vmx] building SentencePiece vocabulary ({vocab_size} pieces"
+        f"{', lowercased' if lowercase else ''}"
+        f"{', pre-tokenized: ' + pretok.method if pretok else ''}) -> {path}", flush=True)
+  return train_vocabulary(list(train_files), str(path), vocab_size, languages, lowercase,
+                          pretok, max_sentences_per_file=max_sentences_per_file)
 
 
 class Tokenizer:
-  """Batch tokenization into fixed-shape, zero-padded int32 arrays."""
+  """Batch tokenization into fixed-shape, zero-padded int32 arrays.
 
-  def __init__(self, model_path: str):
-    if not storage.path(model_path).exists():
-      raise DataError(f"{model_path}: no such SentencePiece model")
+  `pretokenizer` (a vocabulary whose `vmx_tokenizer.json` records one, see
+  `load_tokenizer`): texts are pre-tokenized in their language before SentencePiece;
+  `encode(texts, L, lang=...)` takes one language code, one per text, or None (Moses's
+  generic rules, with a warning: Chinese and Japanese are then not segmented as in
+  training)."""
+
+  def __init__(self, model_path: str, pretokenizer: Optional[Pretokenizer] = None,
+               model_bytes: Optional[bytes] = None):
+    if model_bytes is None:
+      if not storage.path(model_path).exists():
+        raise DataError(f"{model_path}: no such SentencePiece model")
+      model_bytes = storage.path(model_path).read_bytes()
     self.model_path = str(model_path)
-    self.sp = spm.SentencePieceProcessor(model_proto=storage.path(model_path).read_bytes())
+    self.sp = spm.SentencePieceProcessor(model_proto=model_bytes)
+    self.pretokenizer = pretokenizer
+
+  @classmethod
+  def from_spec(cls, spec_path: str, spec: dict) -> "Tokenizer":
+    """vmx's own SentencePiece model described by a `vmx_tokenizer.json` (kind
+    `sentencepiece`); the model must be the one the spec names (its sha256)."""
+    file = storage.path(spec_path).parent / str(spec.get("file", ""))
+    if not spec.get("file") or not file.is_file():
+      raise CheckpointError(f"{file}: missing (named by {spec_path})")
+    data = file.read_bytes()
+    if spec.get("sha256") and hashlib.sha256(data).hexdigest() != spec["sha256"]:
+      raise CheckpointError(f"{file} is not the SentencePiece model {spec_path} describes "
+                            f"(sha256 differs): the two files must be copied together")
+    pretok = None
+    if spec.get("pretokenize") is not None:
+      try:
+        pretok = Pretokenizer.from_settings(spec, f"{spec_path}", recorded=True)
+      except ConfigError as e:
+        raise CheckpointError(f"{spec_path}: {e}") from None
+    return cls(str(spec_path), pretok, model_bytes=data)
 
   @property
   def vocab_size(self) -> int:
     return self.sp.get_piece_size()
+
+  @property
+  def lowercases(self) -> bool:
+    """Whether the model case-folds what it encodes (built with `lowercase=True`)."""
+    return self.sp.normalize("ABC") == self.sp.normalize("abc")
 
   def unknown_only(self, ids_NxL: np.ndarray) -> np.ndarray:
     """[N] bool: rows with tokens, all of them the unknown piece (two such sentences get
@@ -146,13 +307,26 @@ class Tokenizer:
       raise KeyError(f"{piece!r} is not in vocabulary {self.model_path}")
     return i
 
-  def encode(self, texts: Iterable[str], max_length: int) -> np.ndarray:
-    """[n, max_length] ids, zero-padded; longer texts keep their first max_length ids."""
-    return self.encode_counting(texts, max_length)[0]
+  def pretokenize(self, texts: Iterable[str], lang=None) -> list[str]:
+    """What SentencePiece is given: the texts pre-tokenized (unchanged without a
+    pre-tokenizer)."""
+    texts = list(texts)
+    if self.pretokenizer is None:
+      return texts
+    if lang is None:
+      warnings.warn(f"the vocabulary {self.model_path} pre-tokenizes by language "
+                    f"(Moses; jieba for Chinese; Juman++ for Japanese) and no lang= was "
+                    f"given: Moses's generic rules were used", stacklevel=3)
+    return self.pretokenizer(texts, lang)
 
-  def encode_counting(self, texts: Iterable[str], max_length: int) -> tuple[np.ndarray, int]:
+  def encode(self, texts: Iterable[str], max_length: int, lang=None) -> np.ndarray:
+    """[n, max_length] ids, zero-padded; longer texts keep their first max_length ids."""
+    return self.encode_counting(texts, max_length, lang)[0]
+
+  def encode_counting(self, texts: Iterable[str], max_length: int,
+                      lang=None) -> tuple[np.ndarray, int]:
     """(ids as in `encode`, how many texts were truncated)."""
-    ids = self.sp.encode(list(texts))
+    ids = self.sp.encode(self.pretokenize(texts, lang))
     out = np.zeros((len(ids), max_length), np.int32)
     cut = 0
     for i, row in enumerate(ids):
@@ -172,15 +346,38 @@ def copy_vocabulary(src: str, model_dir: str) -> str:
 
 
 # ----------------------------------------------------------------------------
-# Imported tokenizers (Hugging Face checkpoints).
+# Tokenizer specs: imported tokenizers (Hugging Face checkpoints), and vmx's own
+# SentencePiece models with a pre-tokenization (kind `sentencepiece`).
 
-TOKENIZER_SPEC = "vmx_tokenizer.json"
 TOKENIZER_KINDS = ("tokenizers", "wordpiece", "t5_spm", "fairseq_spm")
 
 
+def read_spec(spec_path: str) -> dict:
+  """A `vmx_tokenizer.json`'s content (CheckpointError when unreadable)."""
+  try:
+    spec = json.loads(storage.path(spec_path).read_text())
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{spec_path}: not a readable vmx tokenizer spec ({e})") from None
+  if not isinstance(spec, dict):
+    raise CheckpointError(f"{spec_path}: not a vmx tokenizer spec (a JSON object)")
+  return spec
+
+
+def spec_kind(path: str) -> Optional[str]:
+  """The `kind` of a `vmx_tokenizer.json`; None for a SentencePiece `.model`."""
+  if storage.path(path).name != TOKENIZER_SPEC:
+    return None
+  return read_spec(path).get("kind")
+
+
 def load_tokenizer(path: str):
-  """`Tokenizer` for a SentencePiece `.model`, `HfTokenizer` for a `vmx_tokenizer.json`."""
+  """`Tokenizer` for a SentencePiece `.model` or a `vmx_tokenizer.json` of kind
+  `sentencepiece` (vmx's own, with its pre-tokenization), `HfTokenizer` for an imported
+  checkpoint's `vmx_tokenizer.json`."""
   if storage.path(path).name == TOKENIZER_SPEC:
+    spec = read_spec(path)
+    if spec.get("kind") == SENTENCEPIECE_KIND:
+      return Tokenizer.from_spec(path, spec)
     return HfTokenizer(path)
   return Tokenizer(path)
 
@@ -254,10 +451,13 @@ class HfTokenizer:
       return row
     return row[:max_length - 1] + row[-1:] if self.closing_special else row[:max_length]
 
-  def encode(self, texts: Iterable[str], max_length: int) -> np.ndarray:
-    return self.encode_counting(texts, max_length)[0]
+  def encode(self, texts: Iterable[str], max_length: int, lang=None) -> np.ndarray:
+    return self.encode_counting(texts, max_length, lang)[0]
 
-  def encode_counting(self, texts: Iterable[str], max_length: int) -> tuple[np.ndarray, int]:
+  def encode_counting(self, texts: Iterable[str], max_length: int,
+                      lang=None) -> tuple[np.ndarray, int]:
+    """`lang` is not used: an imported tokenizer normalizes text its own way."""
+    del lang
     rows = self.hf_ids(texts)
     out = np.zeros((len(rows), max_length), np.int32)
     cut = 0
@@ -277,8 +477,8 @@ class HfTokenizer:
 
 
 def copy_tokenizer(src_spec: str, model_dir: str) -> str:
-  """Copies an imported tokenizer (spec + its file) into model_dir; returns the spec's name
-  relative to model_dir."""
+  """Copies a tokenizer spec and its file (an imported tokenizer, or vmx's own model with
+  its pre-tokenization) into model_dir; returns the spec's name relative to model_dir."""
   src = storage.path(src_spec)
   spec = json.loads(src.read_text())
   dest = storage.path(model_dir) / src.name
@@ -290,7 +490,7 @@ def copy_tokenizer(src_spec: str, model_dir: str) -> str:
 
 
 def copy_any_vocabulary(vocabulary: str, model_dir: str) -> str:
-  """Copies a SentencePiece model or an imported tokenizer next to the checkpoints;
+  """Copies a SentencePiece model or a tokenizer spec (+ its file) next to the checkpoints;
   returns its file name in model_dir (what vmx_model.json records)."""
   if storage.path(vocabulary).name == TOKENIZER_SPEC:
     return copy_tokenizer(vocabulary, model_dir)

@@ -57,16 +57,36 @@ def kl_gaussian(p, q) -> float:
   diff = mq - mp
   if sp.ndim == 1:
     return 0.5 * float(np.sum(sp / sq + diff ** 2 / sq - 1 + np.log(sq) - np.log(sp)))
-  d = len(mp)
-  sq_inv = np.linalg.inv(sq)
-  _, logdet_p = np.linalg.slogdet(sp)
-  _, logdet_q = np.linalg.slogdet(sq)
-  return 0.5 * float(np.trace(sq_inv @ sp) + diff @ sq_inv @ diff - d + logdet_q - logdet_p)
+  return _kl_full(_prepared(p), _prepared(q))
+
+
+def _prepared(g):
+  """(mean, covariance, its inverse, its log-determinant): a full Gaussian ready for many
+  KLs (each then costs O(d^2), not an inversion)."""
+  mu, cov = g
+  return mu, cov, np.linalg.inv(cov), np.linalg.slogdet(cov)[1]
+
+
+def _kl_full(p, q) -> float:
+  (mp, sp, _, logdet_p), (mq, _, sq_inv, logdet_q) = p, q
+  diff = mq - mp
+  # trace(S_q^-1 S_p) as an elementwise sum (S_p symmetric)
+  return 0.5 * float(np.sum(sq_inv * sp) + diff @ sq_inv @ diff - len(mp) + logdet_q
+                     - logdet_p)
+
+
+def _mean_kl(g: dict) -> float:
+  """Mean over ordered pairs of languages of KL(g[a] || g[b])."""
+  if next(iter(g.values()))[1].ndim == 1:
+    return float(np.mean([kl_gaussian(g[a], g[b])
+                          for a, b in itertools.permutations(sorted(g), 2)]))
+  prep = {l: _prepared(v) for l, v in g.items()}
+  return float(np.mean([_kl_full(prep[a], prep[b])
+                        for a, b in itertools.permutations(sorted(prep), 2)]))
 
 
 def invariance(embs: dict, cov: str = "diag") -> float:
-  g = {l: gaussian(mining.normalize(e), cov) for l, e in embs.items()}
-  return float(np.mean([kl_gaussian(g[a], g[b]) for a, b in itertools.permutations(sorted(g), 2)]))
+  return _mean_kl({l: gaussian(mining.normalize(e), cov) for l, e in embs.items()})
 
 
 def canonical_form(embs: dict) -> float:
@@ -99,7 +119,7 @@ def invariance_eq16(embs: dict) -> float:
     if np.linalg.slogdet(scatter)[0] <= 0:
       return float("nan")
     g[l] = (mu, scatter)
-  return float(np.mean([kl_gaussian(g[a], g[b]) for a, b in itertools.permutations(sorted(g), 2)]))
+  return _mean_kl(g)
 
 
 def canonical_form_eq17(embs: dict) -> float:
@@ -118,6 +138,13 @@ def isotropy_eq18(embs: dict) -> float:
   _, vecs = np.linalg.eigh(w.T @ w)
   logz = logsumexp(w @ vecs, axis=0)
   return float(np.exp(logz.min() - logz.max()))
+
+
+def all_metrics(embs: dict, cov: str = "diag") -> dict:
+  """The equations as printed and vmx's variants, of {language: embeddings [n, d]}."""
+  return {"invariance_kl": invariance(embs, cov), "canonical_form_ch": canonical_form(embs),
+          "isotropy_pr": isotropy(embs), "invariance_kl_eq16": invariance_eq16(embs),
+          "canonical_form_eq17": canonical_form_eq17(embs), "isotropy_eq18": isotropy_eq18(embs)}
 
 
 def load_nway(files: common.DataFiles, paths: dict, n: Optional[int] = None):
@@ -140,10 +167,8 @@ def evaluate(encode, paths: Optional[dict] = None, n: int = 1000, cov: str = "di
   files = files or common.DataFiles("geometry", data_dir)
   texts = load_nway(files, paths or DEFAULT_FILES, n)
   embs = {l: encode(t, l) for l, t in common.progress_iter(texts.items(), "geometry", progress)}
-  scores = {"invariance_kl": invariance(embs, cov), "canonical_form_ch": canonical_form(embs),
-            "isotropy_pr": isotropy(embs), "invariance_kl_eq16": invariance_eq16(embs),
-            "canonical_form_eq17": canonical_form_eq17(embs), "isotropy_eq18": isotropy_eq18(embs),
-            "n_sentences": len(next(iter(texts.values()))), "covariance": cov}
+  scores = {**all_metrics(embs, cov), "n_sentences": len(next(iter(texts.values()))),
+            "covariance": cov}
   subset = {"hf_subset": "default", "languages": sorted(embs), "main_score":
             scores["invariance_kl"], **scores}
   return {"scores": {"test": [subset]}, "main_score": subset["main_score"],

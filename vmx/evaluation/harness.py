@@ -24,7 +24,7 @@ import dataclasses
 import json
 import time
 import traceback
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from vmx.data import devsets
 from vmx.errors import DataError
 from vmx.data.languages import resolve as resolve_language
 from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
-from vmx.evaluation import plots
+from vmx.evaluation import flores, layerwise, paracrawl, plots
 
 VMX_VERSION = "0.1.0"
 
@@ -53,6 +53,25 @@ class EvalConfig:
   geometry_cov: str = "diag"
   transfer_languages: Sequence[str] = transfer.XNLI_LANGS
   transfer_source: str = "en"
+  # probe of the transfer tasks: None = each task's own (xnli_transfer: 'logistic', seed 0;
+  # mldoc / amazon_v1 / amazon_v2: EMS's 'mlp', seeds 0-4); transfer.PROBES
+  transfer_probe: Optional[str] = None
+  transfer_seeds: Optional[Sequence[int]] = None
+  mldoc_dir: Optional[str] = None              # transfer.MLDOC.pattern files
+  amazon_v1_dir: Optional[str] = None          # transfer.AMAZON_V1.pattern files
+  amazon_v2_dir: Optional[str] = None          # transfer.AMAZON_V2.pattern files
+  paracrawl_dir: Optional[str] = None          # OPUS ParaCrawl v5 ParaCrawl.<pair>.<xx> files
+  paracrawl_languages: Optional[Sequence[str]] = None   # default: every pair supplied
+  paracrawl_queries: int = paracrawl.N_QUERIES
+  paracrawl_candidates: int = paracrawl.N_CANDIDATES
+  paracrawl_seed: int = 0
+  flores_dir: Optional[str] = None             # FLORES-200's flores200_dataset/ (flores.py)
+  flores_splits: Sequence[str] = flores.DEFAULT_SPLITS
+  flores_languages: Optional[Sequence[str]] = None      # FLORES codes; default all
+  # task tatoeba_layers (InfoXLM Fig. 1): 'all' or layer numbers; None = off in protocols,
+  # all layers when the task is asked for by name
+  tatoeba_layers: Union[None, str, Sequence[int]] = None
+  tatoeba_layer_languages: Sequence[str] = tatoeba.INFOXLM_PARALLEL14
   dev_sets: Sequence[str] = devsets.DEFAULT_DEV_SETS   # vmx.data.devsets
   dev_max_sentences: Optional[int] = 1000
   dev_languages: Optional[Sequence[str]] = None    # file codes or ISO 639-3; default all
@@ -83,6 +102,42 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
           "mean": res["mean"], "groups": res["groups"]}
 
 
+def _tatoeba_layers(encode, cfg: EvalConfig, ctx) -> dict:
+  """InfoXLM Fig. 1: Tatoeba accuracy of each layer's mean-pooled hidden states
+  (vmx/evaluation/layerwise.py), one Tatoeba pass per layer; main score = the best layer's
+  xx->en accuracy."""
+  del encode
+  encoder = ctx["encoder"]
+  layers = cfg.tatoeba_layers
+  if layers in (None, "all"):
+    layers = list(range(1, layerwise.num_layers(encoder) + 1))
+  langs = list(cfg.tatoeba_layer_languages)
+  for l in langs:   # resolve (and record) the files; missing ones fail here, named
+    ctx["files"].path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
+    ctx["files"].path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
+  rows = []
+  for k in layers:
+    enc_k = common.as_encode_fn(layerwise.layer_encoder(encoder, int(k)),
+                                progress=None if cfg.progress else False)
+    res = tatoeba.evaluate(enc_k, langs, cfg.data_dir, english=cfg.tatoeba_english)
+    m = res["mean"]
+    rows.append({"hf_subset": f"layer_{k}", "layer": int(k), "languages": langs,
+                 "main_score": m["xx2en"], "accuracy_xx2en": m["xx2en"],
+                 "accuracy_en2xx": m["en2xx"], "accuracy_mean": m["mean"],
+                 "n_languages": m["n_languages"]})
+  best = max(rows, key=lambda r: r["main_score"])
+  return {"scores": {"test": rows}, "main_score": best["main_score"], "best_layer": best["layer"],
+          "pooling": "mean", "direction": "xx2en"}
+
+
+def _transfer_benchmark(name: str, flag: str):
+  bench = transfer.BENCHMARKS[name]
+  return lambda e, c, x: transfer.evaluate_benchmark(
+      e, bench, _required(getattr(c, flag), name, flag, "transfer"),
+      c.transfer_probe or "mlp", c.transfer_seeds or transfer.EMS_SEEDS, c.progress,
+      files=x["files"])
+
+
 TASKS: dict[str, Callable] = {
     "tatoeba": _tatoeba,
     "bucc": lambda e, c, x: bucc.evaluate(e, c.bucc_pairs, c.data_dir, progress=c.progress,
@@ -101,6 +156,18 @@ TASKS: dict[str, Callable] = {
                                         c.dev_languages, x.get("id_languages"), c.progress),
     "xnli_transfer": lambda e, c, x: transfer.evaluate(
         e, languages=c.transfer_languages, source=c.transfer_source, data_dir=c.data_dir,
+        progress=c.progress, files=x["files"], probe=c.transfer_probe or "logistic",
+        seeds=c.transfer_seeds or (0,)),
+    "mldoc": _transfer_benchmark("mldoc", "mldoc_dir"),
+    "amazon_v1": _transfer_benchmark("amazon_v1", "amazon_v1_dir"),
+    "amazon_v2": _transfer_benchmark("amazon_v2", "amazon_v2_dir"),
+    "paracrawl": lambda e, c, x: paracrawl.evaluate(
+        e, _required(c.paracrawl_dir, "paracrawl", "paracrawl_dir"), c.paracrawl_languages,
+        c.paracrawl_queries, c.paracrawl_candidates, c.paracrawl_seed, progress=c.progress,
+        files=x["files"]),
+    "tatoeba_layers": _tatoeba_layers,
+    "flores": lambda e, c, x: flores.evaluate(
+        e, _required(c.flores_dir, "flores", "flores_dir"), c.flores_splits, c.flores_languages,
         progress=c.progress, files=x["files"]),
 }
 # main_score direction, for readers of the results (MTEB assumes higher is better)
@@ -118,10 +185,10 @@ SUITES = {
 }
 
 
-def _required(value, task, flag):
+def _required(value, task, flag, module=None):
   if not value:
-    raise DataError(f"task {task}: needs --{flag} (see vmx/evaluation/{task.rstrip('0123456789')}"
-                    f".py for the file layout)")
+    raise DataError(f"task {task}: needs --{flag} (see vmx/evaluation/"
+                    f"{module or task.rstrip('0123456789')}.py for the file layout)")
   return value
 
 
@@ -195,7 +262,8 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
     print(f"[vmx eval] {name} ...", flush=True)
     try:
       res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs,
-                                         "id_languages": ctx_langs if reads_ids else None})
+                                         "id_languages": ctx_langs if reads_ids else None,
+                                         "encoder": encoder})
     except (DataError, ValueError, OSError) as e:
       errors[name] = f"{type(e).__name__}: {e}"
       print(f"[vmx eval] {name} FAILED: {errors[name]}", flush=True)

@@ -8,13 +8,27 @@
   - `sbert`: Spearman ×100 on each year's concatenation (2013 `SMT` excluded, as
     SBERT/SentEval do), averaged across years.
 * STS benchmark (`eval/sts/STSBenchmark/sts-{dev,test}.csv`): Pearson and Spearman ×100.
-* Cross-lingual SemEval-2017 layout (a directory with `STS.input.trackN.xx-yy.txt`
-  and `STS.gs.trackN.xx-yy.txt`): Pearson and Spearman ×100 per track; sentence 1 is
-  encoded as language xx, sentence 2 as yy.
+* SemEval-2017 Task 1 (STS17), its test release as distributed: `Sts2017.eval.v1.1.zip`
+  (`STS2017.eval.v1.1/STS.input.trackN.xx-yy.txt`) and `Sts2017.gs.zip`
+  (`STS2017.gs/STS.gs.trackN.xx-yy.txt`), read from the zips themselves, from their
+  unzipped directories, or from one directory holding both kinds of file. Pearson and
+  Spearman ×100 per track. The track files are not all alike, and are read as they are:
+  - the input's columns are not always in the name's order: track2 ar-en, track4b es-en
+    and track6 tr-en have English first (track4a es-en has Spanish first), so each
+    column is encoded as its own language (`SEMEVAL2017_COLUMNS`);
+  - track6 tr-en has 500 input lines and 250 gold scores: the first 250 lines are the
+    scored ones (as MTEB's copy, via sentence-transformers' STS2017-extended, takes them);
+  - track4b's gold scores are integers, the others' have six decimals;
+  - the Arabic fields have leading / trailing spaces and no-break spaces: each field is
+    stripped (as MTEB's copy is); track4b's fields may start with a double quote, which
+    is text (no CSV quoting);
+  - MTEB's STS17 has one es-en set, track4a (`mteb` in each track's row).
+  A track that cannot be read is reported in `tracks_failed`; the others are scored.
 """
 from __future__ import annotations
 
 import re
+import zipfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -41,22 +55,30 @@ def correlations(pred, gold) -> dict:
 
 def read_senteval(input_path: Path, gs_path: Path, task="sts"):
   """(sentences1, sentences2, scores) of the scored lines of one dataset."""
-  inp = common.read_lines(input_path, task)
-  gs = common.read_lines(gs_path, task)
-  if len(inp) != len(gs):
-    raise DataError(f"task {task}: {input_path} has {len(inp)} lines but {gs_path} has "
-                    f"{len(gs)}")
+  return scored_pairs(common.read_lines(input_path, task), common.read_lines(gs_path, task),
+                      str(input_path), str(gs_path), task)
+
+
+def scored_pairs(lines: Sequence[str], gold: Sequence[str], inp_where: str, gs_where: str,
+                 task: str, exact_fields: bool = False):
+  """(sentences1, sentences2, scores) of the lines whose gold line holds a score (an empty
+  one: unscored, skipped); each sentence stripped. `exact_fields`: exactly two
+  tab-separated fields (else at least two). Errors name the file and line."""
+  if len(lines) != len(gold):
+    raise DataError(f"task {task}: {inp_where} has {len(lines)} lines but {gs_where} has "
+                    f"{len(gold)}")
   s1, s2, y = [], [], []
-  for i, (line, g) in enumerate(zip(inp, gs), 1):
+  for i, (line, g) in enumerate(zip(lines, gold), 1):
     if not g.strip():
       continue
     parts = line.split("\t")
-    if len(parts) < 2:
-      raise DataError(f"task {task}: {input_path}:{i}: expected two tab-separated sentences")
+    if len(parts) < 2 or (exact_fields and len(parts) != 2):
+      raise DataError(f"task {task}: {inp_where}:{i}: expected two tab-separated sentences, "
+                      f"got {len(parts)} field{'s' * (len(parts) != 1)}")
     try:
       y.append(float(g.strip()))
     except ValueError:
-      raise DataError(f"task {task}: {gs_path}:{i}: not a score: {g[:40]!r}") from None
+      raise DataError(f"task {task}: {gs_where}:{i}: not a score: {g[:40]!r}") from None
     s1.append(parts[0].strip())
     s2.append(parts[1].strip())
   return s1, s2, np.asarray(y)
@@ -137,37 +159,98 @@ def evaluate_stsb(encode, splits=("test", "dev"), data_dir: Optional[str] = None
   return {"scores": scores, "main_score": scores[splits[0]][0]["main_score"]}
 
 
+# SemEval-2017 Task 1 tracks: the language of each input column, as the release has them
+# (the file names give the pair, not the order), and whether MTEB's STS17 includes it.
+SEMEVAL2017_COLUMNS = {"track1": ("ar", "ar"), "track2": ("en", "ar"), "track3": ("es", "es"),
+                       "track4a": ("es", "en"), "track4b": ("en", "es"),
+                       "track5": ("en", "en"), "track6": ("en", "tr")}
+SEMEVAL2017_NOT_IN_MTEB = ("track4b",)
+# Tracks whose input has more lines than the gold file, the first ones being scored.
+SEMEVAL2017_SCORED_PREFIX = {"track6": 250}
+_STS17_NAME = re.compile(r"STS\.(input|gs)\.(track\w+)\.([a-z]+)-([a-z]+)\.txt")
+
+
+def _sts17_sources(locations) -> dict:
+  """{file name: (where, read_bytes, the file holding it)} for the STS17 files under each
+  location: a directory (searched one level down as well, for unzipped release
+  directories) or a zip file (any member path)."""
+  found = {}
+  for loc in locations:
+    loc = Path(loc)
+    if loc.is_file() and zipfile.is_zipfile(loc):
+      with zipfile.ZipFile(loc) as z:
+        for info in z.infolist():
+          name = info.filename.rsplit("/", 1)[-1]
+          if _STS17_NAME.fullmatch(name):
+            found.setdefault(name, (f"{loc}:{info.filename}",
+                                    lambda loc=loc, m=info.filename: _zip_member(loc, m), loc))
+    elif loc.is_dir():
+      for p in sorted(list(loc.glob("STS.*.txt")) + list(loc.glob("*/STS.*.txt"))):
+        if _STS17_NAME.fullmatch(p.name):
+          found.setdefault(p.name, (str(p), p.read_bytes, p))
+    else:
+      raise DataError(f"task sts17: {loc} is neither a directory nor a zip file")
+  return found
+
+
+def _zip_member(path: Path, member: str) -> bytes:
+  with zipfile.ZipFile(path) as z:
+    return z.read(member)
+
+
+def _sts17_lines(where: str, read) -> list[str]:
+  try:
+    text = read().decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise DataError(f"task sts17: {where}: not UTF-8 ({e})") from None
+  return text.splitlines()
+
+
+def read_sts17_track(track: str, inp: tuple, gs: tuple):
+  """(sentences of column 1, of column 2, gold scores) of one track, as distributed."""
+  (inp_where, inp_read, _), (gs_where, gs_read, _) = inp, gs
+  lines, gold = _sts17_lines(inp_where, inp_read), _sts17_lines(gs_where, gs_read)
+  scored = SEMEVAL2017_SCORED_PREFIX.get(track)
+  if scored and len(lines) > len(gold) == scored:
+    lines = lines[:scored]
+  s1, s2, y = scored_pairs(lines, gold, inp_where, gs_where, "sts17", exact_fields=True)
+  if not len(y):
+    raise DataError(f"task sts17: {gs_where}: no scored line")
+  return s1, s2, y
+
+
 def evaluate_sts17(encode, directory: str, gs_directory: Optional[str] = None,
                    progress: bool = False, files: Optional[common.DataFiles] = None) -> dict:
-  """Every `STS.input.trackN.xx-yy.txt` in `directory` (gold in `gs_directory`)."""
-  files = files or common.DataFiles("sts17", None)
-  d = Path(directory)
-  if not d.is_dir():
-    raise DataError(f"task sts17: {d} is not a directory")
-  gs_d = Path(gs_directory) if gs_directory else d
-  inputs = sorted(d.glob("STS.input.track*.txt"))
+  """Every track of the SemEval-2017 release at `directory` (a directory or the inputs'
+  zip; the gold files in it or at `gs_directory`, a directory or the gold zip)."""
+  files = files or common.DataFiles("sts17", None)   # records what was read (revision)
+  locations = [directory] + ([gs_directory] if gs_directory else [])
+  found = _sts17_sources(locations)
+  inputs = sorted(n for n in found if n.startswith("STS.input."))
   if not inputs:
-    raise DataError(f"task sts17: no STS.input.trackN.xx-yy.txt files in {d}")
+    raise DataError(f"task sts17: no STS.input.trackN.xx-yy.txt files in "
+                    f"{' or '.join(map(str, locations))}")
   subsets, failed = [], {}
-  for inp in common.progress_iter(inputs, "sts17", progress):
-    m = re.fullmatch(r"STS\.input\.(track[\w]+)\.([a-z]+)-([a-z]+)\.txt", inp.name)
-    if not m:
-      failed[inp.name] = f"{inp}: name is not STS.input.trackN.xx-yy.txt"
-      continue
-    track, l1, l2 = m.groups()
+  for name in common.progress_iter(inputs, "sts17", progress):
+    _, track, l1, l2 = _STS17_NAME.fullmatch(name).groups()
+    key = f"{track}.{l1}-{l2}"
+    gs_name = f"STS.gs.{track}.{l1}-{l2}.txt"
     try:   # a track that cannot be read is reported alone; the others are scored
-      s1, s2, y = read_senteval(
-          files.path(str(inp.absolute())),
-          files.path(str((gs_d / f"STS.gs.{track}.{l1}-{l2}.txt").absolute())), task="sts17")
+      if gs_name not in found:
+        raise DataError(f"task sts17: no {gs_name} for {found[name][0]}")
+      s1, s2, y = read_sts17_track(track, found[name], found[gs_name])
+      for where, _, path in (found[name], found[gs_name]):
+        files.used[where] = Path(path)
     except DataError as e:
-      failed[f"{track}.{l1}-{l2}"] = str(e)
+      failed[key] = str(e)
       continue
-    c = correlations(_predict(encode, s1, s2, common.iso3(l1), common.iso3(l2)), y)
-    subsets.append({"hf_subset": f"{track}.{l1}-{l2}",
-                    "languages": sorted({common.iso3(l1), common.iso3(l2)}),
+    c1, c2 = (common.iso3(l) for l in SEMEVAL2017_COLUMNS.get(track, (l1, l2)))
+    c = correlations(_predict(encode, s1, s2, c1, c2), y)
+    subsets.append({"hf_subset": key, "languages": sorted({c1, c2}), "columns": [c1, c2],
+                    "mteb": track not in SEMEVAL2017_NOT_IN_MTEB,
                     "main_score": c["spearman"], **c})
   if not subsets:
-    raise DataError(f"task sts17: no track of {d} could be read: "
+    raise DataError(f"task sts17: no track of {directory} could be read: "
                     + "; ".join(f"{k}: {v}" for k, v in failed.items()))
   return {"scores": {"test": subsets}, "tracks_failed": failed,
           "main_score": common.mean([s["main_score"] for s in subsets])}

@@ -37,6 +37,10 @@ XTREME36 = ("afr", "ara", "ben", "bul", "cmn", "deu", "ell", "est", "eus", "fin"
 # EMMA-X A.1's head languages (its 42 codes less English, the pivot): XTREME's 36 plus
 # az, lt, pl, uk and ro.
 EMMAX_HEAD = tuple(sorted(set(XTREME36) | {"aze", "lit", "pol", "ukr", "ron"}))
+# InfoXLM's 14 languages with parallel data (§4.1, Table 9): its Tables 2 / 3 split and the
+# languages of its Fig. 1 (accuracy per layer, xx->en).
+INFOXLM_PARALLEL14 = ("ara", "bul", "deu", "ell", "spa", "fra", "hin", "rus", "swh", "tha",
+                      "tur", "urd", "vie", "cmn")
 METRICS = ("xx2en", "en2xx", "mean", "xsim")
 
 

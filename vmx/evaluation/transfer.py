@@ -12,9 +12,29 @@ every language are the test set, so no test item (in any language) is a
 translation of a training item. With a train pattern, the probe trains on the
 source language's train file and tests on each language's whole test file.
 Accuracy ×100; main score = mean over the target languages (source excluded).
+
+Probes (`probe`): 'logistic' (standardized features, multinomial logistic regression; the
+default of `xnli_transfer`) or 'mlp', EMS's (§5.4-5.5: "a multi-layer perceptron", results
+the mean of 5 runs) in the setting of LASER's MLDoc script that EMS follows (tasks/mldoc/
+mldoc.sh: hidden layers 10 and 8, Adam at 1e-3, batch 12, no weight decay, up to 500
+epochs, the epoch with the best dev accuracy kept): scikit-learn's MLPClassifier on
+standardized features, one epoch per `partial_fit`, stopping after `MLP["patience"]`
+epochs without a better dev accuracy (LASER runs all 500; its dropout of 0.2 has no
+scikit-learn counterpart). The dev set is the source language's dev file (`dev_pattern`)
+or, without one, a seeded 10 % of the training items held out. One probe is trained per
+seed (`seeds`); each target's accuracy is the mean over seeds, `accuracy_per_seed` lists
+them.
+
+Benchmarks read from a directory (`evaluate_benchmark`): EMS's MLDoc (Table 10) and the
+two Amazon review corpora (Tables 11, 12), both directions between English and each other
+language (train in one, test in the other), files `text<TAB>label` named as in
+`Benchmark.pattern` (each language has its train, dev and test file).
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -55,6 +75,14 @@ def features(encode, cols, lang) -> np.ndarray:
   return np.concatenate([u, v, np.abs(u - v), u * v], axis=1)
 
 
+PROBES = ("logistic", "mlp")
+# LASER's MLDoc classifier (tasks/mldoc/mldoc.sh), which EMS follows (§5.4); patience and
+# the held-out fraction (without a dev file) are vmx's.
+MLP = {"hidden": (10, 8), "learning_rate": 1e-3, "batch_size": 12, "weight_decay": 0.0,
+       "max_epochs": 500, "patience": 20, "validation_fraction": 0.1}
+EMS_SEEDS = (0, 1, 2, 3, 4)   # "the mean value of 5 runs" (Tables 10-12)
+
+
 def make_probe(seed: int = 0, c: float = 1.0):
   from sklearn.linear_model import LogisticRegression  # lazy: scikit-learn (slow import, used by this task only)
   from sklearn.pipeline import make_pipeline  # lazy: scikit-learn
@@ -63,42 +91,205 @@ def make_probe(seed: int = 0, c: float = 1.0):
                                                             random_state=seed))
 
 
+class MlpProbe:
+  """Standardized features -> scikit-learn MLPClassifier trained epoch by epoch; the epoch
+  with the best dev accuracy is kept (module docstring). `fit(x, y, dev_x, dev_y)`; without
+  a dev set, a seeded `validation_fraction` of (x, y) is held out as one."""
+
+  def __init__(self, seed: int = 0, **settings):
+    unknown = sorted(set(settings) - set(MLP))
+    if unknown:
+      raise ValueError(f"MlpProbe: unknown settings {unknown}; known: {sorted(MLP)}")
+    self.seed, self.settings = seed, {**MLP, **settings}
+
+  def fit(self, x, y, dev_x=None, dev_y=None):
+    from sklearn.model_selection import train_test_split  # lazy: scikit-learn
+    from sklearn.neural_network import MLPClassifier  # lazy: scikit-learn
+    from sklearn.preprocessing import StandardScaler  # lazy: scikit-learn
+    st = self.settings
+    y = np.asarray(y)
+    classes = np.unique(y)
+    if dev_x is None:
+      try:     # stratified where every class can be split, else a plain seeded split
+        x, dev_x, y, dev_y = train_test_split(x, y, test_size=st["validation_fraction"],
+                                              random_state=self.seed, stratify=y)
+      except ValueError:
+        x, dev_x, y, dev_y = train_test_split(x, y, test_size=st["validation_fraction"],
+                                              random_state=self.seed)
+    self.scaler = StandardScaler().fit(x)
+    x, dev_x = self.scaler.transform(x), self.scaler.transform(dev_x)
+    dev_y = np.asarray(dev_y)
+    self.mlp = MLPClassifier(hidden_layer_sizes=tuple(st["hidden"]), alpha=st["weight_decay"],
+                             batch_size=min(st["batch_size"], len(y)),
+                             learning_rate_init=st["learning_rate"], random_state=self.seed)
+    best, best_state, since = -1.0, None, 0
+    for epoch in range(1, st["max_epochs"] + 1):
+      self.mlp.partial_fit(x, y, classes=classes)
+      acc = float(np.mean(self.mlp.predict(dev_x) == dev_y))
+      if acc > best:
+        best, since = acc, 0
+        best_state = copy.deepcopy((self.mlp.coefs_, self.mlp.intercepts_, epoch))
+      else:
+        since += 1
+        if st["patience"] and since >= st["patience"]:
+          break
+    self.mlp.coefs_, self.mlp.intercepts_, self.best_epoch = best_state
+    self.dev_accuracy = 100 * best
+    self.classes_ = self.mlp.classes_
+    return self
+
+  def predict(self, x):
+    return self.mlp.predict(self.scaler.transform(x))
+
+
+def fit_probe(probe: str, seed: int, c: float, x, y, dev=None):
+  """A fitted probe of kind `probe` (PROBES); `dev` (x, y): the MLP's dev set."""
+  if probe == "logistic":
+    return make_probe(seed, c).fit(x, y)
+  if probe == "mlp":
+    return MlpProbe(seed).fit(x, y, *(dev or (None, None)))
+  raise ValueError(f"probe={probe!r}: expected one of {PROBES}")
+
+
 def evaluate(encode, test_pattern: str = XNLI_PATTERN, languages: Sequence[str] = XNLI_LANGS,
              source: str = "en", train_pattern: Optional[str] = None,
              n_train: Optional[int] = XNLI_N_TRAIN, c: float = 1.0,
              data_dir: Optional[str] = None, progress: bool = False,
-             files: Optional[common.DataFiles] = None, name: str = "xnli") -> dict:
+             files: Optional[common.DataFiles] = None, name: str = "xnli",
+             probe: str = "logistic", seeds: Sequence[int] = (0,),
+             dev_pattern: Optional[str] = None, cache: Optional[dict] = None) -> dict:
+  """`probe`, `seeds`, `dev_pattern`: see the module docstring. `cache`: a dict shared by
+  calls that read the same files (features are computed once per file and language)."""
+  if probe not in PROBES:
+    raise ValueError(f"probe={probe!r}: expected one of {PROBES}")
+  seeds = list(seeds)
+  if not seeds:
+    raise ValueError("seeds: give at least one")
   files = files or common.DataFiles(f"transfer/{name}", data_dir)
+  cache = {} if cache is None else cache
   task = files.task
+
+  def load(pattern, lang):
+    """[text columns, labels, features or None] of a file (read once per cache)."""
+    path = files.path(pattern.format(lang=lang))
+    key = (str(path), lang)
+    if key not in cache:
+      cache[key] = [*read_labeled(path, task), None]
+    return cache[key]
+
+  def feats(pattern, lang, rows=slice(None)):
+    entry = load(pattern, lang)
+    if entry[2] is None:
+      entry[2] = features(encode, entry[0], common.iso3(lang))
+    return entry[2][rows], entry[1][rows]
+
   if train_pattern:
-    tr_cols, tr_y = read_labeled(files.path(train_pattern.format(lang=source)), task)
+    tr_x, tr_y = feats(train_pattern, source)
     test_slice = slice(None)
   else:
-    cols, y = read_labeled(files.path(test_pattern.format(lang=source)), task)
-    if not n_train or n_train >= len(y):
-      raise DataError(f"task {task}: n_train={n_train} must be in [1, {len(y)}) to split "
+    n_source = len(load(test_pattern, source)[1])
+    if not n_train or n_train >= n_source:
+      raise DataError(f"task {task}: n_train={n_train} must be in [1, {n_source}) to split "
                       f"{test_pattern.format(lang=source)}")
-    tr_cols, tr_y = [c_[:n_train] for c_ in cols], y[:n_train]
-    n_source = len(y)
+    tr_x, tr_y = feats(test_pattern, source, slice(None, n_train))
     test_slice = slice(n_train, None)
-  probe = make_probe(c=c).fit(features(encode, tr_cols, common.iso3(source)), tr_y)
+  dev = feats(dev_pattern, source) if dev_pattern else None
+  known = sorted(set(tr_y))
+  if dev and sorted(set(dev[1]) - set(known)):
+    raise DataError(f"task {task}: {dev_pattern.format(lang=source)}: labels "
+                    f"{sorted(set(dev[1]) - set(known))} not in the training labels {known}")
+  probes = [fit_probe(probe, s, c, tr_x, tr_y, dev) for s in seeds]
   subsets = []
   for lang in common.progress_iter(languages, f"transfer {name}", progress):
-    cols, y = read_labeled(files.path(test_pattern.format(lang=lang)), task)
-    if not train_pattern and len(y) != n_source:
-      raise DataError(f"task {task}: {test_pattern.format(lang=lang)} has {len(y)} lines, "
+    n_lang = len(load(test_pattern, lang)[1])
+    if not train_pattern and n_lang != n_source:
+      raise DataError(f"task {task}: {test_pattern.format(lang=lang)} has {n_lang} lines, "
                       f"{test_pattern.format(lang=source)} has {n_source}: the files must be "
                       f"line-aligned translations to split them at n_train={n_train}")
-    cols, y = [c_[test_slice] for c_ in cols], y[test_slice]
-    unknown = sorted(set(y) - set(probe.classes_))
+    x, y = feats(test_pattern, lang, test_slice)
+    unknown = sorted(set(y) - set(known))
     if unknown:
       raise DataError(f"task {task}: {test_pattern.format(lang=lang)}: labels {unknown} not "
-                      f"in the training labels {list(probe.classes_)}")
-    acc = 100 * float(np.mean(probe.predict(features(encode, cols, common.iso3(lang))) ==
-                              np.asarray(y)))
+                      f"in the training labels {known}")
+    per_seed = [100 * float(np.mean(p.predict(x) == np.asarray(y))) for p in probes]
+    acc = common.mean(per_seed)
     subsets.append({"hf_subset": f"{source}-{lang}", "languages": [common.iso3(lang)],
-                    "main_score": acc, "accuracy": acc, "n": len(y),
-                    "zero_shot": lang != source})
+                    "main_score": acc, "accuracy": acc, "accuracy_per_seed": per_seed,
+                    "n": len(y), "zero_shot": lang != source})
   targets = [s["accuracy"] for s in subsets if s["zero_shot"]]
-  return {"scores": {"test": subsets}, "main_score": common.mean(targets),
-          "source": source, "n_train": len(tr_y)}
+  out = {"scores": {"test": subsets}, "main_score": common.mean(targets),
+         "source": source, "n_train": len(tr_y), "probe": probe, "seeds": seeds}
+  if probe == "mlp":
+    out["best_epochs"] = [p.best_epoch for p in probes]
+    out["dev_accuracy_per_seed"] = [p.dev_accuracy for p in probes]
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+  """A zero-shot classification benchmark read from one directory: `pattern` names each
+  language's (and domain's) train / dev / test file, `text<TAB>label`."""
+  name: str
+  table: str                       # EMS's table
+  languages: tuple                 # ISO 639-1, as the benchmark names them; English first
+  pattern: str                     # relative to the directory; {lang}, {split}[, {domain}]
+  domains: tuple = ("",)
+  sizes: str = ""                  # EMS's split sizes, for the docs and the layout line
+
+  def layout(self, flag: str) -> str:
+    doms = f", domain in {' '.join(self.domains)}" if self.domains != ("",) else ""
+    return (f"--{flag}=DIR: DIR/{self.pattern.replace('{split}', '{train,dev,test}')}, "
+            f"text<TAB>label, lang in {' '.join(self.languages)}{doms} ({self.sizes}); "
+            f"probe: MLP (LASER's MLDoc setting), mean of {len(EMS_SEEDS)} seeds, both "
+            f"directions en<->xx (vmx/evaluation/transfer.py)")
+
+
+MLDOC = Benchmark("mldoc", "Table 10", ("en", "de", "es", "fr", "it", "ja", "ru", "zh"),
+                  "{lang}.{split}.tsv",
+                  sizes="EMS §5.4: 1,000 train / 1,000 dev in the source language, 4,000 "
+                        "test in the target; MLDoc's files with the label column moved last")
+AMAZON_V1 = Benchmark("amazon_v1", "Table 11", ("en", "de", "fr", "ja"),
+                      "{lang}.{domain}.{split}.tsv", ("books", "dvd", "music"),
+                      sizes="EMS §5.5: 2,000 train / 2,000 dev / 2,000 test per language and "
+                            "domain (Prettenhofer & Stein 2010)")
+AMAZON_V2 = Benchmark("amazon_v2", "Table 12", ("en", "de", "es", "fr", "ja", "zh"),
+                      "{lang}.{split}.tsv",
+                      sizes="EMS §5.5: 2,000 train / 4,000 dev / 4,000 test per language "
+                            "(Keung et al. 2020, domains mixed)")
+BENCHMARKS = {b.name: b for b in (MLDOC, AMAZON_V1, AMAZON_V2)}
+
+
+def evaluate_benchmark(encode, bench: Benchmark, directory, probe: str = "mlp",
+                       seeds: Sequence[int] = EMS_SEEDS, progress: bool = False,
+                       files: Optional[common.DataFiles] = None) -> dict:
+  """Both directions between English and every other language of `bench` (per domain):
+  the probe trains on the source's train file (dev file for its epochs) and is tested on
+  the target's test file. `scores.test`: one row per direction (`direction` 'en->xx' or
+  'xx->en'); main score = the mean over directions, `en2xx` / `xx2en` the means over
+  each."""
+  directory = Path(directory).resolve()
+  files = files or common.DataFiles(bench.name)
+  if not directory.is_dir():
+    raise DataError(f"task {files.task}: {directory}: no such directory "
+                    f"({bench.layout(bench.name + '_dir')})")
+  en, others = bench.languages[0], bench.languages[1:]
+  cache, rows = {}, []
+  for domain in bench.domains:
+    pat = {split: str(directory / bench.pattern.format(lang="{lang}", split=split,
+                                                       domain=domain))
+           for split in ("train", "dev", "test")}
+    for source, targets in [(en, others)] + [(xx, (en,)) for xx in others]:
+      res = evaluate(encode, pat["test"], targets, source, train_pattern=pat["train"],
+                     dev_pattern=pat["dev"], probe=probe, seeds=seeds, progress=progress,
+                     files=files, name=bench.name, cache=cache)
+      for s in res["scores"]["test"]:
+        s["direction"] = "en->xx" if source == en else "xx->en"
+        if domain:
+          s["hf_subset"] = f"{s['hf_subset']}/{domain}"
+        s["n_train"] = res["n_train"]
+        rows.append(s)
+  by_dir = {d: [s["accuracy"] for s in rows if s["direction"] == d]
+            for d in ("en->xx", "xx->en")}
+  return {"scores": {"test": rows}, "main_score": common.mean([s["accuracy"] for s in rows]),
+          "en2xx": common.mean(by_dir["en->xx"]), "xx2en": common.mean(by_dir["xx->en"]),
+          "probe": probe, "seeds": list(seeds), "benchmark": bench.table}

@@ -8,7 +8,10 @@ their index, or `pytorch_model.bin`, which needs torch) of `BertModel`,
 its extra heads and a T5 decoder are listed as ignored) becomes a vmx model directory:
 `vmx_model.json` (a CONTRASTIVE dual encoder on the checkpoint's encoder), the
 checkpoint's own tokenizer (vmx/data/vocab.py: HfTokenizer) and `checkpoint_0/params`
-with its checksum manifest. `Encoder.from_checkpoint` opens it, and a training run starts
+with its checksum manifest. With `decoder=True` (`--decoder`), a T5 / mT5
+encoder-decoder checkpoint's decoder is kept too, in `decoder/checkpoint_0/params`
+(layout.PRETRAINED_DECODER_DIR), as a vmx `ConditionedDecoder(family='t5')` without its
+cross-attention: VMSST's and BITRANSLATION's decoders start from it (VMSST §6.5). `Encoder.from_checkpoint` opens it, and a training run starts
 from it with `INITIAL_CHECKPOINT_PATH` (vmx/training/initial_checkpoint.py).
 Part of vmx/modeldir/ (the MODEL_DIR layout: layout.py); `vmx.checkpoint_import` is
 this module under its old name.
@@ -27,17 +30,18 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Optional
 
+import jax
 import numpy as np
 from flax import traverse_util
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
-from vmx import encoders
+from vmx import decoders, encoders
 from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
 from vmx.errors import CheckpointError, ConfigError
 from vmx.models.dual_encoder import DualEncoder, DualEncoderModel
 from vmx.modeldir.checkpoints import flatten, save_params
-from vmx.modeldir.layout import write_model_info
+from vmx.modeldir.layout import PRETRAINED_DECODER_DIR, write_model_info
 
 # model_type in config.json -> (encoder family, HF weight-name prefixes to strip)
 MODEL_TYPES = {"bert": "bert", "xlm-roberta": "bert", "roberta": "bert", "t5": "t5", "mt5": "t5"}
@@ -228,16 +232,23 @@ def weight_map(settings: dict, pooler: bool
            "relative_attention_bias", _t),
           ("encoder.final_layer_norm.weight", "final_norm/scale", same)]
   for i in range(settings["num_layers"]):
-    p, v = f"encoder.block.{i}.layer.", f"layers_{i}/"
-    out += [(p + f"0.SelfAttention.{a}.weight", v + f"attention/{b}", _heads(h))
-            for a, b in (("q", "query"), ("k", "key"), ("v", "value"))]
-    out += [(p + "0.SelfAttention.o.weight", v + "attention/out", _out(h)),
-            (p + "0.layer_norm.weight", v + "pre_attention_norm/scale", same),
-            (p + "1.DenseReluDense.wi_0.weight", v + "mlp/wi_0/kernel", _t),
-            (p + "1.DenseReluDense.wi_1.weight", v + "mlp/wi_1/kernel", _t),
-            (p + "1.DenseReluDense.wo.weight", v + "mlp/wo/kernel", _t),
-            (p + "1.layer_norm.weight", v + "pre_mlp_norm/scale", same)]
+    out += _t5_block(f"encoder.block.{i}.layer.", f"layers_{i}/", h, "attention", 1)
   return out
+
+
+def _t5_block(p: str, v: str, h: int, attention: str, mlp_sublayer: int) -> list:
+  """A T5 block's self-attention (vmx module `attention`, its norm `pre_<attention>_norm`)
+  and gated MLP (HF sublayer `mlp_sublayer`: 1 in the encoder, 2 in the decoder, after
+  the cross-attention)."""
+  m = f"{mlp_sublayer}."
+  out = [(p + f"0.SelfAttention.{a}.weight", v + f"{attention}/{b}", _heads(h))
+         for a, b in (("q", "query"), ("k", "key"), ("v", "value"))]
+  return out + [(p + "0.SelfAttention.o.weight", v + f"{attention}/out", _out(h)),
+                (p + "0.layer_norm.weight", v + f"pre_{attention}_norm/scale", _same),
+                (p + m + "DenseReluDense.wi_0.weight", v + "mlp/wi_0/kernel", _t),
+                (p + m + "DenseReluDense.wi_1.weight", v + "mlp/wi_1/kernel", _t),
+                (p + m + "DenseReluDense.wo.weight", v + "mlp/wo/kernel", _t),
+                (p + m + "layer_norm.weight", v + "pre_mlp_norm/scale", _same)]
 
 
 def _normalize_names(tensors: dict) -> dict:
@@ -265,8 +276,24 @@ def convert(cfg: dict, tensors: dict, expected_shapes: dict, pooler: bool = Fals
   """
   settings = encoder_settings(cfg)
   tensors = _normalize_names(tensors)
+  flat, ignored = _convert(weight_map(settings, pooler), tensors, expected_shapes,
+                           lambda k: bool(_IGNORABLE.match(k)),
+                           f"{settings['family']} checkpoint",
+                           f"{settings['num_layers']} layers, d={settings['emb_dim']}")
+  if pad_id:
+    emb = flat["token_embed/embedding"].copy()
+    emb[[0, pad_id]] = emb[[pad_id, 0]]
+    flat["token_embed/embedding"] = emb
+  return flat, ignored
+
+
+def _convert(wmap, tensors: dict, expected_shapes: dict, ignorable: Callable[[str], bool],
+             what: str, sizes: str) -> tuple[dict, list[str]]:
+  """The tensors of `wmap` as {vmx path: float32 array}, and the unused tensors that
+  `ignorable` accepts; one CheckpointError listing every unknown, missing and mis-shaped
+  tensor."""
   flat, used, missing, misshaped = {}, set(), [], []
-  for hf, path, fn in weight_map(settings, pooler):
+  for hf, path, fn in wmap:
     if hf not in tensors:
       missing.append(hf)
       continue
@@ -280,20 +307,83 @@ def convert(cfg: dict, tensors: dict, expected_shapes: dict, pooler: bool = Fals
       misshaped.append(f"{hf} {tuple(tensors[hf].shape)} (vmx {path} needs {want})")
       continue
     flat[path] = np.ascontiguousarray(a, np.float32)
-  ignored = sorted(k for k in tensors if k not in used and _IGNORABLE.match(k))
-  unknown = sorted(k for k in tensors if k not in used and not _IGNORABLE.match(k))
+  ignored = sorted(k for k in tensors if k not in used and ignorable(k))
+  unknown = sorted(k for k in tensors if k not in used and not ignorable(k))
   if unknown or missing or misshaped:
     parts = [f"{label} ({len(xs)}): {', '.join(xs[:8])}{' …' if len(xs) > 8 else ''}"
              for label, xs in (("unknown", unknown), ("missing", missing),
                                ("mis-shaped", misshaped)) if xs]
-    raise CheckpointError(f"{settings['family']} checkpoint does not match its config.json "
-                          f"({settings['num_layers']} layers, d={settings['emb_dim']}): "
+    raise CheckpointError(f"{what} does not match its config.json ({sizes}): "
                           + "; ".join(parts) + "; nothing written")
-  if pad_id:
-    emb = flat["token_embed/embedding"].copy()
-    emb[[0, pad_id]] = emb[[pad_id, 0]]
-    flat["token_embed/embedding"] = emb
   return flat, ignored
+
+
+# ----------------------------------------------------------------------------
+# The decoder of a T5 / mT5 encoder-decoder checkpoint (VMSST §6.5).
+
+# What VMSST's decoder has and mT5's has not: these start fresh.
+DECODER_FRESH = re.compile(r"(^|.*/)(conditioning|pre_conditioning_norm)/.*|output/cond_kernel"
+                           r"|output_factor/.*|output_vocab/.*|start_embed/.*|token_embed/.*")
+# mT5's cross-attention sublayer (attention and its norm): VMSST's decoder has none.
+_CROSS_ATTENTION = re.compile(r"^decoder\.block\.\d+\.layer\.1\.")
+
+
+def decoder_settings(cfg: dict) -> dict:
+  """vmx ConditionedDecoder keyword arguments for a T5 / mT5 checkpoint's decoder."""
+  enc = encoder_settings(cfg)
+  if enc["family"] != "t5":
+    raise CheckpointError(f"--decoder: model_type {cfg['model_type']!r} has no decoder; "
+                          f"only T5 / mT5 encoder-decoder checkpoints do")
+  keep = ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim", "activation",
+          "norm_epsilon", "relative_attention_num_buckets", "relative_attention_max_distance")
+  return dict(family="t5", num_layers=int(cfg.get("num_decoder_layers") or cfg["num_layers"]),
+              max_length=512, **{k: enc[k] for k in keep})
+
+
+def decoder_weight_map(settings: dict, lm_head: bool
+                       ) -> list[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]:
+  """(HF name, vmx ConditionedDecoder path, transform) of everything imported: causal
+  self-attention, its position bias, gated MLP, norms and the output projection on the
+  hidden state: mT5's own `lm_head` when the checkpoint has one (mT5 and T5 v1.1 train
+  it untied, unscaled), else the shared embedding (a checkpoint saved with tied
+  weights, as transformers 5 saves mT5)."""
+  h = settings["num_heads"]
+  out = [("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+          "relative_attention_bias", _t),
+         ("decoder.final_layer_norm.weight", "final_norm/scale", _same),
+         ("lm_head.weight" if lm_head else "shared.weight", "output/kernel", _t)]
+  for i in range(settings["num_layers"]):
+    out += _t5_block(f"decoder.block.{i}.layer.", f"layers_{i}/", h, "self_attention", 2)
+  return out
+
+
+def convert_decoder(cfg: dict, tensors: dict, expected_shapes: dict
+                    ) -> tuple[dict, list[str]]:
+  """(vmx decoder params as a flat {path: array}, the cross-attention tensors left out).
+
+  `expected_shapes`: flat {path: shape} of the vmx decoder (its fresh parts,
+  DECODER_FRESH, may be absent). Tensors of the encoder are not looked at; one
+  CheckpointError lists every unknown, missing and mis-shaped decoder tensor."""
+  settings = decoder_settings(cfg)
+  tensors = _normalize_names(tensors)
+  if not any(k.startswith("decoder.") for k in tensors):
+    raise CheckpointError(f"--decoder: the checkpoint has no decoder tensors ({cfg.get('architectures')}); "
+                          f"use an encoder-decoder checkpoint (MT5ForConditionalGeneration)")
+  lm_head = "lm_head.weight" in tensors
+  mine = {k: v for k, v in tensors.items() if k.startswith("decoder.")
+          or k == ("lm_head.weight" if lm_head else "shared.weight")}
+  return _convert(decoder_weight_map(settings, lm_head), mine, expected_shapes,
+                  lambda k: bool(_CROSS_ATTENTION.match(k)) or k == "decoder.embed_tokens.weight",
+                  "the decoder", f"{settings['num_layers']} layers, d={settings['emb_dim']}")
+
+
+def decoder_shapes(settings: dict) -> dict:
+  """Flat {path: shape} of a vmx ConditionedDecoder with `settings`, fresh parts left out."""
+  dec = decoders.ConditionedDecoder(**settings)
+  d = settings["emb_dim"]
+  tree = jax.eval_shape(lambda: dec.init(jax.random.PRNGKey(0), np.ones((1, 4), np.int32), None,
+                                         np.zeros((1, d), np.float32)))["params"]
+  return {k: v.shape for k, v in flatten(tree).items() if not DECODER_FRESH.fullmatch(k)}
 
 
 # ----------------------------------------------------------------------------
@@ -368,10 +458,14 @@ def atomic_output_dir(output_dir: Path, suffix: str):
 
 
 def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
-                      max_length: Optional[int] = None, temperature: float = 0.05) -> dict:
+                      max_length: Optional[int] = None, temperature: float = 0.05,
+                      decoder: bool = False) -> dict:
   """Writes a vmx model directory for the Hugging Face checkpoint in `hf_dir` (a
   directory, or a .zip of one).
 
+  decoder: also keep a T5 / mT5 encoder-decoder checkpoint's decoder (without its
+  cross-attention) in `decoder/` of the output, where VMSST's and BITRANSLATION's
+  initial-checkpoint rules find it (VMSST §6.5).
   pooling: 'mean', 'first' (CLS) or 'pooler' (BERT's tanh pooler); default: the
   sentence-transformers config's, else 'first' for BERT/XLM-R and 'mean' for mT5.
   max_length: tokens per sentence at inference and training (default: the
@@ -389,7 +483,8 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
       found = sorted(Path(tmp).rglob("config.json"), key=lambda p: len(p.parts))
       if not found:
         raise CheckpointError(f"{hf_dir}: no config.json inside")
-      return import_checkpoint(found[0].parent, output_dir, pooling, max_length, temperature)
+      return import_checkpoint(found[0].parent, output_dir, pooling, max_length, temperature,
+                               decoder)
   cfg = read_hf_config(hf_dir)
   settings = encoder_settings(cfg)
   family = settings["family"]
@@ -414,6 +509,16 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
   leftover = sorted(set(expected) - set(flat))
   if leftover:  # a vmx parameter no HF tensor fills: a bug in the weight map
     raise CheckpointError(f"no Hugging Face tensor for vmx parameters {leftover}")
+  dec_flat, dec_settings = {}, None
+  if decoder:
+    dec_settings = decoder_settings(cfg)
+    dec_expected = decoder_shapes(dec_settings)
+    dec_flat, cross = convert_decoder(cfg, tensors, dec_expected)
+    leftover = sorted(set(dec_expected) - set(dec_flat))
+    if leftover:  # a bug in the decoder weight map
+      raise CheckpointError(f"no Hugging Face tensor for vmx decoder parameters {leftover}")
+    used = {hf for hf, _, _ in decoder_weight_map(dec_settings, "lm_head.weight" in tensors)}
+    ignored = sorted((set(ignored) - used) | set(cross))
 
   # Write: tokenizer, model info, params (into a temporary directory, renamed at the end).
   with atomic_output_dir(output_dir, ".importing") as tmp:
@@ -425,10 +530,16 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
                             f"{settings['vocab_size']} rows")
     write_model_info(tmp, model, [], max_length, TOKENIZER_SPEC)
     save_params(tmp.absolute(), 0, {"encoder": traverse_util.unflatten_dict(flat, sep="/")})
+    if decoder:
+      save_params((tmp / PRETRAINED_DECODER_DIR).absolute(), 0,
+                  traverse_util.unflatten_dict(dec_flat, sep="/"))
     (tmp / "IMPORTED_FROM.json").write_text(json.dumps(
         {"hf_dir": str(hf_dir.absolute()), "architectures": cfg.get("architectures"),
-         "model_type": cfg["model_type"], "ignored_tensors": ignored}, indent=1))
+         "model_type": cfg["model_type"], "ignored_tensors": ignored,
+         "decoder": dec_settings}, indent=1))
   n = sum(a.size for a in flat.values())
   return {"family": family, "pooling": pooling, "max_length": max_length,
           "tokenizer": spec["kind"], "parameters": int(n), "tensors": len(flat),
+          "decoder_parameters": int(sum(a.size for a in dec_flat.values())),
+          "decoder_tensors": len(dec_flat), "decoder": dec_settings,
           "ignored": ignored, "output_dir": str(output_dir)}

@@ -9,6 +9,8 @@
                             (a t5x run's: state/ or checkpoint, vmx/modeldir/t5x_format.py)
   best/                     the best evaluated step's params (best/best.json: the record)
   damaged/                  checkpoints that failed verification, kept for inspection
+  decoder/                  an imported T5 / mT5 decoder (import_checkpoint --decoder):
+                            checkpoint_0/params, read by initial checkpoints as `decoder/...`
   vmx.lock                  the running trainer (host, pid, start time); vmx/modeldir/run.py
 Every name of that list is defined here and nowhere else; the modules of this package
 (and the trainer, inference, the converters) use these constants and functions.
@@ -33,6 +35,7 @@ BEST_DIR = "best"
 BEST_STEP = BEST_DIR                      # the `step` argument naming best/'s checkpoint
 BEST_RECORD = "best.json"
 DAMAGED_DIR = "damaged"
+PRETRAINED_DECODER_DIR = "decoder"        # an imported model directory's T5 / mT5 decoder
 LOCK_FILE = "vmx.lock"                    # the run's one writer (vmx/modeldir/run.py)
 PREVIOUS_SUFFIX = ".previous-"            # --fresh moves a run aside to MODEL_DIR.previous-<time>
 T5X_STATE_DIR = "state"                   # t5x's Orbax layout: checkpoint_<step>/state/

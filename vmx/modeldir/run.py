@@ -173,7 +173,7 @@ FREE_BINDINGS = re.compile(
     r"train\.allow_config_change|ALLOW_DATA_CHANGE|train\.allow_data_change|"
     r".*DatasetConfig\.array_cache_dir|train\.fresh|BEST_METRIC|train\.best_metric|"
     r"train\.best_mode|EVAL_\w+|DEV_\w+|TatoebaEvalConfig\.\w+|HarnessEvalConfig\.\w+|"
-    r"train\.eval_cfg|learning_rate_schedule\.total_steps)$")
+    r"train\.eval_cfg|learning_rate_schedule\.total_steps|steps_for_epochs\.epochs)$")
 
 
 def _canonical(value) -> str:

@@ -185,7 +185,7 @@ class InfoXLMModel(SentenceEncoderModel):
                momentum: float = 0.9999, momentum_schedule: str = "constant",
                mixup: bool = True, joined_drops_first: bool = False, normalize: bool = False,
                prefill_queue: bool = True, xlco_start: int = 0,
-               mixup_partner: str = "other_pair"):
+               mixup_partner: str = "other_pair", uniform_init: Optional[float] = None):
     super().__init__(module)
     vocab = module.encoder.vocab_size
     if not 0 < mask_id < vocab:
@@ -227,6 +227,11 @@ class InfoXLMModel(SentenceEncoderModel):
       raise ConfigError(f"InfoXLMModel.mixup_partner={mixup_partner!r}; expected 'other_pair' "
                         "(§3.3: a pair from another parallel corpus) or 'next_row'")
     self.mixup_partner = mixup_partner
+    if uniform_init is not None and not uniform_init > 0:
+      raise ConfigError(f"InfoXLMModel.uniform_init={uniform_init!r}: expected a scale > 0 "
+                        "(App. B: 0.02), or None for the layers' own initializers")
+    # App. B, from scratch: weights and embeddings U[-0.02, 0.02] (layers.redraw_uniform)
+    self.uniform_init = uniform_init
 
   @property
   def tasks(self) -> tuple:
@@ -406,6 +411,9 @@ class InfoXLMModel(SentenceEncoderModel):
                         f"be at least {joined} (2 x MAX_LENGTH)")
     tokens = jnp.ones((1, max(lengths)), jnp.int32)
     variables = dict(self.module.init({"params": rng}, tokens, deterministic=True))
+    if self.uniform_init:
+      variables["params"] = layers.redraw_uniform(
+          variables["params"], jax.random.fold_in(rng, 1), self.uniform_init)
     if "xlco" in self.tasks and "xlco/left_tokens" in input_shapes:
       b = input_shapes["xlco/left_tokens"][0]
       if self.queue_size % b:

@@ -19,8 +19,16 @@ learning-rate change between the phases is the schedule's `scale_at`
 `positives='one'` (views paired 0-1, 2-3; the group's other views leave the
 denominator). `anchors='all'` makes every view an anchor in turn.
 
-Batch feature: `views` [B, V * L] (MultiViewFeatureConverter): the V token rows of
-each example, concatenated.
+`hard_negatives` (their "XLM-R w/ hard negative" variant, §3.5): each example also
+holds one hard negative, a contradiction hypothesis of the group's sentence in a random
+language (vmx.data.tasks.NwayHardNegativeSource; XNLI-MT: tasks/xnli_mt.py). It is
+embedded with the views and every hard negative of the batch joins every anchor's
+denominator (`losses.multi_positive_infonce`'s `hard_negatives_GxHxD`), in the
+single-positive warm-up too.
+
+Batch features: `views` [B, V * L] (MultiViewFeatureConverter): the V token rows of
+each example, concatenated; with hard negatives also `hard_negative` [B, L]
+(MultiViewHardNegativeFeatureConverter).
 """
 from __future__ import annotations
 
@@ -37,12 +45,12 @@ from vmx.models.dual_encoder import DualEncoder
 class MPCLModel(SentenceEncoderModel):
   """t5x-style model: multi-positive InfoNCE over N-way groups."""
   CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps",
-                   "anchors", "positives")
+                   "anchors", "positives", "hard_negatives")
   HAS_MUTABLES = True
 
   def __init__(self, module: DualEncoder, num_views: int = 4, temperature: float = 0.05,
                rescale: bool = True, single_positive_steps: int = 0, anchors: str = "first",
-               positives: str = "all"):
+               positives: str = "all", hard_negatives: bool = False):
     super().__init__(module)
     if num_views < 2:
       raise ConfigError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
@@ -60,11 +68,14 @@ class MPCLModel(SentenceEncoderModel):
     self.rescale = rescale
     self.single_positive_steps = single_positive_steps
     self.anchors, self.positives = anchors, positives
+    self.hard_negatives = bool(hard_negatives)
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data.feature_converters import MultiViewFeatureConverter  # lazy: seqio (TensorFlow), kept off the inference path
-    return functools.partial(MultiViewFeatureConverter, num_views=self.num_views)
+    from vmx.data import feature_converters  # lazy: seqio (TensorFlow), kept off the inference path
+    cls = (feature_converters.MultiViewHardNegativeFeatureConverter if self.hard_negatives
+           else feature_converters.MultiViewFeatureConverter)
+    return functools.partial(cls, num_views=self.num_views)
 
   def _views(self, batch):
     b, n = batch["views"].shape
@@ -72,42 +83,62 @@ class MPCLModel(SentenceEncoderModel):
       raise ValueError(f"views has length {n}, not a multiple of num_views={self.num_views}")
     return batch["views"].reshape(b, self.num_views, n // self.num_views)
 
+  def _rows(self, batch):
+    """[B, R, L] token rows the loss reads: the V views, then (hard_negatives) the hard
+    negative (R = V + 1)."""
+    views = self._views(batch)
+    if not self.hard_negatives:
+      return views
+    if "hard_negative" not in batch:
+      raise ConfigError("MPCLModel.hard_negatives=True but the batch has no 'hard_negative' "
+                        "feature: train on a hard-negative task (e.g. tasks.xnli_mt_task)")
+    return jnp.concatenate([views, batch["hard_negative"][:, None]], axis=1)
+
+  def _encode_rows(self, params, rows_BxRxL, dropout_rng=None):
+    b, r, length = rows_BxRxL.shape
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    emb = self.module.apply({"params": params}, rows_BxRxL.reshape(b * r, length), None,
+                            dropout_rng is None, "left", method=DualEncoder.encode, rngs=rngs)
+    return emb.reshape(b, r, -1)
+
   def embed_views(self, params, batch, dropout_rng=None):
     """[B, V, D] sentence vectors of every view."""
-    views = self._views(batch)
-    b, v, length = views.shape
-    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    emb = self.module.apply({"params": params}, views.reshape(b * v, length), None,
-                            dropout_rng is None, "left", method=DualEncoder.encode, rngs=rngs)
-    return emb.reshape(b, v, -1)
+    return self._encode_rows(params, self._views(batch), dropout_rng)
 
-  def objective(self, emb_BxVxD, multi):
-    """(loss, metrics): MPCL when `multi` (a bool array), else single-positive on views 0, 1."""
+  def objective(self, emb_BxRxD, multi):
+    """(loss, metrics): MPCL when `multi` (a bool array), else single-positive on views 0, 1.
+    `emb_BxRxD`: the views' vectors, then (hard_negatives) the hard negative's."""
+    emb_BxVxD = emb_BxRxD[:, :self.num_views]
+    neg_BxHxD = emb_BxRxD[:, self.num_views:] if self.hard_negatives else None
     mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale,
-                                           anchors=self.anchors, positives=self.positives)
+                                           anchors=self.anchors, positives=self.positives,
+                                           hard_negatives_GxHxD=neg_BxHxD)
     sp, sm = losses.multi_positive_infonce(emb_BxVxD[:, :2], self.temperature, self.rescale,
-                                           anchors=self.anchors)
+                                           anchors=self.anchors, hard_negatives_GxHxD=neg_BxHxD)
     loss = jnp.where(multi, mp, sp)
+    extra = ({"hard_negative_accuracy": mm["hard_negative_accuracy"]} if self.hard_negatives
+             else {})
     return loss, {"loss": loss, "mpcl_loss": mp, "single_positive_loss": sp,
                   "positive_accuracy": mm["positive_accuracy"],
-                  "multi_positive_phase": multi.astype(jnp.float32)}
+                  "multi_positive_phase": multi.astype(jnp.float32), **extra}
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables):
     if flax_mutables is None:   # evaluation: the MPCL loss
-      loss, m = self.objective(self.embed_views(params, batch), jnp.bool_(True))
+      loss, m = self.objective(self._encode_rows(params, self._rows(batch)), jnp.bool_(True))
       return loss, m, None
     return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
                                 flax_mutables)
 
   # GradCache split (train.grad_cache_chunks): the loss reads the batch only through the
-  # view embeddings; the update counter is advanced by the loss, once a step.
+  # embeddings of its rows (views, hard negative); the update counter is advanced by the
+  # loss, once a step.
   def grad_cache_embed(self, params, batch, dropout_rng):
-    return self.embed_views(params, batch, dropout_rng)
+    return self._encode_rows(params, self._rows(batch), dropout_rng)
 
-  def grad_cache_loss(self, emb_BxVxD, batch, flax_mutables):
+  def grad_cache_loss(self, emb_BxRxD, batch, flax_mutables):
     del batch
     updates = flax_mutables["phase"]["updates"]
-    loss, m = self.objective(emb_BxVxD, updates >= self.single_positive_steps)
+    loss, m = self.objective(emb_BxRxD, updates >= self.single_positive_steps)
     return loss, m, {**flax_mutables, "phase": {"updates": updates + 1}}
 
   def score_batch(self, params, batch, return_intermediates: bool = False):

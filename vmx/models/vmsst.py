@@ -266,10 +266,15 @@ class VMSSTModel(SentenceEncoderModel):
   flax_mutables path. `eval_fn` uses the fully annealed weight.
   """
   # An imported (or CONTRASTIVE) dual encoder's `encoder/...` fills the semantic and the
-  # language encoders and the shared token table; the decoder starts fresh.
+  # language encoders and the shared token table. The decoder(s) start fresh, or from an
+  # imported mT5 decoder (`decoder/...`, launch/import_checkpoint.py --decoder; §6.5) when
+  # the model directory has one: then only what conditions on the sentence vector (the
+  # conditioning sublayers, the output's `cond_kernel`) and the language start embeddings
+  # are new.
   INITIAL_CHECKPOINT_ASSIGNMENT = (
       (r"token_embed/(.*)", r"encoder/token_embed/\1"),
-      (r"(?:semantic_encoder|language_encoder_\d+)/(.*)", r"encoder/\1"))
+      (r"(?:semantic_encoder|language_encoder_\d+)/(.*)", r"encoder/\1"),
+      (r"decoder_\d+/(.*)", r"decoder/\1"))
   FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
                    "contrastive_weight", "contrastive_temperature", "contrastive_reduction",

@@ -10,12 +10,14 @@ checkpoints and never reads the initial one again (vmx/training/trainer.py).
 
 Names: a target parameter path (e.g. `semantic_encoder/layers_0/attention/query`) is
 looked up under the name that the first matching rule of `assignment` gives
-(`(regex, replacement)` pairs, full match, as in t5x's `assignment_map`), else under
-its own name. Models declare their default rules in `INITIAL_CHECKPOINT_ASSIGNMENT`,
+(`(regex, replacement)` pairs, full match, as in t5x's `assignment_map`), then under
+its own name (so a finished run of the same model loads as itself). Models declare their default rules in `INITIAL_CHECKPOINT_ASSIGNMENT`,
 so an imported dual encoder's `encoder/...` fills VMSST's semantic and language
 encoders and EMS's sentence encoder. Scanned and unscanned layer stacks convert
 both ways (`layers/x` [N, ...] <-> `layers_<i>/x`), and into scanned segments
 (`layers_from_<s>/x` [n, ...] <- `layers_<s..s+n-1>/x` or rows s..s+n-1 of `layers/x`).
+An imported model directory's T5 / mT5 decoder (`decoder/`, launch/import_checkpoint.py
+--decoder) is read with it, under the names `decoder/...`.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from flax import traverse_util
 from vmx import storage
 from vmx.errors import CheckpointError, ConfigError
 from vmx.modeldir.checkpoints import flatten, read_only_manager, restore_intact
+from vmx.modeldir.layout import PRETRAINED_DECODER_DIR
 
 _LAYER = re.compile(r"(^|/)layers_(\d+)(/|$)")
 _SEGMENT = re.compile(r"(^|/)layers_from_(\d+)(/|$)")
@@ -76,7 +79,12 @@ def read_params(model_dir) -> tuple[dict, int]:
     step, params = restore_intact(model_dir, mngr.all_steps(), restore)
   finally:
     mngr.close()
-  return {k: np.asarray(v) for k, v in flatten(params).items()}, step
+  flat = {k: np.asarray(v) for k, v in flatten(params).items()}
+  decoder_dir = model_dir / PRETRAINED_DECODER_DIR
+  if decoder_dir.is_dir():
+    dec, _ = read_params(decoder_dir)
+    flat.update({f"{PRETRAINED_DECODER_DIR}/{k}": v for k, v in dec.items()})
+  return flat, step
 
 
 def source_name(path: str, assignment: Sequence[tuple[str, str]]) -> str:
@@ -123,8 +131,11 @@ def assign(target_shapes: dict, source: dict, assignment: Sequence[tuple[str, st
   """
   loaded, new, used, wrong = {}, [], set(), []
   for path, shape in target_shapes.items():
-    name = source_name(path, assignment)
-    hit = lookup(name, tuple(shape), source)
+    hit = None
+    for name in dict.fromkeys((source_name(path, assignment), path)):
+      hit = lookup(name, tuple(shape), source)
+      if hit is not None:
+        break
     if hit is None:
       new.append(path)
       continue

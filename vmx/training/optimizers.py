@@ -58,6 +58,9 @@ def create_optimizer(name: str = "adafactor",
                      adafactor_factored: bool = True) -> optax.GradientTransformation:
   """adafactor | adam | adamw | amsgrad, optionally after global-norm gradient clipping.
 
+  `weight_decay`: decoupled for adamw (and Adafactor's decay rate); an L2 term added to
+  the gradient for adam and amsgrad (PyTorch's `weight_decay` of Adam / AMSGrad).
+
   Adafactor: optax defaults (decay 0.8, update clipping 1.0, parameter scaling);
   `adafactor_factored=False` keeps full second moments (a state that t5x's
   optimizer wrapper can partition).
@@ -68,9 +71,11 @@ def create_optimizer(name: str = "adafactor",
     opt = optax.adafactor(learning_rate, factored=adafactor_factored,
                           weight_decay_rate=weight_decay or None)
   elif name == "adam":
-    if weight_decay:
-      raise ConfigError("create_optimizer: use name='adamw' for weight decay with Adam")
+    # Weight decay with Adam is PyTorch's Adam(weight_decay=wd), EMS §4.3's "Adam ...
+    # weight decay": L2 added to the gradient before the moments (adamw decouples it).
     opt = optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+    if weight_decay:
+      opt = optax.chain(optax.add_decayed_weights(weight_decay), opt)
   elif name == "adamw":
     opt = optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
   else:

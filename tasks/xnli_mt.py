@@ -1,0 +1,179 @@
+"""XNLI-MT 1.0 as N-way groups with hard negatives, for MPCL's "XLM-R w/ hard negative"
+variant (Zhao et al., §3.5: all 15 XNLI languages, "sentences with contradictory labels
+as hard negatives").
+
+XNLI-MT 1.0 (Conneau et al. 2018) is MultiNLI's training set machine-translated into the
+other 14 XNLI languages. It is not in shared/data (whose eval/xnli holds XNLI dev, an
+evaluation set: never train on it); the user downloads XNLI-MT-1.0.zip and points
+`directory` at its files, as the zip unpacks them:
+
+  XNLI-MT-1.0/multinli/multinli.train.<lang>.tsv     (.tsv.gz also read)
+
+Each file: a header line `premise<TAB>hypo<TAB>label`, then one pair per line, line i the
+same MultiNLI pair in every language (Hugging Face datasets' `xnli` reader, config
+`all_languages`, zips the 15 files line by line). Labels: `entailment`, `neutral`, and
+`contradictory` in these training files (google-research/bert's and XTREME's XNLI
+readers rename it `contradiction`, the spelling of XNLI dev/test); both spellings are
+accepted here. A file without the header line is read too; the label of a line must be
+the same in every language (else the files are not aligned: a DataError naming both).
+
+Groups: one per contradiction line. Its premise in the N languages is the group (the
+views: §3.1 takes "the sentence itself", not its hypotheses), its hypothesis in the N
+languages the hard negative's candidates (one language is drawn per example:
+vmx.data.tasks.NwayHardNegativeSource). Entailment and neutral lines give no group; a
+premise with several contradiction hypotheses gives several groups.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import os
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+import gin
+
+from vmx import storage
+from vmx.data import readers, tasks as vtasks
+from vmx.errors import ConfigError, DataError
+from tasks.parallel import held_out, languages_key
+
+XNLI_LANGUAGES = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr",
+                  "ur", "vi", "zh")
+# label as written -> label; "contradictory" is XNLI-MT's training files' spelling
+LABELS = {"entailment": "entailment", "neutral": "neutral",
+          "contradiction": "contradiction", "contradictory": "contradiction"}
+HEADER = ["premise", "hypo", "label"]
+
+
+def xnli_mt_files(directory: Optional[str], languages: Sequence[str]) -> dict[str, str]:
+  """{lang: path} of `multinli.train.<lang>.tsv` (or `.tsv.gz`) in `directory` (the
+  `multinli/` folder, or the `XNLI-MT-1.0/` folder above it)."""
+  if not directory:
+    raise ConfigError("XNLI_MT_DIR (the `directory` of tasks.xnli_mt_task) is not set: the "
+                      "folder of XNLI-MT 1.0's multinli.train.<lang>.tsv files "
+                      "(XNLI-MT-1.0/multinli)")
+  root = Path(str(directory)).expanduser()
+  if not root.is_dir():
+    raise DataError(f"XNLI-MT directory {str(directory)!r} is not a directory (expected "
+                    f"XNLI-MT-1.0/multinli with multinli.train.<lang>.tsv)")
+  if (root / "multinli").is_dir():
+    root = root / "multinli"
+  out, missing = {}, []
+  for lang in languages:
+    found = [root / f"multinli.train.{lang}.tsv{gz}" for gz in ("", ".gz")]
+    found = [p for p in found if p.is_file()]
+    if found:
+      out[lang] = str(found[0])
+    else:
+      missing.append(lang)
+  if missing:
+    raise DataError(f"{root}: no multinli.train.<lang>.tsv for languages {missing}")
+  return out
+
+
+def _fields(path, lineno: int, line: str) -> list[str]:
+  f = line.split("\t")
+  if len(f) != 3:
+    raise DataError(f"{path}:{lineno}: {len(f)} tab-separated field(s), expected 3 "
+                    f"(premise, hypo, label)")
+  return f
+
+
+def read_xnli_mt(files: Mapping[str, str]):
+  """(languages, premises, contradictions) of line-aligned XNLI-MT files {lang: path}:
+  for each contradiction line, its premise and its hypothesis in every language
+  (rows of len(languages) texts, stripped; "" where a translation is empty)."""
+  langs = list(files)
+  if not langs:
+    raise DataError("XNLI-MT: no languages")
+  end = object()
+  premises, contradictions = [], []
+  lines = [readers.iter_lines(files[l]) for l in langs]
+  for row in itertools.zip_longest(*lines, fillvalue=end):
+    short = [files[l] for l, x in zip(langs, row) if x is end]
+    if short:
+      longer = next(files[l] for l, x in zip(langs, row) if x is not end)
+      raise DataError(f"XNLI-MT files must be aligned line by line: {short[0]} ends before "
+                      f"{longer} (line {next(x for x in row if x is not end)[0]})")
+    i = row[0][0]
+    fields = [_fields(files[l], i, line) for l, (_, line) in zip(langs, row)]
+    if i == 1:
+      headers = [[x.strip() for x in f] == HEADER for f in fields]
+      if any(headers) and not all(headers):
+        raise DataError(f"{files[langs[headers.index(False)]]}:1: no header line "
+                        f"'premise<TAB>hypo<TAB>label', unlike {files[langs[headers.index(True)]]}")
+      if all(headers):
+        continue
+    labels = [LABELS.get(f[2].strip()) for f in fields]
+    for l, f, lab in zip(langs, fields, labels):
+      if lab is None:
+        raise DataError(f"{files[l]}:{i}: label {f[2]!r}, expected one of {sorted(LABELS)}")
+    if len(set(labels)) > 1:
+      j = next(k for k, lab in enumerate(labels) if lab != labels[0])
+      raise DataError(f"{files[langs[0]]}:{i} and {files[langs[j]]}:{i}: labels "
+                      f"{labels[0]!r} and {labels[j]!r} differ: the files are not aligned "
+                      f"line by line")
+    if labels[0] == "contradiction":
+      premises.append([f[0].strip() for f in fields])
+      contradictions.append([f[1].strip() for f in fields])
+  if not premises:
+    raise DataError(f"XNLI-MT {files[langs[0]]} (and the other languages): no contradiction "
+                    f"line")
+  return langs, premises, contradictions
+
+
+def _stamp(files: Mapping[str, str]) -> tuple:
+  return tuple((l, str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns)
+               for l, p in files.items())
+
+
+@functools.lru_cache(maxsize=2)
+def _read_cached(stamp: tuple):
+  return read_xnli_mt({l: p for l, p, _, _ in stamp})
+
+
+def xnli_mt_groups(directory: Optional[str], languages: Sequence[str] = XNLI_LANGUAGES):
+  """`read_xnli_mt` of the files in `directory` (read once per process and file state)."""
+  return _read_cached(_stamp(xnli_mt_files(directory, languages)))
+
+
+@gin.configurable(module="tasks")
+def xnli_mt_text_files(directory: Optional[str] = gin.REQUIRED,
+                       languages: Sequence[str] = XNLI_LANGUAGES) -> list[str]:
+  """One plain-text file per language of the groups' sentences (premises and their
+  contradiction hypotheses), written once under the cache: to build a vocabulary."""
+  files = xnli_mt_files(directory, languages)
+  key = hashlib.sha256(readers.stamp(files.values()).encode()).hexdigest()[:12]
+  out_dir = storage.cache_dir().parent / "nway_text"
+  outs = [out_dir / f"xnli_mt.{key}.{l}.txt" for l in files]
+  if not all(p.exists() for p in outs):
+    langs, premises, contradictions = xnli_mt_groups(directory, languages)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for j, p in enumerate(outs):
+      texts = dict.fromkeys(t for rows in (premises, contradictions) for t in
+                            (r[j] for r in rows) if t)
+      tmp = p.with_suffix(f".{os.getpid()}.tmp")
+      tmp.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+      tmp.replace(p)
+  return [str(p) for p in outs]
+
+
+@gin.configurable(module="tasks")
+def xnli_mt_task(directory: Optional[str] = gin.REQUIRED, languages: Sequence[str] = XNLI_LANGUAGES,
+                 vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
+                 data_dir: Optional[str] = None,
+                 shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
+                 validation_percent: int = vtasks.VALIDATION_PERCENT,
+                 holdout: Sequence[str] = ()) -> str:
+  """Registers the MPCL hard-negative task of XNLI-MT, `xnli_mt.hard_negatives.views<V>.
+  <languages>`: per example `num_views` translations of a premise (view 0 the anchor) and
+  one of its contradiction hypotheses in a random language. `holdout`: dev sets (read
+  from `data_dir`) whose sentences' groups are dropped."""
+  langs, premises, contradictions = xnli_mt_groups(directory, languages)
+  h, suffix = held_out(holdout, data_dir, "tasks.xnli_mt_task")
+  return vtasks.register_nway_hard_negative_task(
+      f"xnli_mt.hard_negatives.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}"
+      f"{suffix}", langs, premises, contradictions, vocabulary, num_views,
+      shuffle_buffer_size, validation_percent, h)

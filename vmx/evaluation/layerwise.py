@@ -1,0 +1,77 @@
+"""Sentence vectors from one layer of a checkpoint's encoder (InfoXLM Fig. 1, §4.2).
+
+InfoXLM's Fig. 1 scores Tatoeba (xx->en, its 14 languages with parallel data) with the
+averaged hidden states of each layer of the encoder. `layer_encoder(encoder, k)` is a vmx
+`Encoder` over the SAME parameters whose vector is the mean over the valid tokens of layer
+k's hidden states (L2-normalized), whatever the model's own retrieval vector is: the model
+is wrapped (`LayerModel`: the two things `Encoder` asks a model for, `encode_tokens` and
+`uses_languages`), nothing is re-loaded or copied.
+
+Layer k is the output of the encoder's first k layers as `TransformerEncoder.__call__(...,
+depth=k)` gives it: below the top it is taken before any final norm; layer N (the top)
+after it, so a model whose own vector is the mean of its last layer gives the same vectors
+at k = N. The encoder read is the model module's `encoder` field with its parameters at
+`params['encoder']` (InfoXLM, EMMA-X, the dual encoders); a model that keeps its encoder
+elsewhere, or a scanned stack without `scan_boundaries` at k, is refused with a
+ConfigError saying so.
+"""
+from __future__ import annotations
+
+from vmx import encoders
+from vmx.errors import ConfigError
+from vmx.losses import l2_normalize
+
+
+def _encoder_module(model) -> encoders.TransformerEncoder:
+  enc = getattr(getattr(model, "module", None), "encoder", None)
+  if not isinstance(enc, encoders.TransformerEncoder):
+    raise ConfigError(f"per-layer evaluation reads the model module's `encoder` "
+                      f"(a TransformerEncoder); {type(model).__name__} has none")
+  return enc
+
+
+class LayerModel:
+  """The model-side interface `Encoder` uses, with the sentence vector of layer `layer`
+  of `model`'s encoder pooled by `pooling` (default the mean, as InfoXLM §4.2)."""
+
+  def __init__(self, model, layer: int, pooling: str = "mean"):
+    enc = _encoder_module(model)
+    if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= enc.depth:
+      raise ConfigError(f"layer={layer!r}: the encoder has layers 1 .. {enc.depth}")
+    self.model, self.layer, self.pooling = model, layer, pooling
+    self.encoder = enc.clone(parent=None)
+    self.uses_languages = model.uses_languages
+
+  def encode_tokens(self, params, tokens_BxL, lang_B):
+    if "encoder" not in params:
+      raise ConfigError(f"per-layer evaluation reads the encoder's parameters at "
+                        f"params['encoder']; this {type(self.model).__name__} keeps them "
+                        f"under {sorted(params)}")
+    hidden, valid = self.encoder.apply({"params": params["encoder"]}, tokens_BxL,
+                                       lang_B if self.encoder.num_languages else None,
+                                       depth=self.layer)
+    return l2_normalize(encoders.pool(hidden, valid, self.pooling))
+
+
+def num_layers(encoder) -> int:
+  """How many layers `encoder` (a vmx Encoder) runs: the layers Fig. 1 can read."""
+  return _encoder_module(_model_of(encoder)).depth
+
+
+def _model_of(encoder):
+  model = getattr(encoder, "model", None)
+  if model is None or not hasattr(encoder, "params"):
+    raise ConfigError(f"per-layer evaluation needs a vmx Encoder (Encoder.from_checkpoint), "
+                      f"got {type(encoder).__name__}")
+  return model
+
+
+def layer_encoder(encoder, layer: int, pooling: str = "mean"):
+  """A vmx `Encoder` like `encoder` (same parameters, tokenizer, languages, max length,
+  batch size) whose vectors are layer `layer` pooled with `pooling`."""
+  enc = type(encoder)(LayerModel(_model_of(encoder), layer, pooling), encoder.params,
+                      encoder.tokenizer, encoder.languages, encoder.max_length,
+                      encoder.batch_size)
+  enc.name = f"{getattr(encoder, 'name', type(encoder).__name__)}@layer{layer}"
+  enc.revision = getattr(encoder, "revision", None)
+  return enc
