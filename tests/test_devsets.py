@@ -228,4 +228,8 @@ def test_tatoeba_test_set_is_held_out_in_code(tmp_path):
   tgt = write_lines(tmp_path / "c.en", ["free a", "free b", eng[7]])
   planted = vtasks.moses_source(src, tgt, validation_percent=0, holdout=h)
   assert planted.counts() == {"train": 1}
-  assert devsets.check_names(["tatoeba", "tico19"], "x") == ["tatoeba", "tico19"]
+  assert devsets.check_names(["tatoeba", "tico19"], "x", test_sets=True) == ["tatoeba",
+                                                                            "tico19"]
+  from vmx.errors import DataError
+  with pytest.raises(DataError, match="tatoeba: a test set"):   # never a dev set
+    devsets.check_names(["tatoeba"], "HarnessEvalConfig.dev_sets")

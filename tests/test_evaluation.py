@@ -432,7 +432,7 @@ def test_flores_retrieval_groups_and_geometry(tmp_path):
   from vmx.evaluation import flores
   rng = np.random.default_rng(0)
   vec = {i: rng.normal(size=3) for i in range(12)}
-  langs = ["eng_Latn", "deu_Latn", "fra_Latn", "xyz_Latn"]
+  langs = ["eng_Latn", "deu_Latn", "fra_Latn", "xyz_Latn", "uzn_Latn"]
   for split, idx in (("dev", range(0, 5)), ("devtest", range(5, 12))):
     for code in langs:
       order = list(idx)
@@ -453,20 +453,26 @@ def test_flores_retrieval_groups_and_geometry(tmp_path):
   enc = Enc()
   res = flores.evaluate(common.as_encode_fn(enc), tmp_path / "flores")
   rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
-  assert set(rows) == {"deu_Latn", "fra_Latn", "xyz_Latn"} and res["n_sentences"] == 12
+  assert set(rows) == {"deu_Latn", "fra_Latn", "xyz_Latn", "uzn_Latn"}
+  assert res["n_sentences"] == 12
   assert rows["deu_Latn"]["accuracy_xx2en"] == 100.0
   assert rows["xyz_Latn"]["accuracy_xx2en"] == pytest.approx(100 * 10 / 12)
-  assert res["groups"]["head"]["n_languages"] == 2 and res["groups"]["head"]["xx2en"] == 100.0
+  # A.1's uzb_Latn is FLORES-200's uzn_Latn: a head language
+  assert res["groups"]["head"]["n_languages"] == 3 and res["groups"]["head"]["xx2en"] == 100.0
   assert res["groups"]["long_tail"]["xx2en"] == pytest.approx(100 * 10 / 12)
-  assert enc.seen == {"eng", "deu", "fra", "xyz"}
+  assert enc.seen == {"eng", "deu", "fra", "xyz", "uzn"}
   assert "bel_Cyrl" in res["head_missing"] and len(flores.EMMAX_FLORES_HEAD) == 68
   assert set(res["geometry"]) == {"head", "all"}            # one long-tail language: no geometry
-  assert res["geometry"]["all"]["n_languages"] == 4
+  assert res["geometry"]["all"]["n_languages"] == 5
   assert np.isfinite(res["geometry"]["all"]["invariance_kl_eq16"])   # 12 sentences > 3 dims
   only = flores.evaluate(common.as_encode_fn(Enc()), tmp_path / "flores", splits=("devtest",),
                          languages=["deu_Latn"], geometry_metrics=False)
   assert only["n_sentences"] == 7 and [r["hf_subset"] for r in only["scores"]["test"]] == [
       "deu_Latn"] and "geometry" not in only
+  ids = flores.evaluate(common.as_encode_fn(Enc()), tmp_path / "flores", geometry_metrics=False,
+                        model_languages=["deu", "eng", "uzb"])   # a model reading language ids
+  assert {r["hf_subset"] for r in ids["scores"]["test"]} == {"deu_Latn", "uzn_Latn"}
+  assert ids["languages_skipped"] == ["fra_Latn", "xyz_Latn"]
   write_lines(tmp_path / "flores" / "dev" / "fra_Latn.dev", ["fra_Latn 0"])
   with pytest.raises(DataError, match="fra_Latn: 8 lines, eng_Latn has 12"):
     flores.evaluate(common.as_encode_fn(Enc()), tmp_path / "flores")

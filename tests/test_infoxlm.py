@@ -301,9 +301,12 @@ def test_infoxlm_base_config_builds_and_steps_from_xlmr_ids():
       "infoxlm_base.gin", ["NUM_LAYERS = 3", "EMB_DIM = 16", "NUM_HEADS = 2", "MLP_DIM = 32",
                            "VOCAB_SIZE = 300", "MASK_ID = 299", "MAX_POSITIONS = 16",
                            "MAX_LENGTH = 6", "BATCH_SIZE = 4", "QUEUE_SIZE = 8",
-                           "UNIVERSAL_LAYER = 2", "SCAN_BOUNDARIES = [2]"], make_batch)
+                           "UNIVERSAL_LAYER = 2", "RETRIEVAL_LAYER = 1",
+                           "RETRIEVAL_POOLING = 'mean'",
+                           "SCAN_BOUNDARIES = [1, 2]"], make_batch)
   assert model.module.encoder.family == "bert" and model.joined_drops_first
-  assert model.module.encoder.scan_layers       # two scanned segments: layers 0-1, 2
+  assert model.module.encoder.scan_layers       # three scanned segments: layers 0, 1, 2
+  assert (model.module.retrieval_layer, model.module.retrieval_pooling) == (1, "mean")
   assert sorted(model.FEATURE_CONVERTER_CLS) == ["mmlm", "tlm", "xlco"]
   assert all(np.isfinite(float(v.compute())) for v in metrics.values())
   assert int(state.flax_mutables["queue"]["filled"]) == 1
@@ -448,7 +451,8 @@ def test_from_scratch_initialization_is_uniform_0_02():
   np.testing.assert_array_equal(np.asarray(again["params"]["encoder"]["token_embed"]["embedding"]),
                                 weights["encoder/token_embed/embedding"])
   default = _model().get_initial_variables(jax.random.PRNGKey(0), shapes)
-  assert np.abs(np.asarray(default["params"]["encoder"]["layers_0"]["mlp"]["wi"]["kernel"])).max() > 0.02
+  wi = default["params"]["encoder"]["layers_0"]["mlp"]["wi"]["kernel"]
+  assert np.abs(np.asarray(wi)).max() > 0.02
   with pytest.raises(ConfigError, match="uniform_init"):
     _model(uniform_init=0.0)
   for name, want in (("infoxlm_scratch.gin", 0.02), ("infoxlm_base.gin", None)):

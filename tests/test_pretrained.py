@@ -98,25 +98,29 @@ def test_family_hidden_states_equal_transformers(kind, scan, tmp_path):
     np.testing.assert_allclose(out[i, :n], ref[i, :n], atol=1e-4, rtol=0)
 
 
-def tiny_mt5_seq2seq():
-  """A random tiny MT5ForConditionalGeneration (3 decoder layers, 2 encoder layers)."""
+def tiny_mt5_seq2seq(kind: str = "mt5"):
+  """A random tiny MT5ForConditionalGeneration (3 decoder layers, 2 encoder layers), or
+  the same T5ForConditionalGeneration (`kind='t5'`: transformers 5 scales its tied output)."""
   torch.manual_seed(0)
-  cfg = transformers.MT5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2,
-                               num_decoder_layers=3, num_heads=3,
-                               relative_attention_num_buckets=8,
-                               relative_attention_max_distance=20,
-                               feed_forward_proj="gated-gelu", decoder_start_token_id=0)
-  return transformers.MT5ForConditionalGeneration(cfg)
+  cls, cfg_cls = ((transformers.T5ForConditionalGeneration, transformers.T5Config) if kind == "t5"
+                  else (transformers.MT5ForConditionalGeneration, transformers.MT5Config))
+  cfg = cfg_cls(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2,
+                num_decoder_layers=3, num_heads=3, relative_attention_num_buckets=8,
+                relative_attention_max_distance=20, feed_forward_proj="gated-gelu",
+                decoder_start_token_id=0)
+  return cls(cfg)
 
 
-@pytest.mark.parametrize("scan,lm_head", [(False, False), (True, False), (False, True)])
-def test_mt5_decoder_logits_equal_transformers(scan, lm_head, tmp_path):
+@pytest.mark.parametrize("scan,lm_head,kind", [(False, False, "mt5"), (True, False, "mt5"),
+                                               (False, True, "mt5"), (False, False, "t5")])
+def test_mt5_decoder_logits_equal_transformers(scan, lm_head, kind, tmp_path):
   """VMSST §6.5: mT5's decoder re-purposed. With the cross-attention's output zeroed in
   Hugging Face and the new conditioning parts zeroed in vmx (and the start embedding set
   to mT5's decoder start token), the imported decoder gives mT5's logits: causal
   relative position bias, self-attention, gated MLP, norms and the output projection
   are all mapped right. The output is the shared embedding (transformers 5 saves mT5
-  tied), or a checkpoint's own `lm_head.weight` (Google's mT5 files: untied)."""
+  tied), or a checkpoint's own `lm_head.weight` (Google's mT5 files: untied); a tied T5
+  scales the hidden state by d^-0.5 first."""
   import jax
   from flax import traverse_util
   from vmx import decoders
@@ -124,7 +128,7 @@ def test_mt5_decoder_logits_equal_transformers(scan, lm_head, tmp_path):
   from vmx.modeldir.hf_import import convert_decoder, decoder_settings, decoder_shapes
   from vmx.training.initial_checkpoint import assign, flatten
   from safetensors.numpy import save_file
-  m = tiny_mt5_seq2seq().eval()
+  m = tiny_mt5_seq2seq(kind).eval()
   with torch.no_grad():
     for blk in m.decoder.block:
       blk.layer[1].EncDecAttention.o.weight.zero_()
@@ -162,6 +166,9 @@ def test_mt5_decoder_logits_equal_transformers(scan, lm_head, tmp_path):
     out = m(input_ids=torch.tensor(tokens.astype(np.int64)), output_hidden_states=True,
             labels=torch.tensor(np.asarray(targets).astype(np.int64)))
   ref = out.decoder_hidden_states[-1].numpy() @ head.T if lm_head else out.logits.numpy()
+  if kind == "t5":   # the scaled tied output really differs from the unscaled one
+    assert not np.allclose(ref[0], (out.decoder_hidden_states[-1].numpy() @
+                                    tensors["shared.weight"].T)[0], atol=1e-2)
   mask = np.asarray(mask)
   np.testing.assert_allclose(logits[mask], ref[mask], atol=1e-4, rtol=0)
 

@@ -210,6 +210,24 @@ def test_layer_figures_of_a_tiny_random_model(tmp_path):
   assert figs[0]["value"] == rows[0]["accuracy_xx2en"] and figs[0]["n_languages"] == 2
   with pytest.raises(Exception, match="layers 1 .. 2"):
     layerwise.layer_encoder(encoder, 3)
+  # a scanned stack cut only at layer 2 reads layer 1 (and 3) as the unscanned one does
+  # (§4.2's layer 7 of a run scanned around its universal layer 8)
+  deep = dict(vocab_size=40, num_layers=3, emb_dim=16, num_heads=2, mlp_dim=32, max_length=16)
+  m_scan = InfoXLMModel(InfoXLM(encoders.TransformerEncoder(**deep, scan_layers=True,
+                                                            scan_boundaries=(2,)),
+                                universal_layer=2, pooling="mean"),
+                        mask_id=1, random_low=3, queue_size=8)
+  m_flat = InfoXLMModel(InfoXLM(encoders.TransformerEncoder(**deep), universal_layer=2,
+                                pooling="mean"), mask_id=1, random_low=3, queue_size=8)
+  p_scan = m_scan.get_initial_variables(jax.random.PRNGKey(1),
+                                        m_scan.inference_shapes(16))["params"]
+  p_flat = {**p_scan, "encoder": layerwise.unscanned_params(p_scan["encoder"])}
+  assert "layers_from_2" in p_scan["encoder"] and "layers_2" in p_flat["encoder"]
+  for k in (1, 3):
+    np.testing.assert_allclose(
+        layerwise.layer_encoder(Encoder(m_scan, p_scan, tok, langs + ["eng"], 16), k).encode(sents),
+        layerwise.layer_encoder(Encoder(m_flat, p_flat, tok, langs + ["eng"], 16), k).encode(sents),
+        rtol=1e-5, atol=1e-6)
   with pytest.raises(Exception, match="needs a vmx Encoder"):
     layerwise.layer_encoder(object(), 1)
 

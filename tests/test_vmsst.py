@@ -296,3 +296,22 @@ def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   assert abs(float(shifted) - float(l1)) > 1e-4
   state, m = tr.step(state, batch)              # a training step (sampled latents) runs
   assert np.isfinite(float(m["loss"].compute()))
+
+
+def test_a_split_conditioned_kernel_computes_and_starts_as_the_merged_one():
+  """The t5 decoder's ConditionedLinear(split_kernel=True): [x ; c] W with W's rows for x
+  (`kernel`, what mT5's weights fill) and for c (`cond_kernel`) apart: the same function
+  as the merged (D + C) x F kernel, and each part drawn with its distribution."""
+  from vmx.decoders import ConditionedLinear
+  x, c = jnp.ones((2, 3, 64)) * 0.5, jnp.arange(256, dtype=jnp.float32).reshape(2, 128) / 256
+  split = ConditionedLinear(300, ("embed", "vocab"), use_bias=False, split_kernel=True)
+  merged = ConditionedLinear(300, ("embed", "vocab"), use_bias=False)
+  ps = split.init(jax.random.PRNGKey(0), x, c)["params"]
+  pm = merged.init(jax.random.PRNGKey(0), x, c)["params"]
+  assert ps["kernel"].shape == (64, 300) and ps["cond_kernel"].shape == (128, 300)
+  for part in ("kernel", "cond_kernel"):     # fan-in D + C for both parts, as merged
+    assert float(jnp.std(ps[part])) == pytest.approx(float(jnp.std(pm["kernel"])), rel=0.05)
+  w = jnp.concatenate([ps["kernel"], ps["cond_kernel"]])
+  np.testing.assert_allclose(np.asarray(split.apply({"params": ps}, x, c)),
+                             np.asarray(merged.apply({"params": {"kernel": w}}, x, c)),
+                             rtol=1e-5, atol=1e-5)

@@ -64,20 +64,18 @@ def decoder_targets(tokens_BxL: Array) -> tuple[Array, Array]:
   return targets.astype(jnp.int32), pos <= length_B[:, None]
 
 
-def _rows_of(init, full_rows: int, start: int):
-  """An initializer drawing a (full_rows x F) matrix with `init` and keeping rows
-  start .. start + n - 1: a split kernel starts as the rows of one (D + C) x F draw."""
-  def rows(key, shape, dtype=jnp.float32):
-    return init(key, (full_rows, shape[1]), dtype)[start:start + shape[0]]
-  return rows
+def _part_init(rows: int, total_rows: int):
+  """layers.default_kernel_init's distribution for `rows` of a `total_rows` x F kernel
+  (fan-in `total_rows`): a split kernel starts as the merged one does, part by part."""
+  return nn.initializers.variance_scaling(rows / total_rows, "fan_in", "truncated_normal")
 
 
 class ConditionedLinear(nn.Module):
   """y = [x ; c] W (+ b) with x [B, L, D], c [B, C].
 
   W is one (D + C) x F `kernel`, or with `split_kernel` a D x F `kernel` and a C x F
-  `cond_kernel` (the same function and initial distribution: a pretrained D x F matrix
-  can fill `kernel` alone)."""
+  `cond_kernel`: the same function, each part initialized with the merged kernel's
+  distribution, so that a pretrained D x F matrix can fill `kernel` alone."""
   features: int
   kernel_axes: tuple[str, str]
   use_bias: bool = True
@@ -88,10 +86,9 @@ class ConditionedLinear(nn.Module):
   def __call__(self, x_BxLxD: Array, cond_BxC: Array) -> Array:
     d, c = x_BxLxD.shape[-1], cond_BxC.shape[-1]
     if self.split_kernel:
-      init = layers.default_kernel_init
-      w_x = nnp.param_with_axes("kernel", _rows_of(init, d + c, 0), (d, self.features),
+      w_x = nnp.param_with_axes("kernel", _part_init(d, d + c), (d, self.features),
                                 jnp.float32, axes=self.kernel_axes)
-      w_c = nnp.param_with_axes("cond_kernel", _rows_of(init, d + c, d), (c, self.features),
+      w_c = nnp.param_with_axes("cond_kernel", _part_init(c, d + c), (c, self.features),
                                 jnp.float32, axes=self.kernel_axes)
     else:
       kernel = nnp.param_with_axes("kernel", layers.default_kernel_init,

@@ -68,14 +68,18 @@ def dev_set(name: str) -> DevSet:
   return DEV_SETS[name]
 
 
-def check_names(names: Sequence[str], where: str) -> list[str]:
-  """The names as a list; an unknown one is an error naming `where` (a gin binding)."""
+def check_names(names: Sequence[str], where: str, test_sets: bool = False) -> list[str]:
+  """The names as a list; an unknown one is an error naming `where` (a gin binding).
+  `test_sets`: TEST_SETS are valid too (what training may skip, never a dev set)."""
   if isinstance(names, str):
     names = [names]
-  unknown = [n for n in names if n not in DEV_SETS and n not in TEST_SETS]
+  known = [*DEV_SETS, *(TEST_SETS if test_sets else ())]
+  unknown = [n for n in names if n not in known]
   if unknown:
-    raise DataError(f"{where}: unknown dev set(s) {unknown}; known: "
-                    f"{', '.join([*DEV_SETS, *TEST_SETS])}")
+    test = [n for n in unknown if n in TEST_SETS]
+    raise DataError(f"{where}: unknown dev set(s) {unknown}; known: {', '.join(known)}"
+                    + (f" ({', '.join(test)}: a test set, which training can hold out but "
+                       f"models are never selected on)" if test else ""))
   return list(names)
 
 
@@ -139,7 +143,7 @@ class HeldOut:
 
   def __init__(self, names: Sequence[str], data_dir: Optional[str] = None,
                where: str = "holdout"):
-    self.names = check_names(names, where)
+    self.names = check_names(names, where, test_sets=True)
     self.data_dir = data_dir
     self._sentences = None
 

@@ -11,7 +11,9 @@ concatenated in order (`splits`).
 * Retrieval (Table 3): every language's sentences against English's (`eng_Latn`), cosine
   nearest neighbour, top-1 accuracy x100, xx -> En (the paper's direction; en -> xx is
   reported beside it). Groups: EMMA-X's FLORES head, the 68 languages A.1 lists
-  (`EMMAX_FLORES_HEAD`), and the long tail, "the remaining" languages, English excluded.
+  (`EMMAX_FLORES_HEAD`; its uzb_Latn is FLORES-200's uzn_Latn), and the long tail, "the
+  remaining" languages, English excluded. A model that reads language ids is scored on
+  the languages it knows (`model_languages`); the others are listed as skipped.
 * Geometry (Table 4): vmx/evaluation/geometry.py's metrics, the equations as printed
   (`*_eq16`, `*_eq17`, `*_eq18`) and vmx's variants, on the head, long-tail and all
   languages (English included in "all"), from the same embeddings. Eq. 16's scatter is
@@ -24,6 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vmx.data.languages import resolve
 from vmx.errors import DataError
 from vmx.evaluation import common, geometry, tatoeba
 
@@ -41,6 +44,9 @@ EMMAX_FLORES_HEAD = (
     "uzb_Latn", "heb_Hebr", "kaz_Cyrl", "nob_Latn", "rus_Cyrl", "vie_Latn", "arb_Arab",
     "zho_Hans", "tuk_Latn", "khk_Cyrl", "jpn_Jpan", "ell_Grek", "isl_Latn", "tam_Taml",
     "slv_Latn", "tur_Latn", "mkd_Cyrl", "tgl_Latn", "gle_Latn")
+# A.1 writes Uzbek as uzb_Latn; FLORES-200 files it as Northern Uzbek, uzn_Latn.
+FLORES_CODES = {"uzb_Latn": "uzn_Latn"}
+HEAD = tuple(FLORES_CODES.get(c, c) for c in EMMAX_FLORES_HEAD)
 GEOMETRY = ("invariance_kl_eq16", "canonical_form_eq17", "isotropy_eq18", "invariance_kl",
             "canonical_form_ch", "isotropy_pr")
 
@@ -50,11 +56,8 @@ def model_language(code: str) -> str:
   return code.split("_", 1)[0]
 
 
-def read(directory, splits: Sequence[str] = DEFAULT_SPLITS,
-         languages: Optional[Sequence[str]] = None,
-         files: Optional[common.DataFiles] = None) -> dict[str, list[str]]:
-  """{FLORES code: sentences of `splits`, concatenated}, English always included; the
-  languages must be line-aligned (a DataError names the file that is not)."""
+def read_codes(directory, splits: Sequence[str] = DEFAULT_SPLITS) -> list[str]:
+  """The FLORES codes that every split in `splits` has (English among them)."""
   root = Path(directory)
   if not root.is_dir():
     raise DataError(f"task flores: {root} is not a directory (FLORES-200's "
@@ -65,10 +68,20 @@ def read(directory, splits: Sequence[str] = DEFAULT_SPLITS,
     codes = sorted(p.name[:-len(split) - 1] for p in d.glob(f"*.{split}")) if d.is_dir() else []
     if not codes:
       raise DataError(f"task flores: no <lang_Script>.{split} files in {d}")
-    per_split.append((split, set(codes)))
-  common_codes = set.intersection(*(c for _, c in per_split))
+    per_split.append(set(codes))
+  common_codes = set.intersection(*per_split)
   if ENGLISH not in common_codes:
     raise DataError(f"task flores: {ENGLISH}.<split> missing in {root} (splits {list(splits)})")
+  return sorted(common_codes)
+
+
+def read(directory, splits: Sequence[str] = DEFAULT_SPLITS,
+         languages: Optional[Sequence[str]] = None,
+         files: Optional[common.DataFiles] = None) -> dict[str, list[str]]:
+  """{FLORES code: sentences of `splits`, concatenated}, English always included; the
+  languages must be line-aligned (a DataError names the file that is not)."""
+  root = Path(directory)
+  common_codes = set(read_codes(root, splits))
   wanted = sorted(common_codes) if languages is None else list(dict.fromkeys(
       [*languages, ENGLISH]))
   missing = [c for c in wanted if c not in common_codes]
@@ -77,7 +90,7 @@ def read(directory, splits: Sequence[str] = DEFAULT_SPLITS,
   out = {}
   for code in wanted:
     lines = []
-    for split, _ in per_split:
+    for split in splits:
       path = root / split / f"{code}.{split}"
       lines += common.read_lines(files.path(str(path.absolute())) if files else path, "flores")
     out[code] = lines
@@ -98,9 +111,19 @@ def _group(rows: dict, codes) -> dict:
 
 def evaluate(encode, directory, splits: Sequence[str] = DEFAULT_SPLITS,
              languages: Optional[Sequence[str]] = None, geometry_metrics: bool = True,
-             progress: bool = False, files: Optional[common.DataFiles] = None) -> dict:
+             progress: bool = False, files: Optional[common.DataFiles] = None,
+             model_languages: Optional[Sequence[str]] = None) -> dict:
   """Retrieval into English per language with head / long-tail means (Table 3), and the
-  geometry metrics per group (Table 4). `languages`: FLORES codes (default: all)."""
+  geometry metrics per group (Table 4). `languages`: FLORES codes (default: all);
+  `model_languages`: the languages of a model that reads language ids."""
+  skipped = []
+  if model_languages:
+    if resolve(model_language(ENGLISH), model_languages) is None:
+      raise DataError(f"task flores: the model does not know English ({ENGLISH}), the "
+                      f"retrieval target")
+    codes = read_codes(directory, splits) if languages is None else list(languages)
+    skipped = [c for c in codes if resolve(model_language(c), model_languages) is None]
+    languages = [c for c in codes if c not in skipped]
   texts = read(directory, splits, languages, files)
   embs = {c: encode(t, model_language(c))
           for c, t in common.progress_iter(texts.items(), "flores", progress)}
@@ -112,13 +135,13 @@ def evaluate(encode, directory, splits: Sequence[str] = DEFAULT_SPLITS,
     rows[code] = {"hf_subset": code, "languages": [model_language(code)],
                   "main_score": s["xx2en"], "accuracy_xx2en": s["xx2en"],
                   "accuracy_en2xx": s["en2xx"], "n": s["n"]}
-  head = [c for c in EMMAX_FLORES_HEAD if c in rows]
-  tail = [c for c in rows if c not in EMMAX_FLORES_HEAD]
+  head = [c for c in HEAD if c in rows]
+  tail = [c for c in rows if c not in HEAD]
   out = {"scores": {"test": list(rows.values())},
          "main_score": common.mean([r["main_score"] for r in rows.values()]),
          "groups": {"head": _group(rows, head), "long_tail": _group(rows, tail),
                     "all": _group(rows, list(rows))},
-         "head_missing": sorted(set(EMMAX_FLORES_HEAD) - set(rows)),
+         "head_missing": sorted(set(HEAD) - set(rows)), "languages_skipped": skipped,
          "splits": list(splits), "n_sentences": len(texts[ENGLISH])}
   if geometry_metrics:
     out["geometry"] = {}

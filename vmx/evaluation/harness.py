@@ -168,7 +168,7 @@ TASKS: dict[str, Callable] = {
     "tatoeba_layers": _tatoeba_layers,
     "flores": lambda e, c, x: flores.evaluate(
         e, _required(c.flores_dir, "flores", "flores_dir"), c.flores_splits, c.flores_languages,
-        progress=c.progress, files=x["files"]),
+        progress=c.progress, files=x["files"], model_languages=x.get("id_languages")),
 }
 # main_score direction, for readers of the results (MTEB assumes higher is better)
 LOWER_IS_BETTER = {"geometry"}

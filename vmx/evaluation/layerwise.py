@@ -12,14 +12,37 @@ depth=k)` gives it: below the top it is taken before any final norm; layer N (th
 after it, so a model whose own vector is the mean of its last layer gives the same vectors
 at k = N. The encoder read is the model module's `encoder` field with its parameters at
 `params['encoder']` (InfoXLM, EMMA-X, the dual encoders); a model that keeps its encoder
-elsewhere, or a scanned stack without `scan_boundaries` at k, is refused with a
-ConfigError saying so.
+elsewhere is refused with a ConfigError saying so. A scanned stack (one `layers` array
+per parameter, or `layers_from_<s>` segments) is read unscanned: the wrapper's encoder
+runs per-layer modules over the stacked arrays' rows (`unscanned_params`), so any layer
+can be read whatever the run's `scan_boundaries`.
 """
 from __future__ import annotations
+
+import re
+
+from flax import traverse_util
 
 from vmx import encoders
 from vmx.errors import ConfigError
 from vmx.losses import l2_normalize
+
+_STACK = re.compile(r"^(layers|layers_from_(\d+))$")
+
+
+def unscanned_params(params: dict) -> dict:
+  """An encoder's parameters with each scanned stack (`layers/x` [N, ...] or
+  `layers_from_<s>/x` [n, ...]) as per-layer modules `layers_<i>/x`."""
+  out = {}
+  for path, a in traverse_util.flatten_dict(params).items():
+    m = _STACK.match(path[0])
+    if not m:
+      out[path] = a
+      continue
+    start = int(m.group(2) or 0)
+    for i in range(a.shape[0]):
+      out[(f"layers_{start + i}",) + path[1:]] = a[i]
+  return traverse_util.unflatten_dict(out)
 
 
 def _encoder_module(model) -> encoders.TransformerEncoder:
@@ -39,15 +62,19 @@ class LayerModel:
     if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= enc.depth:
       raise ConfigError(f"layer={layer!r}: the encoder has layers 1 .. {enc.depth}")
     self.model, self.layer, self.pooling = model, layer, pooling
-    self.encoder = enc.clone(parent=None)
+    self.encoder = enc.clone(parent=None, scan_layers=False, scan_boundaries=(),
+                             remat_policy="none")
     self.uses_languages = model.uses_languages
+    self._params = None   # (the model's encoder params, their unscanned copy)
 
   def encode_tokens(self, params, tokens_BxL, lang_B):
     if "encoder" not in params:
       raise ConfigError(f"per-layer evaluation reads the encoder's parameters at "
                         f"params['encoder']; this {type(self.model).__name__} keeps them "
                         f"under {sorted(params)}")
-    hidden, valid = self.encoder.apply({"params": params["encoder"]}, tokens_BxL,
+    if self._params is None or self._params[0] is not params["encoder"]:
+      self._params = (params["encoder"], unscanned_params(params["encoder"]))
+    hidden, valid = self.encoder.apply({"params": self._params[1]}, tokens_BxL,
                                        lang_B if self.encoder.num_languages else None,
                                        depth=self.layer)
     return l2_normalize(encoders.pool(hidden, valid, self.pooling))

@@ -350,8 +350,9 @@ PROTOCOLS = {
                  "probe, not fine-tuning"),
          Missing("Table 1 / 4", "MLQA", "MLQA v1 (SQuAD format) per language pair"),
          Missing("Tables 2, 3", "layer-7 mean retrieval vector, unless the run set it",
-                 "InfoXLM.retrieval_layer = 7, retrieval_pooling = 'mean' at training; "
-                 "otherwise the checkpoint's own pooled vector is used")),
+                 "RETRIEVAL_LAYER = 7, RETRIEVAL_POOLING = 'mean' at training; otherwise the "
+                 "checkpoint's own vector is used here, and --tatoeba_layers=7 gives the "
+                 "layer-7 mean over --tatoeba_layer_languages")),
         tatoeba_languages=tatoeba.XTREME36, optional_tasks=dict(INFOXLM_OPTIONAL)),
     "emmax": Protocol(
         "emmax", "Guo et al., EMMA-X",

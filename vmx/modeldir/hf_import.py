@@ -11,8 +11,9 @@ checkpoint's own tokenizer (vmx/data/vocab.py: HfTokenizer) and `checkpoint_0/pa
 with its checksum manifest. With `decoder=True` (`--decoder`), a T5 / mT5
 encoder-decoder checkpoint's decoder is kept too, in `decoder/checkpoint_0/params`
 (layout.PRETRAINED_DECODER_DIR), as a vmx `ConditionedDecoder(family='t5')` without its
-cross-attention: VMSST's and BITRANSLATION's decoders start from it (VMSST §6.5). `Encoder.from_checkpoint` opens it, and a training run starts
-from it with `INITIAL_CHECKPOINT_PATH` (vmx/training/initial_checkpoint.py).
+cross-attention: VMSST's and BITRANSLATION's decoders start from it (VMSST §6.5).
+`Encoder.from_checkpoint` opens the directory, and a training run starts from it with
+`INITIAL_CHECKPOINT_PATH` (vmx/training/initial_checkpoint.py).
 Part of vmx/modeldir/ (the MODEL_DIR layout: layout.py); `vmx.checkpoint_import` is
 this module under its old name.
 
@@ -340,21 +341,34 @@ def decoder_settings(cfg: dict) -> dict:
               max_length=512, **{k: enc[k] for k in keep})
 
 
-def decoder_weight_map(settings: dict, lm_head: bool
+def decoder_weight_map(settings: dict, lm_head: bool, scaled: bool = False
                        ) -> list[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]:
   """(HF name, vmx ConditionedDecoder path, transform) of everything imported: causal
   self-attention, its position bias, gated MLP, norms and the output projection on the
   hidden state: mT5's own `lm_head` when the checkpoint has one (mT5 and T5 v1.1 train
   it untied, unscaled), else the shared embedding (a checkpoint saved with tied
-  weights, as transformers 5 saves mT5)."""
-  h = settings["num_heads"]
+  weights, as transformers 5 saves mT5), times d^-0.5 where the model scales the hidden
+  state before it (`scaled`: `output_scaled(cfg)`)."""
+  h, d = settings["num_heads"], settings["emb_dim"]
+  tied = (lambda a: a.T * np.float32(d) ** -0.5) if scaled else _t
   out = [("decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
           "relative_attention_bias", _t),
          ("decoder.final_layer_norm.weight", "final_norm/scale", _same),
-         ("lm_head.weight" if lm_head else "shared.weight", "output/kernel", _t)]
+         ("lm_head.weight", "output/kernel", _t) if lm_head else
+         ("shared.weight", "output/kernel", tied)]
   for i in range(settings["num_layers"]):
     out += _t5_block(f"decoder.block.{i}.layer.", f"layers_{i}/", h, "self_attention", 2)
   return out
+
+
+def output_scaled(cfg: dict) -> bool:
+  """Whether a tied T5 multiplies the decoder's output by d^-0.5 before the shared
+  embedding: transformers 5's `scale_decoder_outputs` (T5Config sets it unless
+  `tie_word_embeddings` is false), T5 v1.0's convention; mT5 never scales."""
+  if cfg["model_type"] != "t5":
+    return False
+  return bool(cfg.get("scale_decoder_outputs", cfg.get("tie_word_embeddings", True)
+                      is not False))
 
 
 def convert_decoder(cfg: dict, tensors: dict, expected_shapes: dict
@@ -372,7 +386,8 @@ def convert_decoder(cfg: dict, tensors: dict, expected_shapes: dict
   lm_head = "lm_head.weight" in tensors
   mine = {k: v for k, v in tensors.items() if k.startswith("decoder.")
           or k == ("lm_head.weight" if lm_head else "shared.weight")}
-  return _convert(decoder_weight_map(settings, lm_head), mine, expected_shapes,
+  wmap = decoder_weight_map(settings, lm_head, scaled=not lm_head and output_scaled(cfg))
+  return _convert(wmap, mine, expected_shapes,
                   lambda k: bool(_CROSS_ATTENTION.match(k)) or k == "decoder.embed_tokens.weight",
                   "the decoder", f"{settings['num_layers']} layers, d={settings['emb_dim']}")
 

@@ -126,6 +126,9 @@ def assign(target_shapes: dict, source: dict, assignment: Sequence[tuple[str, st
            ) -> tuple[dict, list[str], list[str]]:
   """({target path: array} loaded, target paths left new, source paths ignored).
 
+  Each target is looked up under its rule's name, then under its own: a rule cannot keep
+  a parameter fresh that the source holds under the parameter's own name.
+
   A parameter found under its source name with another shape is a ConfigError (a
   different architecture or vocabulary), listing all of them.
   """
