@@ -77,7 +77,7 @@ def parse_args(argv):
   p.add_argument("--transfer_seeds", default="",
                  help="comma-separated probe seeds; the mean is reported (default: "
                       "xnli_transfer 0, mldoc / amazon 0,1,2,3,4)")
-  for name in ("mldoc", "amazon_v1", "amazon_v2"):
+  for name in harness.transfer.BENCHMARKS:
     b = harness.transfer.BENCHMARKS[name]
     p.add_argument(f"--{name}_dir", default=None,
                    help=f"task {name} (EMS {b.table}): DIR/{b.pattern}, text<TAB>label")
@@ -138,8 +138,8 @@ def parse_args(argv):
       sts17_dir=args.sts17_dir, sts17_gs_dir=args.sts17_gs_dir, retrieval_dirs=args.retrieval_dir,
       geometry_files=geo, geometry_n=args.geometry_n,
       transfer_languages=_list(args.transfer_languages), transfer_source=args.transfer_source,
-      transfer_probe=args.transfer_probe, transfer_seeds=seeds, mldoc_dir=args.mldoc_dir,
-      amazon_v1_dir=args.amazon_v1_dir, amazon_v2_dir=args.amazon_v2_dir,
+      transfer_probe=args.transfer_probe, transfer_seeds=seeds,
+      **{f"{name}_dir": getattr(args, f"{name}_dir") for name in harness.transfer.BENCHMARKS},
       paracrawl_dir=args.paracrawl_dir,
       paracrawl_languages=_list(args.paracrawl_languages) or None,
       paracrawl_queries=args.paracrawl_queries, paracrawl_candidates=args.paracrawl_candidates,

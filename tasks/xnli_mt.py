@@ -154,9 +154,7 @@ def xnli_mt_text_files(directory: Optional[str] = gin.REQUIRED,
     for j, p in enumerate(outs):
       texts = dict.fromkeys(t for rows in (premises, contradictions) for t in
                             (r[j] for r in rows) if t)
-      tmp = p.with_suffix(f".{os.getpid()}.tmp")
-      tmp.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-      tmp.replace(p)
+      storage.write_atomic(p, "".join(t + "\n" for t in texts))
   return [str(p) for p in outs]
 
 

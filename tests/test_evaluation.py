@@ -333,7 +333,8 @@ def _semeval2017_release(tmp_path, bad_track3=False):
   """Both zips of the SemEval-2017 STS test release, with the quirks of the real files:
   English-first columns in track2 ar-en, track4b es-en and track6 tr-en; 500 input lines
   and 250 scores in track6; integer scores in track4b; padded Arabic fields with
-  no-break spaces; a field starting with a double quote; a gold zip with a directory
+  no-break spaces; a field starting with a double quote; a U+2028 inside a line; a gold
+  zip with a directory
   entry, an input zip without. Sentences name their language ('xx:') and a vector angle
   the encoder reads; returns (input zip, gold zip, {track: expected Spearman})."""
   import zipfile
@@ -352,6 +353,8 @@ def _semeval2017_release(tmp_path, bad_track3=False):
       gold = [str(int(np.clip(np.round(5 - 3 * a), 2, 5))) for a in ang]
     else:
       gold = [f"{5 - 3 * a + rng.normal(0, 0.3):.6f}" for a in ang]
+    if key.startswith("track3"):   # a line separator inside a field is not a new line
+      lines[5] = lines[5] + "\u2028"
     if key.startswith("track6"):   # 250 more input lines, none of them scored
       lines += [f"{c1}:1.000000\t{c2}:{a:.6f}" for a in rng.uniform(0, 1.5, 250)]
     expected[key] = 100 * stats.spearmanr(np.cos(ang), [float(g) for g in gold])[0]

@@ -150,8 +150,8 @@ class Encoder:
 
     `lang`: one ISO 639-3 code or one per sentence, needed by models that read language
     ids, and by vocabularies that pre-tokenize by language (EMS's: Moses, jieba, Juman++;
-    without it Moses's generic rules are used, with a warning). Raises InputError for bad input and NonFiniteError if the model
-    produces NaN/Inf (a diverged checkpoint).
+    without it Moses's generic rules are used, with a warning). Raises InputError for bad
+    input and NonFiniteError if the model produces NaN/Inf (a diverged checkpoint).
 
     The keywords of sentence-transformers' `encode` work as there, so vmx encoders drop
     into code written for it (and MTEB): `show_progress_bar` (= `progress`),

@@ -27,6 +27,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from vmx import storage
+from vmx.data.pretokenized import PretokenizingVocabulary
 from vmx.data.tasks import HfVocabulary
 from vmx.errors import ConfigError
 
@@ -34,8 +35,9 @@ VMX_CACHE_INFO = "vmx_cache.json"
 
 
 def vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
-  """sha256 of the vocabulary's model (SentencePiece proto, or an imported tokenizer's spec)."""
-  if isinstance(vocabulary, HfVocabulary):
+  """sha256 of the vocabulary's model (SentencePiece proto, or the spec of an imported
+  tokenizer or of a pre-tokenizing vocabulary: its model's sha256 and its settings)."""
+  if isinstance(vocabulary, (HfVocabulary, PretokenizingVocabulary)):
     data = vocabulary.spec_bytes
   elif isinstance(vocabulary, seqio.SentencePieceVocabulary):
     data = vocabulary.sp_model

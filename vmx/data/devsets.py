@@ -112,13 +112,10 @@ def test_set_files(name: str, data_dir: Optional[str] = None) -> list[str]:
   """Registry-relative paths of every file of test set `name` (the data dir's, else the
   download registry's)."""
   root = TEST_SETS[name]
-  data_root = download.configured_data_dir(data_dir)
-  rels = (sorted(f"{root}/{p.name}" for p in (data_root / root).glob("*") if p.is_file())
-          if data_root is not None else sorted(r for r in download.registry()
-                                                if r.startswith(root + "/")))
+  rels = [f"{root}/{n}" for n in download.file_names(root, data_dir)]
   if not rels:
     raise DataError(f"test set {name}: no files under {root} "
-                    f"(data dir: {data_root or 'registry'})")
+                    f"(data dir: {download.configured_data_dir(data_dir) or 'registry'})")
   return rels
 
 

@@ -51,6 +51,17 @@ def configured_data_dir(data_dir: Optional[str] = None) -> Optional[Path]:
   return p
 
 
+def file_names(folder: str, data_dir: Optional[str] = None) -> list[str]:
+  """Names of the files directly in registry-relative `folder` (e.g. `eval/tatoeba/v1`):
+  the data dir's, else the download registry's, sorted."""
+  root = configured_data_dir(data_dir)
+  if root is not None:
+    return sorted(p.name for p in (root / folder).glob("*") if p.is_file())
+  prefix = folder.rstrip("/") + "/"
+  return sorted(r[len(prefix):] for r in registry()
+                if r.startswith(prefix) and "/" not in r[len(prefix):])
+
+
 def available(rel: str, data_dir: Optional[str] = None) -> bool:
   """Whether `resolve(rel)` can succeed: the file is in the data dir, or (without one)
   in the registry (cached or downloadable)."""

@@ -10,15 +10,13 @@ as `<feature>_pretokenized` as seqio's own does; `seqio.preprocessors.tokenize`
 otherwise). Its language-free `encode_tf` uses Moses's generic rules, as
 `Tokenizer.encode` does without `lang`.
 
-What the caches key on: the vocabulary's `repr` is its fingerprint for vmx/data/cache.py
-(the sha256 of its spec, which holds the model's sha256 and the pre-tokenization
-settings), and the preprocessor's arguments (the languages) are part of the index
+What the caches key on: the vocabulary's spec bytes are its fingerprint
+(vmx/data/cache.py; the spec holds the model's sha256 and the pre-tokenization settings), and the preprocessor's arguments (the languages) are part of the index
 reader's fingerprint (vmx/data/arrays.py): another normalization never opens an old cache.
 """
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Mapping, Optional
 
 import numpy as np
@@ -88,9 +86,7 @@ class PretokenizingVocabulary(seqio.Vocabulary):
     return hash(self.spec_bytes)
 
   def __repr__(self):
-    # vmx/data/cache.py fingerprints vocabularies it has no rule for by their repr.
-    return (f"PretokenizingVocabulary(spec_sha256="
-            f"{hashlib.sha256(self.spec_bytes).hexdigest()}, {self.pretokenizer!r})")
+    return f"PretokenizingVocabulary({self.spec_path!r}, {self.pretokenizer!r})"
 
 
 def tokenize_by_language(dataset: tf.data.Dataset, output_features,

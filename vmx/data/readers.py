@@ -69,7 +69,9 @@ def raw_lines(path) -> Iterator[tuple[int, bytes]]:
       yield i, raw
 
 
-def _decode(raw: bytes, path, lineno: int) -> str:
+def decode_line(raw: bytes, path, lineno: int) -> str:
+  """One line's bytes as text (newline stripped); invalid UTF-8 is a DataError naming
+  path:line."""
   try:
     return raw.decode("utf-8").rstrip("\r\n")
   except UnicodeDecodeError as e:
@@ -80,7 +82,7 @@ def _decode(raw: bytes, path, lineno: int) -> str:
 def iter_lines(path) -> Iterator[tuple[int, str]]:
   """(1-based line number, decoded line without newline)."""
   for i, raw in raw_lines(path):
-    yield i, _decode(raw, path, i)
+    yield i, decode_line(raw, path, i)
 
 
 def stamp(paths) -> str:
@@ -138,7 +140,7 @@ def read_parallel(src_path, tgt_path, empty_lines: str = "error") -> Iterator[tu
         raise DataError(f"{short} has {i - 1} lines but {long_} has more (line {i} has no "
                         f"translation): Moses files must be aligned line by line")
       return
-    s, t = _decode(rs, src_path, i), _decode(rt, tgt_path, i)
+    s, t = decode_line(rs, src_path, i), decode_line(rt, tgt_path, i)
     if not s.strip() or not t.strip():
       if empty_lines == "skip":
         continue

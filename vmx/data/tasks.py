@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -341,7 +342,19 @@ def truncate_keeping_last(dataset: tf.data.Dataset, sequence_length,
 
 def seqio_vocabulary(vocab_path: str) -> seqio.Vocabulary:
   """seqio vocabulary of a SentencePiece `.model` or a `vmx_tokenizer.json` (imported, or
-  vmx's own model with its pre-tokenization: vmx/data/pretokenized.py)."""
+  vmx's own model with its pre-tokenization: vmx/data/pretokenized.py). One object per
+  file version, shared by the tasks of a mixture (one tokenizer load, one Juman++
+  process, not one per task)."""
+  stamp = None
+  if not storage.is_remote(vocab_path):
+    st = os.stat(vocab_path)
+    stamp = (st.st_size, st.st_mtime_ns)
+  return _seqio_vocabulary(str(vocab_path), stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _seqio_vocabulary(vocab_path: str, stamp) -> seqio.Vocabulary:
+  del stamp   # the file's size and time: a rewritten file is another vocabulary
   if Path(vocab_path).name == TOKENIZER_SPEC:
     if spec_kind(vocab_path) == SENTENCEPIECE_KIND:
       return PretokenizingVocabulary(vocab_path)
@@ -449,6 +462,7 @@ class NwaySource(seqio.FunctionDataSource):
     if not validation_percent:
       del splits["validation"]
     self.languages, self.num_views = list(languages), min_views
+    self._width = len(languages)   # texts a row holds (a subclass may store more per row)
     self._rows = splits
     self._fingerprint = None
     self._holdout = holdout.key if holdout else ""
@@ -459,8 +473,8 @@ class NwaySource(seqio.FunctionDataSource):
   def _table(self, split) -> tf.Tensor:
     if split not in self._rows:
       raise DataError(f"N-way source: no split {split!r}; it has {list(self._rows)}")
-    return tf.constant(np.array(self._rows[split], dtype=object).reshape(
-        -1, len(self.languages)), tf.string)
+    return tf.constant(np.array(self._rows[split], dtype=object).reshape(-1, self._width),
+                       tf.string)
 
   def _dataset(self, split, shuffle_files, seed=None):
     del shuffle_files, seed  # one in-memory table: order is shuffled downstream
@@ -488,7 +502,7 @@ class NwaySource(seqio.FunctionDataSource):
 
     def tokenize(texts):
       ids = vocab.encode_tf(texts)   # as seqio.preprocessors.tokenize (add_eos=False)
-      return {"tokens": ids.to_tensor(0, shape=[len(self.languages), length]),
+      return {"tokens": ids.to_tensor(0, shape=[self._width, length]),
               "present": tf.strings.length(texts) > 0}
     ds = tf.data.Dataset.from_tensor_slices(self._table(split)).map(
         tokenize, num_parallel_calls=tf.data.AUTOTUNE)
@@ -501,11 +515,23 @@ class NwaySource(seqio.FunctionDataSource):
     v = self.num_views
     out = np.empty((len(tokens), v * tokens.shape[-1]), tokens.dtype)
     for b, seed in enumerate(seeds_B):
-      scores = np.random.default_rng(seed).random(present.shape[1])
-      scores[~present[b]] = -1.0
-      idx = np.argsort(-scores, kind="stable")[:v]
-      out[b] = tokens[b, idx].reshape(-1)
+      out[b] = tokens[b, _drawn_np(present[b], seed, v)].reshape(-1)
     return {"views": out}
+
+
+def _drawn_np(present_N, seed, k: int) -> np.ndarray:
+  """[k] indices of distinct present entries, uniformly at random from the generator
+  seeded by `seed` (`sample_views`'s rule, in numpy)."""
+  scores = np.random.default_rng(seed).random(len(present_N))
+  scores[~present_N] = -1.0
+  return np.argsort(-scores, kind="stable")[:k]
+
+
+def _drawn_tf(texts_N, seed, k: int):
+  """[k] indices of distinct non-empty texts, uniformly at random (stateless, `seed`)."""
+  scores = tf.random.stateless_uniform(tf.shape(texts_N), seed)
+  scores = tf.where(tf.strings.length(texts_N) > 0, scores, -1.0)
+  return tf.math.top_k(scores, k=k)[1]
 
 
 def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
@@ -521,10 +547,7 @@ def sample_views(ex, seed, num_views: int):
   anchor (so every language is equally likely to be the anchor), the rest positives."""
   texts = ex["texts"]
   seed = tf.random.experimental.stateless_fold_in(seed, ex["draw"])
-  scores = tf.random.stateless_uniform(tf.shape(texts), seed)
-  scores = tf.where(tf.strings.length(texts) > 0, scores, -1.0)
-  _, idx = tf.math.top_k(scores, k=num_views)
-  return {"views": tf.gather(texts, idx)}
+  return {"views": tf.gather(texts, _drawn_tf(texts, seed, num_views))}
 
 
 def pad_views(dataset: tf.data.Dataset, sequence_length):
@@ -548,7 +571,8 @@ def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: st
   seqio.TaskRegistry.add(
       name, source=nway_source(languages, rows, num_views, validation_percent, holdout),
       preprocessors=[functools.partial(sample_views, num_views=num_views),
-                     # the views' languages are drawn per example: no pre-tokenization
+                     # the views' languages are drawn per example: a pre-tokenizing
+                     # vocabulary is refused (tokenize_step)
                      tokenize_step(vocab, {"views": None}, name), pad_views],
       output_features=features, shuffle_buffer_size=shuffle_buffer_size)
   return name
@@ -599,13 +623,7 @@ class NwayHardNegativeSource(NwaySource):
     # NwaySource's table, holdout and split over the 2N columns [group; hard negative]
     # (every joined row has >= min_views texts, so its own filter keeps them all).
     super().__init__([*languages, *languages], joined, min_views, validation_percent, holdout)
-    self.languages = list(languages)
-
-  def _table(self, split) -> tf.Tensor:
-    if split not in self._rows:
-      raise DataError(f"N-way source: no split {split!r}; it has {list(self._rows)}")
-    return tf.constant(np.array(self._rows[split], dtype=object).reshape(
-        -1, 2 * len(self.languages)), tf.string)
+    self.languages = list(languages)   # (rows keep their 2N texts: self._width)
 
   def _dataset(self, split, shuffle_files, seed=None):
     n = len(self.languages)
@@ -615,17 +633,10 @@ class NwayHardNegativeSource(NwaySource):
   def stored_examples(self, task: seqio.Task, split: str, lengths):
     """NwaySource's `tokens` [n, N, L] and `present` [n, N], and the hard negatives'
     `negative_tokens` [n, N, L] and `negative_present` [n, N]."""
-    vocab, length = task.output_features["views"].vocabulary, int(lengths["views"])
     n = len(self.languages)
-
-    def tokenize(texts):
-      ids = vocab.encode_tf(texts).to_tensor(0, shape=[2 * n, length])
-      present = tf.strings.length(texts) > 0
-      return {"tokens": ids[:n], "present": present[:n],
-              "negative_tokens": ids[n:], "negative_present": present[n:]}
-    ds = tf.data.Dataset.from_tensor_slices(self._table(split)).map(
-        tokenize, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(4096).as_numpy_iterator()
+    for b in super().stored_examples(task, split, lengths):   # [n, 2N, L], [n, 2N]
+      yield {"tokens": b["tokens"][:, :n], "present": b["present"][:, :n],
+             "negative_tokens": b["tokens"][:, n:], "negative_present": b["present"][:, n:]}
 
   def draw_views(self, stored: dict, seeds_B) -> dict:
     """NwaySource's `views` [B, V * L] and `hard_negative` [B, L]: the hard negative in a
@@ -634,9 +645,7 @@ class NwayHardNegativeSource(NwaySource):
     tokens, present = stored["negative_tokens"], stored["negative_present"]
     neg = np.empty((len(tokens), tokens.shape[-1]), tokens.dtype)
     for b, seed in enumerate(seeds_B):
-      scores = np.random.default_rng([*seed, HARD_NEGATIVE_STREAM]).random(present.shape[1])
-      scores[~present[b]] = -1.0
-      neg[b] = tokens[b, int(np.argmax(scores))]
+      neg[b] = tokens[b, _drawn_np(present[b], [*seed, HARD_NEGATIVE_STREAM], 1)[0]]
     return {**out, "hard_negative": neg}
 
 
@@ -646,14 +655,10 @@ def sample_views_and_hard_negative(ex, seed, num_views: int):
   drawn uniformly from those it has: `views` [V + 1] (the hard negative last)."""
   texts, negatives = ex["texts"], ex["negatives"]
   seed = tf.random.experimental.stateless_fold_in(seed, ex["draw"])
-  scores = tf.random.stateless_uniform(tf.shape(texts), seed)
-  scores = tf.where(tf.strings.length(texts) > 0, scores, -1.0)
-  _, idx = tf.math.top_k(scores, k=num_views)
   neg_seed = tf.random.experimental.stateless_fold_in(seed, HARD_NEGATIVE_STREAM)
-  neg_scores = tf.random.stateless_uniform(tf.shape(negatives), neg_seed)
-  neg_scores = tf.where(tf.strings.length(negatives) > 0, neg_scores, -1.0)
-  return {"views": tf.concat([tf.gather(texts, idx),
-                              negatives[tf.argmax(neg_scores)][None]], axis=0)}
+  return {"views": tf.concat([tf.gather(texts, _drawn_tf(texts, seed, num_views)),
+                              tf.gather(negatives, _drawn_tf(negatives, neg_seed, 1))],
+                             axis=0)}
 
 
 def register_nway_hard_negative_task(name: str, languages: Sequence[str], rows, negatives,
@@ -670,7 +675,8 @@ def register_nway_hard_negative_task(name: str, languages: Sequence[str], rows, 
       name, source=NwayHardNegativeSource(languages, rows, negatives, num_views,
                                           validation_percent, holdout),
       preprocessors=[functools.partial(sample_views_and_hard_negative, num_views=num_views),
-                     # the views' languages are drawn per example: no pre-tokenization
+                     # the views' languages are drawn per example: a pre-tokenizing
+                     # vocabulary is refused (tokenize_step)
                      tokenize_step(vocab, {"views": None}, name), pad_views],
       output_features=features, shuffle_buffer_size=shuffle_buffer_size)
   return name

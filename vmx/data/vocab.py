@@ -68,7 +68,9 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
   the sampled lines of each file are pre-tokenized in that file's language
   (`file_languages`, default: from the names, `normalize.file_language`) before training;
   the model alone does not record it (see `train_vocabulary`)."""
-  if file_languages is None:
+  if pretokenizer is None:
+    file_languages = [None] * len(input_files)      # (read only to pre-tokenize)
+  elif file_languages is None:
     file_languages = [file_language(p) for p in input_files]
   if len(file_languages) != len(input_files):
     raise ConfigError(f"{len(file_languages)} file languages for {len(input_files)} files")
@@ -213,9 +215,11 @@ def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
     pretok = Pretokenizer(pretokenize, japanese, "vocabulary_path")
   existing = _existing_vocabulary(path)
   if existing:
-    has = getattr(check_normalization(existing, lowercase, pretok), "pretokenizer", None)
-    if has is not None:
-      has.check(languages, f"the languages of vocabulary {existing}")
+    # (an existing vocabulary is opened only where there is normalization to check)
+    if lowercase or pretok or spec_kind(existing) == SENTENCEPIECE_KIND:
+      has = getattr(check_normalization(existing, lowercase, pretok), "pretokenizer", None)
+      if has is not None:
+        has.check(languages, f"the languages of vocabulary {existing}")
     return existing
   if path and not pretok and (not str(path).endswith(".model") or storage.is_remote(path)):
     raise ConfigError(f"VOCAB_PATH={str(path)!r} does not exist (an imported model directory, "

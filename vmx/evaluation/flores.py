@@ -47,8 +47,6 @@ EMMAX_FLORES_HEAD = (
 # A.1 writes Uzbek as uzb_Latn; FLORES-200 files it as Northern Uzbek, uzn_Latn.
 FLORES_CODES = {"uzb_Latn": "uzn_Latn"}
 HEAD = tuple(FLORES_CODES.get(c, c) for c in EMMAX_FLORES_HEAD)
-GEOMETRY = ("invariance_kl_eq16", "canonical_form_eq17", "isotropy_eq18", "invariance_kl",
-            "canonical_form_ch", "isotropy_pr")
 
 
 def model_language(code: str) -> str:
@@ -103,12 +101,6 @@ def read(directory, splits: Sequence[str] = DEFAULT_SPLITS,
   return out
 
 
-def _group(rows: dict, codes) -> dict:
-  got = [rows[c] for c in codes if c in rows]
-  return {"xx2en": common.mean([r["accuracy_xx2en"] for r in got]),
-          "en2xx": common.mean([r["accuracy_en2xx"] for r in got]), "n_languages": len(got)}
-
-
 def evaluate(encode, directory, splits: Sequence[str] = DEFAULT_SPLITS,
              languages: Optional[Sequence[str]] = None, geometry_metrics: bool = True,
              progress: bool = False, files: Optional[common.DataFiles] = None,
@@ -127,21 +119,18 @@ def evaluate(encode, directory, splits: Sequence[str] = DEFAULT_SPLITS,
   texts = read(directory, splits, languages, files)
   embs = {c: encode(t, model_language(c))
           for c, t in common.progress_iter(texts.items(), "flores", progress)}
-  rows = {}
-  for code, e in embs.items():
-    if code == ENGLISH:
-      continue
-    s = tatoeba.score_language(e, embs[ENGLISH])
-    rows[code] = {"hf_subset": code, "languages": [model_language(code)],
-                  "main_score": s["xx2en"], "accuracy_xx2en": s["xx2en"],
-                  "accuracy_en2xx": s["en2xx"], "n": s["n"]}
-  head = [c for c in HEAD if c in rows]
-  tail = [c for c in rows if c not in HEAD]
-  out = {"scores": {"test": list(rows.values())},
-         "main_score": common.mean([r["main_score"] for r in rows.values()]),
-         "groups": {"head": _group(rows, head), "long_tail": _group(rows, tail),
-                    "all": _group(rows, list(rows))},
-         "head_missing": sorted(set(HEAD) - set(rows)), "languages_skipped": skipped,
+  per = {c: tatoeba.score_language(e, embs[ENGLISH]) for c, e in embs.items() if c != ENGLISH}
+  head = [c for c in HEAD if c in per]
+  tail = [c for c in per if c not in HEAD]
+  out = {"scores": {"test": [
+             {"hf_subset": c, "languages": [model_language(c)], "main_score": s["xx2en"],
+              "accuracy_xx2en": s["xx2en"], "accuracy_en2xx": s["en2xx"], "n": s["n"]}
+             for c, s in per.items()]},
+         "main_score": common.mean([s["xx2en"] for s in per.values()]),
+         "groups": {"head": tatoeba.group_means(per, head),
+                    "long_tail": tatoeba.group_means(per, tail),
+                    "all": tatoeba.group_means(per, list(per))},
+         "head_missing": sorted(set(HEAD) - set(per)), "languages_skipped": skipped,
          "splits": list(splits), "n_sentences": len(texts[ENGLISH])}
   if geometry_metrics:
     out["geometry"] = {}

@@ -96,16 +96,28 @@ def canonical_form(embs: dict) -> float:
   return float(calinski_harabasz_score(x, labels))
 
 
-def principal_ratio(w_NxD) -> float:
+def principal_ratios(w_NxD) -> tuple[float, float]:
+  """min_c Z(c) / max_c Z(c), Z(c) = sum_i exp(c^T w_i), over the eigenvectors c of W^T W:
+  (with their negatives too: vmx's variant, independent of the solver's signs; the
+  eigenvectors as numpy's eigh returns them: Eq. 18). One eigendecomposition for both."""
   w = np.asarray(w_NxD, np.float64)
   _, vecs = np.linalg.eigh(w.T @ w)
   proj = w @ vecs                                        # [n, d]: c^T w_i for each c
-  logz = np.concatenate([logsumexp(proj, axis=0), logsumexp(-proj, axis=0)])
-  return float(np.exp(logz.min() - logz.max()))
+  pos, neg = logsumexp(proj, axis=0), logsumexp(-proj, axis=0)
+  both = np.concatenate([pos, neg])
+  return float(np.exp(both.min() - both.max())), float(np.exp(pos.min() - pos.max()))
+
+
+def principal_ratio(w_NxD) -> float:
+  return principal_ratios(w_NxD)[0]
+
+
+def _stacked(embs: dict) -> np.ndarray:
+  return np.concatenate([mining.normalize(e) for e in embs.values()])
 
 
 def isotropy(embs: dict) -> float:
-  return principal_ratio(np.concatenate([mining.normalize(e) for e in embs.values()]))
+  return principal_ratio(_stacked(embs))
 
 
 def invariance_eq16(embs: dict) -> float:
@@ -134,17 +146,15 @@ def canonical_form_eq17(embs: dict) -> float:
 def isotropy_eq18(embs: dict) -> float:
   """Eq. 18: min_v Σ_e exp(v^T e) / max_v Σ_e exp(v^T e) over the eigenvectors v (as
   numpy's eigh returns them) of W^T W."""
-  w = np.concatenate([mining.normalize(e) for e in embs.values()]).astype(np.float64)
-  _, vecs = np.linalg.eigh(w.T @ w)
-  logz = logsumexp(w @ vecs, axis=0)
-  return float(np.exp(logz.min() - logz.max()))
+  return principal_ratios(_stacked(embs))[1]
 
 
 def all_metrics(embs: dict, cov: str = "diag") -> dict:
   """The equations as printed and vmx's variants, of {language: embeddings [n, d]}."""
+  pr, pr_eq18 = principal_ratios(_stacked(embs))
   return {"invariance_kl": invariance(embs, cov), "canonical_form_ch": canonical_form(embs),
-          "isotropy_pr": isotropy(embs), "invariance_kl_eq16": invariance_eq16(embs),
-          "canonical_form_eq17": canonical_form_eq17(embs), "isotropy_eq18": isotropy_eq18(embs)}
+          "isotropy_pr": pr, "invariance_kl_eq16": invariance_eq16(embs),
+          "canonical_form_eq17": canonical_form_eq17(embs), "isotropy_eq18": pr_eq18}
 
 
 def load_nway(files: common.DataFiles, paths: dict, n: Optional[int] = None):

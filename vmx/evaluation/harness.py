@@ -79,6 +79,13 @@ class EvalConfig:
   progress: bool = True
 
 
+def _record_tatoeba(files: common.DataFiles, langs):
+  """Resolves (and records) the Tatoeba files of `langs`: a missing one fails here, named."""
+  for l in langs:
+    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
+    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
+
+
 def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
   langs = list(cfg.tatoeba_languages or ctx.get("languages") or [])
   available = tatoeba.available_languages(cfg.data_dir)
@@ -88,10 +95,7 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
     # Tatoeba's languages that the model knows, under their code or another one
     # (pes for fas: vmx.data.languages.resolve)
     langs = [l for l in available if resolve_language(l, langs) is not None]
-  files = ctx["files"]
-  for l in langs:   # resolve (and record) the files; missing ones fail here, named
-    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
-    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
+  _record_tatoeba(ctx["files"], langs)
   res = tatoeba.evaluate(encode, langs, cfg.data_dir, english=cfg.tatoeba_english,
                          progress=cfg.progress, own_languages=ctx.get("languages"))
   subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
@@ -112,9 +116,7 @@ def _tatoeba_layers(encode, cfg: EvalConfig, ctx) -> dict:
   if layers in (None, "all"):
     layers = list(range(1, layerwise.num_layers(encoder) + 1))
   langs = list(cfg.tatoeba_layer_languages)
-  for l in langs:   # resolve (and record) the files; missing ones fail here, named
-    ctx["files"].path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
-    ctx["files"].path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
+  _record_tatoeba(ctx["files"], langs)
   rows = []
   for k in layers:
     enc_k = common.as_encode_fn(layerwise.layer_encoder(encoder, int(k)),
@@ -130,8 +132,9 @@ def _tatoeba_layers(encode, cfg: EvalConfig, ctx) -> dict:
           "pooling": "mean", "direction": "xx2en"}
 
 
-def _transfer_benchmark(name: str, flag: str):
-  bench = transfer.BENCHMARKS[name]
+def _transfer_benchmark(name: str):
+  """The harness task of transfer benchmark `name`, reading `EvalConfig.<name>_dir`."""
+  bench, flag = transfer.BENCHMARKS[name], f"{name}_dir"
   return lambda e, c, x: transfer.evaluate_benchmark(
       e, bench, _required(getattr(c, flag), name, flag, "transfer"),
       c.transfer_probe or "mlp", c.transfer_seeds or transfer.EMS_SEEDS, c.progress,
@@ -158,9 +161,7 @@ TASKS: dict[str, Callable] = {
         e, languages=c.transfer_languages, source=c.transfer_source, data_dir=c.data_dir,
         progress=c.progress, files=x["files"], probe=c.transfer_probe or "logistic",
         seeds=c.transfer_seeds or (0,)),
-    "mldoc": _transfer_benchmark("mldoc", "mldoc_dir"),
-    "amazon_v1": _transfer_benchmark("amazon_v1", "amazon_v1_dir"),
-    "amazon_v2": _transfer_benchmark("amazon_v2", "amazon_v2_dir"),
+    **{name: _transfer_benchmark(name) for name in transfer.BENCHMARKS},
     "paracrawl": lambda e, c, x: paracrawl.evaluate(
         e, _required(c.paracrawl_dir, "paracrawl", "paracrawl_dir"), c.paracrawl_languages,
         c.paracrawl_queries, c.paracrawl_candidates, c.paracrawl_seed, progress=c.progress,

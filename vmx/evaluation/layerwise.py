@@ -65,16 +65,15 @@ class LayerModel:
     self.encoder = enc.clone(parent=None, scan_layers=False, scan_boundaries=(),
                              remat_policy="none")
     self.uses_languages = model.uses_languages
-    self._params = None   # (the model's encoder params, their unscanned copy)
 
   def encode_tokens(self, params, tokens_BxL, lang_B):
     if "encoder" not in params:
       raise ConfigError(f"per-layer evaluation reads the encoder's parameters at "
                         f"params['encoder']; this {type(self.model).__name__} keeps them "
                         f"under {sorted(params)}")
-    if self._params is None or self._params[0] is not params["encoder"]:
-      self._params = (params["encoder"], unscanned_params(params["encoder"]))
-    hidden, valid = self.encoder.apply({"params": self._params[1]}, tokens_BxL,
+    # (traced under Encoder's jit: the per-layer views of the stacked arrays are slices)
+    hidden, valid = self.encoder.apply({"params": unscanned_params(params["encoder"])},
+                                       tokens_BxL,
                                        lang_B if self.encoder.num_languages else None,
                                        depth=self.layer)
     return l2_normalize(encoders.pool(hidden, valid, self.pooling))

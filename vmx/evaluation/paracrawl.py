@@ -76,13 +76,6 @@ def count_lines(path) -> int:
   return n + (last != b"\n")     # a last line without its newline still counts
 
 
-def _decode(raw: bytes, path, lineno: int) -> str:
-  try:
-    return raw.decode("utf-8").rstrip("\r\n")
-  except UnicodeDecodeError as e:
-    raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start}") from None
-
-
 def draw(src_path, tgt_path, n_queries: int = N_QUERIES, n_candidates: int = N_CANDIDATES,
          seed: int = 0, task: str = "paracrawl"):
   """(source texts, target texts, their 1-based line numbers, the files' line count) of
@@ -108,7 +101,7 @@ def draw(src_path, tgt_path, n_queries: int = N_QUERIES, n_candidates: int = N_C
     if j == len(wanted):
       break
     if i - 1 == wanted[j]:
-      lines[i - 1] = (_decode(a, src_path, i), _decode(b, tgt_path, i))
+      lines[i - 1] = (readers.decode_line(a, src_path, i), readers.decode_line(b, tgt_path, i))
       j += 1
   src, tgt, kept, seen_s, seen_t = [], [], [], set(), set()
   for i in order:
@@ -126,11 +119,10 @@ def draw(src_path, tgt_path, n_queries: int = N_QUERIES, n_candidates: int = N_C
                   f"{len(order)} drawn lines, {n_candidates} needed")
 
 
-def p_at_1(query_NxD, cand_MxD, k: int = K, margin: str = "ratio",
-           progress: bool = False) -> float:
+def p_at_1(query_NxD, cand_MxD, k: int = K, margin: str = "ratio") -> float:
   """P@1 ×100 of query i retrieving candidate i (margin-rescored k nearest)."""
   nn = knn.topk(mining.normalize(query_NxD), mining.normalize(cand_MxD),
-                k=min(k, len(query_NxD), len(cand_MxD)), progress=progress)
+                k=min(k, len(query_NxD), len(cand_MxD)))
   errors, n = mining.xsim_errors(nn, margin)
   return 100.0 * (1.0 - errors / n)
 

@@ -81,8 +81,7 @@ EMS_TABLE6 = {
 }
 EMS_TABLE13 = {">300k (43)": tuple(l for l in EMS_SEEN58 if l not in _EMS_UNDER300K_OWN),
                "<300k (15)": _EMS_UNDER300K_OWN}
-EMS_TRANSFER = {"mldoc": "mldoc_dir", "amazon_v1": "amazon_v1_dir",
-                "amazon_v2": "amazon_v2_dir"}
+EMS_TRANSFER = tuple(transfer.BENCHMARKS)   # mldoc, amazon_v1, amazon_v2: data in --<task>_dir
 STS17_LAYOUT = ("--sts17_dir=DIR: SemEval-2017 Task 1 test release, STS.input.trackN.xx-yy.txt "
                 "with STS.gs.trackN.xx-yy.txt (vmx/evaluation/sts.py)")
 
@@ -269,35 +268,31 @@ def _emmax(results) -> list:
                     "splits": fl["splits"], "n_sentences": fl["n_sentences"],
                     **({"languages_missing": fl["head_missing"]} if group == "head" else {})})
     for group, geo_g in fl.get("geometry", {}).items():
-      for key, column, metric in _GEOMETRY_COLUMNS:
-        out.append({"table": "Table 4", "column": f"{column}, FLORES {group}",
-                    "value": geo_g[key], "metric": metric, "n_languages": geo_g["n_languages"],
-                    "variant": {v: geo_g[v] for v in _GEOMETRY_VARIANTS[key]}})
+      out += _geometry_figures(geo_g, f", FLORES {group}", n_languages=geo_g["n_languages"])
     return out
   geo = results.get("geometry")
   if geo:
     sub = geo["scores"]["test"][0]
-    out.append({"table": "Table 4", "column": "invariance KL (Eq. 16)",
-                "value": sub["invariance_kl_eq16"], "metric": "full unnormalized scatter; "
-                "NaN when a language has no more sentences than dimensions",
-                "variant_diag_cov": sub["invariance_kl"], "languages": sub["languages"]})
-    out.append({"table": "Table 4", "column": "canonical form CH (Eq. 17)",
-                "value": sub["canonical_form_eq17"], "metric": "between / within scatter",
-                "variant_calinski_harabasz": sub["canonical_form_ch"]})
-    out.append({"table": "Table 4", "column": "isotropy PR (Eq. 18)",
-                "value": sub["isotropy_eq18"], "metric": "eigenvectors as the solver returns "
-                "them", "variant_both_signs": sub["isotropy_pr"]})
+    out += _geometry_figures(sub, "", languages=sub["languages"])
   return out
 
 
+# Table 4's columns: (the equation as printed, the metric, vmx's variant of it).
 _GEOMETRY_COLUMNS = (
     ("invariance_kl_eq16", "invariance KL (Eq. 16)",
-     "full unnormalized scatter; NaN when a language has no more sentences than dimensions"),
-    ("canonical_form_eq17", "canonical form CH (Eq. 17)", "between / within scatter"),
-    ("isotropy_eq18", "isotropy PR (Eq. 18)", "eigenvectors as the solver returns them"))
-_GEOMETRY_VARIANTS = {"invariance_kl_eq16": ("invariance_kl",),
-                      "canonical_form_eq17": ("canonical_form_ch",),
-                      "isotropy_eq18": ("isotropy_pr",)}
+     "full unnormalized scatter; NaN when a language has no more sentences than dimensions",
+     "invariance_kl"),
+    ("canonical_form_eq17", "canonical form CH (Eq. 17)", "between / within scatter",
+     "canonical_form_ch"),
+    ("isotropy_eq18", "isotropy PR (Eq. 18)", "eigenvectors as the solver returns them",
+     "isotropy_pr"))
+
+
+def _geometry_figures(metrics: dict, suffix: str, **extra) -> list:
+  """Table 4's three figures from geometry metrics, each with vmx's variant beside it."""
+  return [{"table": "Table 4", "column": column + suffix, "value": metrics[key],
+           "metric": metric, "variant": {variant: metrics[variant]}, **extra}
+          for key, column, metric, variant in _GEOMETRY_COLUMNS]
 
 
 def _mpcl(results) -> list:
@@ -317,7 +312,7 @@ EMS_OPTIONAL = {
                           "candidates)", paracrawl.LAYOUT), "paracrawl_dir"),
     **{task: (Missing(transfer.BENCHMARKS[task].table, task,
                       transfer.BENCHMARKS[task].layout(flag)), flag)
-       for task, flag in EMS_TRANSFER.items()}}
+       for task, flag in ((t, f"{t}_dir") for t in EMS_TRANSFER)}}
 INFOXLM_OPTIONAL = {
     "tatoeba_layers": (Missing("Fig. 1", "Tatoeba xx->en accuracy of each layer (14 "
                                "languages)", "--tatoeba_layers=all (or 1,4,7): one Tatoeba "

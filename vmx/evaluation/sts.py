@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import stats
 
-from vmx.data import download
+from vmx.data import download, readers
 from vmx.errors import DataError
 from vmx.evaluation import common, mining
 
@@ -107,16 +107,13 @@ def _predict(encode, s1, s2, lang1="eng", lang2="eng"):
 def _datasets(files: common.DataFiles, year: str) -> list[str]:
   """Datasets of a year that have both an input and a gold file."""
   root = f"eval/sts/{year}-en-test"
-  data_root = download.configured_data_dir(files.data_dir)
-  if data_root is not None:
-    names = [p.name for p in (data_root / root).glob("STS.input.*.txt")]
-  else:
-    names = [r.rsplit("/", 1)[1] for r in download.registry() if r.startswith(root + "/")]
+  names = download.file_names(root, files.data_dir)
   sets = sorted(m.group(1) for n in names if (m := re.fullmatch(r"STS\.input\.(.+)\.txt", n)))
   sets = [s for s in sets if files.exists(f"{root}/STS.gs.{s}.txt")]
   if not sets:
+    where = download.configured_data_dir(files.data_dir) or "registry/cache"
     raise DataError(f"task sts: no STS.input.*.txt with STS.gs.*.txt in {root} "
-                    f"(data dir: {data_root or 'registry/cache'})")
+                    f"(data dir: {where})")
   return sets
 
 
@@ -199,11 +196,12 @@ def _zip_member(path: Path, member: str) -> bytes:
 
 
 def _sts17_lines(where: str, read) -> list[str]:
-  try:
-    text = read().decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise DataError(f"task sts17: {where}: not UTF-8 ({e})") from None
-  return text.splitlines()
+  """The file's lines, split at newlines only (a sentence may hold other line separators,
+  U+2028 or a form feed, which `str.splitlines` would split at)."""
+  raw = read().split(b"\n")
+  if raw and not raw[-1]:
+    raw.pop()
+  return [readers.decode_line(r, f"task sts17: {where}", i) for i, r in enumerate(raw, 1)]
 
 
 def read_sts17_track(track: str, inp: tuple, gs: tuple):
@@ -239,8 +237,8 @@ def evaluate_sts17(encode, directory: str, gs_directory: Optional[str] = None,
       if gs_name not in found:
         raise DataError(f"task sts17: no {gs_name} for {found[name][0]}")
       s1, s2, y = read_sts17_track(track, found[name], found[gs_name])
-      for where, _, path in (found[name], found[gs_name]):
-        files.used[where] = Path(path)
+      for _, _, path in (found[name], found[gs_name]):   # a zip counts once
+        files.used[str(path)] = Path(path)
     except DataError as e:
       failed[key] = str(e)
       continue

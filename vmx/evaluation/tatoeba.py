@@ -53,9 +53,7 @@ def tatoeba_files(lang: str, data_dir: Optional[str] = None):
 
 def available_languages(data_dir: Optional[str] = None) -> list[str]:
   """Languages with a Tatoeba test set (in the data dir, else in the registry)."""
-  root = download.configured_data_dir(data_dir)
-  names = ([p.name for p in (root / "eval/tatoeba/v1").glob("tatoeba.*-eng.*")] if root
-           else [r.rsplit("/", 1)[1] for r in download.registry() if r.startswith("eval/tatoeba/v1/")])
+  names = download.file_names("eval/tatoeba/v1", data_dir)
   return sorted({m.group(1) for n in names if (m := re.fullmatch(r"tatoeba\.(\w+)-eng\.\1", n))})
 
 
@@ -75,7 +73,8 @@ def score_language(src_NxD, eng_NxD, margin: str = "ratio", k: int = 4) -> dict:
   return {"xx2en": a, "en2xx": b, "mean": (a + b) / 2, "xsim": 100.0 * err / n, "n": n}
 
 
-def _group_means(per: dict, langs) -> dict:
+def group_means(per: dict, langs) -> dict:
+  """Means of METRICS over the languages of `langs` that `per` has, and their count."""
   rows = [per[l] for l in langs if l in per]
   out = {m: float(np.mean([r[m] for r in rows])) if rows else float("nan") for m in METRICS}
   out["n_languages"] = len(rows)
@@ -99,11 +98,11 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
   for lang in it:
     xx, en = load_tatoeba(lang, data_dir)
     per[lang] = score_language(encode(xx, lang), encode(en, english), margin)
-  mean = _group_means(per, list(per))
-  groups = {"xtreme36": _group_means(per, XTREME36), "head": _group_means(per, EMMAX_HEAD),
-            "long_tail": _group_means(per, [l for l in per if l not in EMMAX_HEAD])}
+  mean = group_means(per, list(per))
+  groups = {"xtreme36": group_means(per, XTREME36), "head": group_means(per, EMMAX_HEAD),
+            "long_tail": group_means(per, [l for l in per if l not in EMMAX_HEAD])}
   if own_languages:
-    groups["own"] = _group_means(per, [l for l in per if resolve(l, own_languages)])
+    groups["own"] = group_means(per, [l for l in per if resolve(l, own_languages)])
   return {"languages": per, "mean": mean, "groups": groups, "seconds": time.time() - t0}
 
 

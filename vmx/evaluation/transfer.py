@@ -96,17 +96,14 @@ class MlpProbe:
   with the best dev accuracy is kept (module docstring). `fit(x, y, dev_x, dev_y)`; without
   a dev set, a seeded `validation_fraction` of (x, y) is held out as one."""
 
-  def __init__(self, seed: int = 0, **settings):
-    unknown = sorted(set(settings) - set(MLP))
-    if unknown:
-      raise ValueError(f"MlpProbe: unknown settings {unknown}; known: {sorted(MLP)}")
-    self.seed, self.settings = seed, {**MLP, **settings}
+  def __init__(self, seed: int = 0):
+    self.seed = seed
 
   def fit(self, x, y, dev_x=None, dev_y=None):
     from sklearn.model_selection import train_test_split  # lazy: scikit-learn
     from sklearn.neural_network import MLPClassifier  # lazy: scikit-learn
     from sklearn.preprocessing import StandardScaler  # lazy: scikit-learn
-    st = self.settings
+    st = MLP
     y = np.asarray(y)
     classes = np.unique(y)
     if dev_x is None:
@@ -135,7 +132,6 @@ class MlpProbe:
           break
     self.mlp.coefs_, self.mlp.intercepts_, self.best_epoch = best_state
     self.dev_accuracy = 100 * best
-    self.classes_ = self.mlp.classes_
     return self
 
   def predict(self, x):

@@ -11,8 +11,8 @@ checkpoints and never reads the initial one again (vmx/training/trainer.py).
 Names: a target parameter path (e.g. `semantic_encoder/layers_0/attention/query`) is
 looked up under the name that the first matching rule of `assignment` gives
 (`(regex, replacement)` pairs, full match, as in t5x's `assignment_map`), then under
-its own name (so a finished run of the same model loads as itself). Models declare their default rules in `INITIAL_CHECKPOINT_ASSIGNMENT`,
-so an imported dual encoder's `encoder/...` fills VMSST's semantic and language
+its own name (so a finished run of the same model loads as itself). Models declare their
+default rules in `INITIAL_CHECKPOINT_ASSIGNMENT`, so an imported dual encoder's `encoder/...` fills VMSST's semantic and language
 encoders and EMS's sentence encoder. Scanned and unscanned layer stacks convert
 both ways (`layers/x` [N, ...] <-> `layers_<i>/x`), and into scanned segments
 (`layers_from_<s>/x` [n, ...] <- `layers_<s..s+n-1>/x` or rows s..s+n-1 of `layers/x`).
