@@ -6,7 +6,7 @@ TRAIN = [
     "tensorflow>=2.21,<2.22",
     "tensorflow-text>=2.21,<2.22",
     "tensorboard>=2.20",
-    "grain>=0.2.18,<0.3",      # the index reader (vmx/data/index.py)
+    "grain>=0.2.18,<0.3",      # the index reader (vmx/data/stream.py)
 ]
 # EMS §4.2 pre-tokenization (vmx/data/normalize.py): Moses and jieba. Juman++ (Japanese)
 # is a C++ program, not on PyPI: put `jumanpp` on PATH, or vocabulary_path.japanese='none'.

@@ -1,17 +1,24 @@
 #!/usr/bin/env python
-"""Write the tokenized caches of vmx tasks, in one process.
+"""Write the token cache of an experiment (every task of every phase), in this process or
+on Apache Beam; or SeqIO's offline cache of tasks.
 
-The index reader's cache of an experiment (vmx/data/arrays.py; every task of every phase,
-at the run's lengths and feature converter). A local run builds it itself on first use;
-build it ahead for a pod run whose hosts share a gs:// dir:
+A local run builds its token cache itself on first use. Build it ahead for a pod run
+whose hosts read a shared gs:// dir, and on Beam past one machine (the `beam` extra):
 
   VMX_DATA_DIR=../shared/data python launch/cache_tasks.py \
-      --gin_file=contrastive_small_1h.gin --array_cache_dir=gs://bucket/vmx_arrays
-  python launch/train.py --gin_file=contrastive_small_1h.gin \
+      --gin_file=contrastive_small_1h.gin --beam_runner=DirectRunner --beam_workers=2
+  python launch/cache_tasks.py --gin_file=ems.gin --gin.DATA_DIR="'gs://bucket/data'" \
+      --array_cache_dir=gs://bucket/vmx_arrays --beam_runner=DataflowRunner \
+      --beam_options="--project=P --region=us-central1 --temp_location=gs://bucket/tmp"
+  python launch/train.py --gin_file=ems.gin \
       --gin.train/DatasetConfig.array_cache_dir="'gs://bucket/vmx_arrays'" ...
 
-SeqIO's offline cache of tasks or mixtures (the seqio reader's `use_cached=True`; also the
-input of the array cache when the run sets it, so that tokenizing runs on Beam):
+The same command with --beam_runner=FlinkRunner or SparkRunner (and their
+--beam_options) runs there. A rerun writes only the shards that are missing. The last
+line is `content digest: <hex>`: a digest of every example of every task in stream order,
+the same whatever the builder and the shard layout.
+
+SeqIO's offline cache of tasks or mixtures (the seqio reader's `use_cached=True`):
 
   VMX_DATA_DIR=../shared/data VMX_VOCABULARY=/tmp/vocab.model \
       python launch/cache_tasks.py --tasks=tatoeba_challenge.mix_all_a0.3 \
@@ -36,7 +43,17 @@ def main(argv):
   gin_utils.add_gin_flags(p)
   p.add_argument("--array_cache_dir", default=None,
                  help="with --gin_file: where to write (default: the run's "
-                      "DatasetConfig.array_cache_dir, else vmx.data.arrays.default_root())")
+                      "DatasetConfig.array_cache_dir, else ~/.cache/vmx/arrays)")
+  p.add_argument("--beam_runner", default=None,
+                 help="build on Apache Beam with this runner (DirectRunner, DataflowRunner, "
+                      "FlinkRunner, SparkRunner, ...); default: in this process")
+  p.add_argument("--beam_workers", type=int, default=2,
+                 help="DirectRunner: worker processes (default 2)")
+  p.add_argument("--beam_options", default="",
+                 help="more Beam pipeline options, one string (e.g. \"--project=P "
+                      "--region=R --temp_location=gs://b/tmp\")")
+  p.add_argument("--shard_rows", type=int, default=None,
+                 help="input examples per shard (a multiple of 256; default 1,048,576)")
   p.add_argument("--tasks", default="", help="comma-separated task or mixture names")
   p.add_argument("--output_cache_dir", default="")
   p.add_argument("--splits", default="", help="comma-separated (default: every split)")
@@ -46,11 +63,11 @@ def main(argv):
   if args.gin_file:
     return cache_experiment(args, bindings)
   if not (args.tasks and args.output_cache_dir):
-    p.error("give --gin_file (the index reader's cache of an experiment) or --tasks and "
+    p.error("give --gin_file (the token cache of an experiment) or --tasks and "
             "--output_cache_dir (SeqIO's offline cache)")
   import seqio  # lazy: seqio/TensorFlow, after cli.run_main's host set-up
   import tasks  # lazy: seqio
-  from vmx.data import cache  # lazy: seqio
+  from vmx.data import seqio_cache  # lazy: seqio
   if not tasks.DEFAULT_MIXTURES:
     p.error("no tasks registered: set VMX_VOCABULARY (and VMX_DATA_DIR), see tasks/defaults.py")
   names = []
@@ -58,33 +75,80 @@ def main(argv):
     if name not in seqio.TaskRegistry.names() and name not in seqio.MixtureRegistry.names():
       p.error(f"--tasks: {name!r} is not registered; registered mixtures: "
               f"{', '.join(tasks.DEFAULT_MIXTURES)}")
-    names += [t for t in cache.cached_tasks(name) if t not in names]
+    names += [t for t in seqio_cache.cached_tasks(name) if t not in names]
   splits = [s for s in args.splits.split(",") if s] or None
   for name in names:
-    out = cache.cache_task(name, args.output_cache_dir, splits, args.overwrite,
-                           progress=not args.no_progress)
+    out = seqio_cache.cache_task(name, args.output_cache_dir, splits, args.overwrite,
+                                 progress=not args.no_progress)
     print(f"[vmx] {name}: {out}", flush=True)
 
 
 def cache_experiment(args, bindings):
-  """Opens (building what is missing) the array cache of every phase's training data."""
-  import dataclasses
+  """Builds what is missing of the token cache of every phase's training data."""
+  import hashlib
+  import time
   from collections.abc import Mapping
   from vmx import experiment  # lazy: jax, seqio
-  from vmx.data import arrays, index, pipeline  # lazy: seqio, grain
-  for phase, model, cfg, _ in experiment.training_inputs(args.gin_file, bindings,
-                                                         args.gin_search_paths):
+  from vmx.data import pipeline  # lazy: seqio
+  from vmx.data.token_cache import beam, build, fingerprint as fp, format as fmt  # lazy
+  from vmx.data.token_cache.table import Table  # lazy
+  from vmx.errors import ConfigError
+  if args.beam_runner:
+    beam.require_beam()
+  shard_rows = args.shard_rows or fmt.SHARD_ROWS
+  if shard_rows <= 0 or shard_rows % fmt.BLOCK_ROWS:
+    raise ConfigError(f"--shard_rows={shard_rows}: a positive multiple of {fmt.BLOCK_ROWS}")
+  t0 = time.time()
+  inputs = experiment.training_inputs(args.gin_file, bindings, args.gin_search_paths)
+  seen, order, jobs, pending, shared = set(), [], [], [], []
+  for i, (phase, model, cfg, _) in enumerate(inputs):
     fcs = model.FEATURE_CONVERTER_CLS
     for key, c in pipeline.task_configs(cfg).items():
       if c.reader != "index":
         continue
-      root = args.array_cache_dir or c.array_cache_dir or arrays.default_root()
-      c = dataclasses.replace(c, array_cache_dir=root)
-      fc = (fcs[key] if isinstance(fcs, Mapping) else fcs)(pack=c.pack)
-      _, _, tables = index.open_tables(c, fc, progress=not args.no_progress, build=True)
-      n = sum(len(t) for t in tables)
-      print(f"[vmx] {phase}{'/' + key if key else ''}: {len(tables)} task(s), {n} examples "
-            f"in {root}", flush=True)
+      root = args.array_cache_dir or c.array_cache_dir or build.default_root()
+      converter = (fcs[key] if isinstance(fcs, Mapping) else fcs)(pack=False)
+      tasks, _ = build.config_tasks(c)
+      shared += [root, *[p for t in tasks for p in getattr(t.source, "paths", [])]]
+      for t in tasks:
+        parts = fp.parts(t, c.split, c.task_feature_lengths, converter)
+        digest = fp.digest(parts)
+        directory = build.directory_of(root, t, c.split, digest)
+        order.append((f"{phase}{'/' + key if key else ''}", t.name, c.split, directory, root))
+        if str(directory) in seen or (directory / fmt.MANIFEST).exists():
+          seen.add(str(directory))
+          continue
+        seen.add(str(directory))
+        if not args.beam_runner:
+          build.build_local(t, c.split, c.task_feature_lengths, converter, directory, parts,
+                            c.use_cached, not args.no_progress, shard_rows)
+          continue
+        plan = build.shard_plan(t, c.split, c.use_cached, shard_rows)
+        jobs += [beam.ShardJob(i, key, t.name, c.split, str(directory), digest, *job,
+                               c.use_cached)
+                 for job in build.missing_shards(directory, digest, plan)]
+        pending.append((directory, digest, parts, len(plan)))
+  if args.beam_runner:
+    beam.check_shared_storage(args.beam_runner, shared)
+    print(f"[vmx] {len(jobs)} shard(s) of {len(pending)} task(s) to write on Beam "
+          f"({args.beam_runner}"
+          + (f", {args.beam_workers} workers" if args.beam_runner == "DirectRunner" else "")
+          + ")", flush=True)
+    beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
+             args.beam_workers, args.beam_options, experiment.training_inputs)
+    for directory, digest, parts, n in pending:
+      build.assemble(directory, digest, parts, n, f"beam:{args.beam_runner}")
+  whole = hashlib.sha256()
+  groups = {}
+  for where, name, split, directory, root in order:
+    table = Table(directory)
+    whole.update(f"{where}|{name}|{split}|{table.info['content_digest']}\n".encode())
+    n, rows, _ = groups.get(where, (0, 0, root))
+    groups[where] = (n + 1, rows + len(table), root)
+  for where, (n, rows, root) in groups.items():
+    print(f"[vmx] {where}: {n} task(s), {rows} examples in {root}", flush=True)
+  print(f"[vmx] token cache ready in {time.time() - t0:.1f} s", flush=True)
+  print(f"content digest: {whole.hexdigest()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import gin
 
 from vmx import storage
-from vmx.data import download, readers, tasks as vtasks
+from vmx.data import download, readers, registration, sources
 from vmx.errors import DataError
 from tasks.parallel import held_out, languages_key
 
@@ -88,8 +88,8 @@ def nway_mixture_text_files(corpora=gin.REQUIRED, data_dir: Optional[str] = None
 def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = gin.REQUIRED,
               vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
               data_dir: Optional[str] = None,
-              shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
-              validation_percent: int = vtasks.VALIDATION_PERCENT,
+              shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
+              validation_percent: int = sources.VALIDATION_PERCENT,
               holdout: Sequence[str] = ()) -> str:
   """Registers the MPCL task of an N-way corpus, `<corpus>.views<V>.<languages>`:
   `num_views` translations per example (languages None: every language of the file).
@@ -97,7 +97,7 @@ def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = g
   langs, rows = nway_groups(corpus, languages, data_dir)
   key = "all" if languages is None else languages_key(langs, every=())
   h, suffix = held_out(holdout, data_dir, "tasks.nway_task")
-  return vtasks.register_nway_task(
+  return registration.register_nway_task(
       f"{corpus.replace('-', '_')}.views{num_views}.{key}{suffix}", langs, rows, vocabulary,
       num_views, shuffle_buffer_size, validation_percent, h)
 
@@ -106,7 +106,7 @@ def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = g
 def nway_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
                  num_views: int = gin.REQUIRED, alpha: float = 1.0,
                  data_dir: Optional[str] = None,
-                 validation_percent: int = vtasks.VALIDATION_PERCENT,
+                 validation_percent: int = sources.VALIDATION_PERCENT,
                  holdout: Sequence[str] = ()) -> str:
   """Several N-way corpora {corpus: languages} mixed with p ∝ groups^alpha."""
   names = [nway_task(c, langs, vocabulary, num_views, data_dir,
@@ -114,5 +114,5 @@ def nway_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
            for c, langs in corpora.items()]
   if len(names) == 1:
     return names[0]
-  key = vtasks.short_hash("|".join(names))
-  return vtasks.register_mixture(f"nway.mix_{key}_a{alpha}", names, alpha)
+  key = registration.short_hash("|".join(names))
+  return registration.register_mixture(f"nway.mix_{key}_a{alpha}", names, alpha)

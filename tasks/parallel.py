@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import gin
 
-from vmx.data import devsets, download, tasks as vtasks, teacher as teacher_lib
+from vmx.data import devsets, download, registration, sources, teacher as teacher_lib
 from vmx.errors import DataError
 
 
@@ -51,7 +51,7 @@ def languages_key(languages: Sequence[str], every: Sequence[str]) -> str:
     return "all"
   if len(langs) <= 4:
     return "_".join(langs)
-  return f"{len(langs)}langs_{vtasks.short_hash(','.join(langs))}"
+  return f"{len(langs)}langs_{registration.short_hash(','.join(langs))}"
 
 
 def held_out(holdout: Sequence[str], data_dir: Optional[str], where: str):
@@ -95,8 +95,8 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
                      vocabulary: str = gin.REQUIRED, model_languages: Sequence[str] = gin.REQUIRED,
                      alpha: float = 0.3, data_dir: Optional[str] = None,
                      empty_lines: str = "error",
-                     shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
-                     validation_percent: int = vtasks.VALIDATION_PERCENT,
+                     shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
+                     validation_percent: int = sources.VALIDATION_PERCENT,
                      lazy: bool = False, holdout: Sequence[str] = ()) -> str:
   """Registers one pair task per language (xx -> pivot), `<corpus>.<xx>_<pivot>`, and
   their mixture `<corpus>.mix_<languages>_a<alpha>` (`languages_key`); returns its name.
@@ -112,7 +112,7 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
                       shuffle_buffer_size, validation_percent, h, suffix)
   key = languages_key(languages, corpus_languages(corpus))
   prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
-  return vtasks.register_mixture(f"{prefix}.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
+  return registration.register_mixture(f"{prefix}.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
 
 
 def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
@@ -124,8 +124,8 @@ def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_
   # a teacher cache that embeds a sample of the pivots: the pairs with an embedded pivot
   pivots_in = teacher if teacher and teacher_lib.partial(teacher) else None
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
-    source = vtasks.moses_source(src, piv, empty_lines, validation_percent, h, pivots_in)
-    names.append(vtasks.register_pair_task(
+    source = sources.moses_source(src, piv, empty_lines, validation_percent, h, pivots_in)
+    names.append(registration.register_pair_task(
         f"{prefix}.{lang}_{c.pivot}{suffix}", source, lang, c.pivot, vocabulary,
         model_languages, shuffle_buffer_size, teacher))
   return names
@@ -136,8 +136,8 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
                              model_languages: Sequence[str] = gin.REQUIRED,
                              alpha: float = 0.3, data_dir: Optional[str] = None,
                              empty_lines: str = "error",
-                             shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
-                             validation_percent: int = vtasks.VALIDATION_PERCENT,
+                             shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
+                             validation_percent: int = sources.VALIDATION_PERCENT,
                              lazy: bool = False, holdout: Sequence[str] = (),
                              teacher: Optional[str] = None) -> str:
   """The pair tasks of several corpora ({corpus: languages}, e.g. tatoeba-challenge and
@@ -153,14 +153,14 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
                     f"non-empty {{corpus: [languages]}} dict (corpora: {', '.join(CORPORA)})")
   h, suffix = held_out(holdout, data_dir, "tasks.parallel_corpora_mixture")
   if teacher:   # another feature, another name
-    suffix += ".teacher_" + vtasks.short_hash(str(teacher))
+    suffix += ".teacher_" + registration.short_hash(str(teacher))
   names = []
   for corpus, languages in corpora.items():
     names += _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir,
                          empty_lines, shuffle_buffer_size, validation_percent, h, suffix,
                          teacher)
-  key = vtasks.short_hash("|".join(names))
-  return vtasks.register_mixture(f"pairs.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
+  key = registration.short_hash("|".join(names))
+  return registration.register_mixture(f"pairs.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
 
 
 @gin.configurable(module="tasks")
@@ -179,13 +179,13 @@ def _checked(source):
 def moses_task(name: str, source_file: str, target_file: str, source_language: str,
                target_language: str, vocabulary: str, model_languages: Sequence[str],
                empty_lines: str = "error",
-               validation_percent: int = vtasks.VALIDATION_PERCENT,
+               validation_percent: int = sources.VALIDATION_PERCENT,
                holdout: Sequence[str] = (), data_dir: Optional[str] = None) -> str:
   """A pair task over any two aligned line files (`holdout`: dev sets to skip, read
   from `data_dir`)."""
   h, _ = held_out(holdout, data_dir, "tasks.moses_task")
-  return vtasks.register_pair_task(
-      name, _checked(vtasks.moses_source(source_file, target_file, empty_lines,
+  return registration.register_pair_task(
+      name, _checked(sources.moses_source(source_file, target_file, empty_lines,
                                          validation_percent, h)),
       source_language, target_language, vocabulary, model_languages)
 
@@ -194,12 +194,12 @@ def moses_task(name: str, source_file: str, target_file: str, source_language: s
 def tsv_task(name: str, path: str, source_language: str, target_language: str,
              vocabulary: str, model_languages: Sequence[str], columns: Sequence[int] = (0, 1),
              empty_lines: str = "error",
-             validation_percent: int = vtasks.VALIDATION_PERCENT,
+             validation_percent: int = sources.VALIDATION_PERCENT,
              holdout: Sequence[str] = (), data_dir: Optional[str] = None) -> str:
   """A pair task over a `source<TAB>target` file (`holdout` as in `moses_task`)."""
   h, _ = held_out(holdout, data_dir, "tasks.tsv_task")
-  return vtasks.register_pair_task(
-      name, _checked(vtasks.tsv_source(path, columns, empty_lines, validation_percent, h)),
+  return registration.register_pair_task(
+      name, _checked(sources.tsv_source(path, columns, empty_lines, validation_percent, h)),
       source_language, target_language, vocabulary, model_languages)
 
 
@@ -208,8 +208,8 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
                         vocabulary: str = gin.REQUIRED, alpha: float = 0.7,
                         data_dir: Optional[str] = None, pivot: bool = True,
                         disjoint_pairs: bool = False,
-                        shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
-                        validation_percent: int = vtasks.VALIDATION_PERCENT,
+                        shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
+                        validation_percent: int = sources.VALIDATION_PERCENT,
                         lazy: bool = False, holdout: Sequence[str] = ()) -> str:
   """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
   task per language (its side of the xx-pivot pairs), `<corpus>.mono_<xx>`, and, with
@@ -231,9 +231,9 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
   for lang, paths, name in sides:
     parity = None if not disjoint_pairs else int(lang == c.pivot and pivot)
     suffix = "" if parity is None else ("_even", "_odd")[parity]
-    names.append(vtasks.register_text_task(
-        name + suffix + hsuffix, vtasks.text_source(paths, parity, validation_percent, h),
+    names.append(registration.register_text_task(
+        name + suffix + hsuffix, sources.text_source(paths, parity, validation_percent, h),
         vocabulary, shuffle_buffer_size))
   variant = ("" if pivot else "_nopivot") + ("_disjoint" if disjoint_pairs else "")
-  return vtasks.register_mixture(f"{prefix}.mono_mix_{key}{variant}_a{alpha}{hsuffix}", names,
+  return registration.register_mixture(f"{prefix}.mono_mix_{key}{variant}_a{alpha}{hsuffix}", names,
                                  alpha, lazy)

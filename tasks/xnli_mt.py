@@ -20,7 +20,7 @@ the same in every language (else the files are not aligned: a DataError naming b
 Groups: one per contradiction line. Its premise in the N languages is the group (the
 views: §3.1 takes "the sentence itself", not its hypotheses), its hypothesis in the N
 languages the hard negative's candidates (one language is drawn per example:
-vmx.data.tasks.NwayHardNegativeSource). Entailment and neutral lines give no group; a
+vmx.data.nway.NwayHardNegativeSource). Entailment and neutral lines give no group; a
 premise with several contradiction hypotheses gives several groups.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Mapping, Optional, Sequence
 import gin
 
 from vmx import storage
-from vmx.data import readers, tasks as vtasks
+from vmx.data import readers, registration, sources
 from vmx.errors import ConfigError, DataError
 from tasks.parallel import held_out, languages_key
 
@@ -162,8 +162,8 @@ def xnli_mt_text_files(directory: Optional[str] = gin.REQUIRED,
 def xnli_mt_task(directory: Optional[str] = gin.REQUIRED, languages: Sequence[str] = XNLI_LANGUAGES,
                  vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
                  data_dir: Optional[str] = None,
-                 shuffle_buffer_size: int = vtasks.DEFAULT_SHUFFLE_BUFFER,
-                 validation_percent: int = vtasks.VALIDATION_PERCENT,
+                 shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
+                 validation_percent: int = sources.VALIDATION_PERCENT,
                  holdout: Sequence[str] = ()) -> str:
   """Registers the MPCL hard-negative task of XNLI-MT, `xnli_mt.hard_negatives.views<V>.
   <languages>`: per example `num_views` translations of a premise (view 0 the anchor) and
@@ -171,7 +171,7 @@ def xnli_mt_task(directory: Optional[str] = gin.REQUIRED, languages: Sequence[st
   from `data_dir`) whose sentences' groups are dropped."""
   langs, premises, contradictions = xnli_mt_groups(directory, languages)
   h, suffix = held_out(holdout, data_dir, "tasks.xnli_mt_task")
-  return vtasks.register_nway_hard_negative_task(
+  return registration.register_nway_hard_negative_task(
       f"xnli_mt.hard_negatives.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}"
       f"{suffix}", langs, premises, contradictions, vocabulary, num_views,
       shuffle_buffer_size, validation_percent, h)

@@ -156,10 +156,10 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
 def toy_text_task(vp):
   """A monolingual task over the toy task's source file (registered once)."""
   import seqio
-  from vmx.data import tasks as vtasks
+  from vmx.data import registration, sources
   name = "toy_xx_mono"
   if name not in seqio.TaskRegistry.names():
-    vtasks.register_text_task(name, vtasks.text_source([TOY_FILES["xx"]]), vp)
+    registration.register_text_task(name, sources.text_source([TOY_FILES["xx"]]), vp)
   return name
 
 
@@ -220,3 +220,48 @@ try:
   settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # hypothesis is a test extra; test_fuzz.py skips without it
   pass
+
+
+GCS_BUCKET = "vmx-test"
+
+
+def _free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+  """An in-memory GCS emulator with one bucket: (its URL, the variables that point clients
+  at it)."""
+  import socket
+  import subprocess
+  import time
+  pytest.importorskip("gcsfs", reason="gcsfs (test extra) is not installed")
+  pytest.importorskip("gcp_storage_emulator",
+                      reason="gcp-storage-emulator (test extra) is not installed")
+  port = _free_port()
+  log = open(tmp_path_factory.mktemp("gcs") / "emulator.log", "w")
+  proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_emulator.py"), str(port),
+                           GCS_BUCKET], stdout=log, stderr=subprocess.STDOUT)
+  deadline = time.time() + 30
+  while True:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=1).close()
+      break
+    except OSError:
+      if time.time() > deadline or proc.poll() is not None:
+        proc.kill()
+        pytest.fail(f"the GCS emulator did not start (see {log.name})")
+      time.sleep(0.2)
+  url = f"http://127.0.0.1:{port}"
+  env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+         "EPATH_USE_TF": "false",
+         # gcsfs's probe for zonal buckets needs real credentials: off (no warning a call)
+         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  yield url, env
+  proc.kill()
+  proc.wait()
+  log.close()

@@ -39,32 +39,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-  """An in-memory GCS emulator with one bucket: (its URL, the variables that point clients
-  at it)."""
-  port = _free_port()
-  log = open(tmp_path_factory.mktemp("gcs") / "emulator.log", "w")
-  proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_emulator.py"), str(port),
-                           BUCKET], stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.time() + 30
-  while True:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      break
-    except OSError:
-      if time.time() > deadline or proc.poll() is not None:
-        proc.kill()
-        pytest.fail(f"the GCS emulator did not start (see {log.name})")
-      time.sleep(0.2)
-  url = f"http://127.0.0.1:{port}"
-  env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-         "EPATH_USE_TF": "false",
-         # gcsfs's probe for zonal buckets needs real credentials: off (no warning a call)
-         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-  yield url, env
-  proc.kill()
-  proc.wait()
-  log.close()
+def gcs(gcs_emulator):
+  return gcs_emulator
 
 
 def _object_exists(url: str, name: str) -> bool:

@@ -148,7 +148,7 @@ def test_mixture_is_deterministic_and_resumable(tmp_path):
 
 
 def test_temperature_rates():
-  from vmx.data.tasks import temperature_rates
+  from vmx.data.registration import temperature_rates
   np.testing.assert_allclose(temperature_rates([100, 400], 1.0), [0.2, 0.8])
   np.testing.assert_allclose(temperature_rates([100, 400], 0.0), [0.5, 0.5])
   np.testing.assert_allclose(temperature_rates([100, 400], 0.5), [1 / 3, 2 / 3])

@@ -77,22 +77,22 @@ def test_holdout_drops_every_example_with_a_dev_sentence(dev_data, tmp_path, toy
   """Pair, text and N-way sources skip examples holding a dev sentence on either side
   (after stripping); task names say so; an unknown dev set names the binding."""
   import tasks
-  from vmx.data import devsets, tasks as vtasks
+  from vmx.data import devsets, nway, sources
   from vmx.errors import DataError
   h = devsets.HeldOut(["newstest2013"], dev_data)
   assert "de satz 1" in h.sentences() and "english 2" in h.sentences()
   src = write_lines(tmp_path / "c.xx", ["free a", "  cs satz 2 ", "free c", "free e"])
   tgt = write_lines(tmp_path / "c.en", ["english 1", "free b", "free d", "free f"])
-  plain = vtasks.moses_source(src, tgt, validation_percent=0)
-  held = vtasks.moses_source(src, tgt, validation_percent=0, holdout=h)
+  plain = sources.moses_source(src, tgt, validation_percent=0)
+  held = sources.moses_source(src, tgt, validation_percent=0, holdout=h)
   assert plain.counts() == {"train": 4} and held.counts() == {"train": 2}
   got = [(ex["inputs"].decode(), ex["targets"].decode())
          for ex in held.get_dataset("train").as_numpy_iterator()]
   assert got == [("free c", "free d"), ("free e", "free f")]
-  text = vtasks.text_source([src, tgt], validation_percent=0, holdout=h)
+  text = sources.text_source([src, tgt], validation_percent=0, holdout=h)
   assert sorted(ex["inputs"].decode() for ex in text.get_dataset("train").as_numpy_iterator()
                 ) == ["free a", "free b", "free c", "free d", "free e", "free f"]
-  nway = vtasks.nway_source(["xx", "en"], [["fr satz 0", "x"], ["a", "b"], ["c", "english 0"]],
+  nway = nway.nway_source(["xx", "en"], [["fr satz 0", "x"], ["a", "b"], ["c", "english 0"]],
                             2, validation_percent=0, holdout=h)
   assert nway.num_input_examples("train") == 1
   vp = toy_task[1]
@@ -157,7 +157,7 @@ def test_periodic_harness_evaluation_writes_dev_scalars_and_keeps_the_best(
 def test_real_dev_sets_and_their_hold_out_from_newstest_pairs():
   """newstest2013 (3,000 x 5 languages) and TICO-19's first 1,000 (38 variants) read
   aligned; holding them out drops newstest2013's pairs from the merged wmt-newstest."""
-  from vmx.data import devsets, tasks as vtasks
+  from vmx.data import devsets, sources
   data = os.environ["VMX_DATA_DIR"]
   langs, en = devsets.read("newstest2013", data)
   assert sorted(langs) == sorted(LANGS) and len(en) == 3000
@@ -166,8 +166,8 @@ def test_real_dev_sets_and_their_hold_out_from_newstest_pairs():
   assert len(t_langs) == 38 and len(t_en) == 1000
   h = devsets.HeldOut(["newstest2013"], data)
   root = f"{data}/train/wmt-newstest/de-en"
-  plain = vtasks.moses_source(f"{root}/train.de.gz", f"{root}/train.en.gz", "skip", 0)
-  held = vtasks.moses_source(f"{root}/train.de.gz", f"{root}/train.en.gz", "skip", 0, h)
+  plain = sources.moses_source(f"{root}/train.de.gz", f"{root}/train.en.gz", "skip", 0)
+  held = sources.moses_source(f"{root}/train.de.gz", f"{root}/train.en.gz", "skip", 0, h)
   dropped = plain.counts()["train"] - held.counts()["train"]
   assert 2900 <= dropped <= 3100, dropped
   for ex in held.get_dataset("train").take(2000).as_numpy_iterator():
@@ -211,7 +211,7 @@ def test_tatoeba_test_set_is_held_out_in_code(tmp_path):
   pair sharing a sentence (either side, any language) with the Tatoeba v1 test set; the
   shared tatoeba-challenge pairs were built without them (nothing to drop), so the filter
   removes exactly the planted ones."""
-  from vmx.data import devsets, tasks as vtasks
+  from vmx.data import devsets, sources
   data = os.environ.get("VMX_DATA_DIR")
   if not data or not os.path.isdir(f"{data}/eval/tatoeba/v1"):
     pytest.skip("real data not found (set VMX_DATA_DIR)")
@@ -221,12 +221,12 @@ def test_tatoeba_test_set_is_held_out_in_code(tmp_path):
   eng = [l.strip() for l in open(f"{data}/eval/tatoeba/v1/tatoeba.deu-eng.eng", encoding="utf-8")]
   assert deu[5] in sentences and eng[7] in sentences and len(sentences) > 150_000
   root = f"{data}/train/tatoeba-challenge/deu-eng"
-  real = vtasks.moses_source(f"{root}/train.deu.gz", f"{root}/train.eng.gz", "skip", 0)
-  held = vtasks.moses_source(f"{root}/train.deu.gz", f"{root}/train.eng.gz", "skip", 0, h)
+  real = sources.moses_source(f"{root}/train.deu.gz", f"{root}/train.eng.gz", "skip", 0)
+  held = sources.moses_source(f"{root}/train.deu.gz", f"{root}/train.eng.gz", "skip", 0, h)
   assert held.counts() == real.counts()              # the shared data are Tatoeba-free
   src = write_lines(tmp_path / "c.de", ["frei a", f" {deu[5]} ", "frei c"])
   tgt = write_lines(tmp_path / "c.en", ["free a", "free b", eng[7]])
-  planted = vtasks.moses_source(src, tgt, validation_percent=0, holdout=h)
+  planted = sources.moses_source(src, tgt, validation_percent=0, holdout=h)
   assert planted.counts() == {"train": 1}
   assert devsets.check_names(["tatoeba", "tico19"], "x", test_sets=True) == ["tatoeba",
                                                                             "tico19"]

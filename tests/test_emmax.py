@@ -413,16 +413,16 @@ def test_emmax_large_config_builds_and_steps_with_two_optimizers():
 
 def test_non_parallel_text_never_holds_both_sides_of_a_pair(tmp_path):
   from conftest import write_lines
-  from vmx.data import tasks as vtasks
+  from vmx.data import sources
   xx = write_lines(tmp_path / "a.xx", [f"x{i}" for i in range(9)])
   en = write_lines(tmp_path / "a.en.gz", [f"e{i}" for i in range(9)], gz=True)
   read = lambda src: [ex["inputs"].decode() for ex in
                       src.get_dataset("train", shuffle=False).as_numpy_iterator()]
-  assert read(vtasks.text_source([xx], 0, validation_percent=0)) == [
+  assert read(sources.text_source([xx], 0, validation_percent=0)) == [
       f"x{i}" for i in range(0, 9, 2)]
-  assert read(vtasks.text_source([en], 1, validation_percent=0)) == [
+  assert read(sources.text_source([en], 1, validation_percent=0)) == [
       f"e{i}" for i in range(1, 9, 2)]
-  assert len(read(vtasks.text_source([xx, en], validation_percent=0))) == 18
+  assert len(read(sources.text_source([xx, en], validation_percent=0))) == 18
 
 
 def test_warmup_contrast_eq2_is_the_one_way_infonce_of_eq_2():

@@ -168,7 +168,7 @@ def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
 
 def test_nway_task_yields_aligned_views(tmp_path):
   """Every example's views are translations of ONE group, in distinct languages."""
-  from vmx.data import feature_converters, pipeline, readers, tasks as vtasks, vocab
+  from vmx.data import feature_converters, pipeline, readers, registration, vocab
   langs = ["aa", "bb", "cc", "dd"]
   files = {}
   for l in langs:
@@ -177,7 +177,7 @@ def test_nway_task_yields_aligned_views(tmp_path):
   got_langs, rows = readers.read_nway_lines(files)
   assert got_langs == langs and rows[1] == ["group1 in aa", "group1 in bb", "group1 in cc", ""]
   vp = vocab.vocabulary_path(str(tmp_path / "v.model"), list(files.values()), 60, [])
-  name = vtasks.register_nway_task("test_nway.views3", langs, rows, vp, num_views=3,
+  name = registration.register_nway_task("test_nway.views3", langs, rows, vp, num_views=3,
                                    shuffle_buffer_size=64)
   fc = feature_converters.MultiViewFeatureConverter(num_views=3)
   cfg = pipeline.DatasetConfig(name, {"views": 16}, batch_size=8, seed=1)

@@ -148,11 +148,11 @@ def test_xnli_mt_bad_files_are_named(tmp_path):
 # --- the draws ---
 
 def test_views_are_the_plain_draws_and_the_hard_negative_a_function_of_the_position():
-  from vmx.data import tasks as vtasks
+  from vmx.data import nway
   rows = [["a0", "", "c0", "d0"], ["a1", "b1", "c1", "d1"]]
   negs = [["x0", "y0", "", "w0"], ["x1", "y1", "z1", "w1"]]
-  src = vtasks.NwayHardNegativeSource(["a", "b", "c", "d"], rows, negs, 2, validation_percent=0)
-  plain = vtasks.NwaySource(["a", "b", "c", "d"], rows, 2, validation_percent=0)
+  src = nway.NwayHardNegativeSource(["a", "b", "c", "d"], rows, negs, 2, validation_percent=0)
+  plain = nway.NwaySource(["a", "b", "c", "d"], rows, 2, validation_percent=0)
   assert src.num_input_examples("train") == 2 and src.languages == ["a", "b", "c", "d"]
   tokens = np.arange(2 * 4 * 3).reshape(2, 4, 3)          # token rows name (group, language)
   stored = {"tokens": tokens, "present": np.array([[1, 0, 1, 1], [1, 1, 1, 1]], bool),
@@ -169,7 +169,7 @@ def test_views_are_the_plain_draws_and_the_hard_negative_a_function_of_the_posit
   one = src.draw_views(pick(np.array([0])), [(7, 5)])
   np.testing.assert_array_equal(one["hard_negative"][0], got["hard_negative"][5])
   with pytest.raises(DataError, match="and a hard negative"):
-    vtasks.NwayHardNegativeSource(["a", "b"], [["a", "b"]], [["", ""]], 2)
+    nway.NwayHardNegativeSource(["a", "b"], [["a", "b"]], [["", ""]], 2)
 
 
 # --- through the pipelines and the trainer ---

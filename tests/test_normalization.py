@@ -166,7 +166,8 @@ def test_cache_fingerprint_follows_the_normalization(tmp_path):
   import seqio
 
   import tasks
-  from vmx.data import arrays, cache
+  from vmx.data import seqio_vocab
+  from vmx.data.token_cache import fingerprint as fp
   from vmx.data.feature_converters import PairFeatureConverter
   src, tgt = _files(tmp_path)
   model = vocab.train_sentencepiece([src, tgt], str(tmp_path / "m.model"), 64)
@@ -177,10 +178,9 @@ def test_cache_fingerprint_follows_the_normalization(tmp_path):
   for p in paths:
     name = tasks.moses_task("norm_fp_deu_cmn", src, tgt, "deu", "cmn", p, ["deu", "cmn"])
     task = seqio.get_mixture_or_task(name)
-    vocab_fps.add(cache.vocabulary_fingerprint(task.output_features["inputs"].vocabulary))
-    parts = arrays.fingerprint_parts(task, "train", {"inputs": 8, "targets": 8},
-                                     PairFeatureConverter())
-    digests.add(arrays._digest(parts))
+    vocab_fps.add(seqio_vocab.fingerprint(task.output_features["inputs"].vocabulary))
+    parts = fp.parts(task, "train", {"inputs": 8, "targets": 8}, PairFeatureConverter())
+    digests.add(fp.digest(parts))
   assert len(vocab_fps) == 3 and len(digests) == 3
 
 
@@ -204,11 +204,11 @@ def test_bad_settings_are_clear_errors(tmp_path):
     vocab.vocabulary_path(spec, pretokenize="moses")                 # asks for Juman++
   assert vocab.vocabulary_path(spec) == spec                          # its own: fine
   # A task side without a language cannot be pre-tokenized; nor can N-way views.
-  from vmx.data import tasks as vtasks
+  from vmx.data import registration, sources
   with pytest.raises(ConfigError, match=r"feature\(s\) \['inputs'\] name no language"):
-    vtasks.register_text_task("norm_mono", vtasks.text_source([files[0]]), spec)
+    registration.register_text_task("norm_mono", sources.text_source([files[0]]), spec)
   with pytest.raises(ConfigError, match=r"\['views'\] name no language"):
-    vtasks.register_nway_task("norm_nway", ["deu", "cmn"], [[DEU[0], CMN[0]]] * 4, spec, 2)
+    registration.register_nway_task("norm_nway", ["deu", "cmn"], [[DEU[0], CMN[0]]] * 4, spec, 2)
   # The spec and its model travel together.
   (tmp_path / "s" / "vocab.model").write_bytes(open(cased, "rb").read()[:-1] + b"x")
   with pytest.raises(CheckpointError, match="sha256 differs"):

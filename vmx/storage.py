@@ -15,12 +15,15 @@ read only local files (sentencepiece, tokenizers' WordPiece) a cached local copy
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import posixpath
 import shutil
+import socket
+import time
 from pathlib import Path as LocalPath
-from typing import Union
+from typing import Optional, Union
 
 from etils import epath
 
@@ -44,6 +47,41 @@ def path(p: PathLike) -> epath.Path:
   return epath.Path(s if is_remote(s) else os.path.abspath(os.path.expanduser(s)))
 
 
+TMP_MARK = ".tmp-"   # <final name>.tmp-<host>-<pid>: a file being written by that process
+STALE_AFTER_S = 3600.0
+
+
+def tmp_name(p: PathLike) -> str:
+  """The temporary sibling a local write goes through before its rename."""
+  return f"{os.fspath(p)}{TMP_MARK}{socket.gethostname()}-{os.getpid()}"
+
+
+def pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def writer_gone(host: str, pid, last_seen: float, stale_after: float = STALE_AFTER_S
+                ) -> Optional[str]:
+  """Why the writer of a lock or a temporary file is gone (None: it may still run): on
+  this host, its pid no longer runs; on another host, nothing it wrote for `stale_after`
+  seconds (the rule of the run lock, vmx/modeldir/run.py, and of the token cache's
+  leftovers)."""
+  if host == socket.gethostname():
+    if not isinstance(pid, int) or not pid_alive(pid):
+      return f"process {pid} on this host no longer runs"
+    return None
+  age = time.time() - float(last_seen or 0)
+  if age > stale_after:
+    return f"not refreshed for {age / 60:.0f} min"
+  return None
+
+
 def write_atomic(p: PathLike, data: Union[str, bytes]) -> epath.Path:
   """Writes `data` so that readers see the old content or the new, never a part."""
   p = path(p)
@@ -53,11 +91,42 @@ def write_atomic(p: PathLike, data: Union[str, bytes]) -> epath.Path:
     with p.open(mode) as f:
       f.write(data)
     return p
-  tmp = LocalPath(f"{p}.tmp")
-  with open(tmp, mode, **kw) as f:
-    f.write(data)
-  os.replace(tmp, os.fspath(p))
+  tmp = tmp_name(p)
+  try:
+    with open(tmp, mode, **kw) as f:
+      f.write(data)
+    os.replace(tmp, os.fspath(p))
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
   return p
+
+
+@functools.lru_cache(maxsize=None)
+def _filesystem(protocol: str):
+  import fsspec  # lazy: remote ranged reads only (gcsfs for gs://: the gcs and train extras)
+  return fsspec.filesystem(protocol)
+
+
+def read_range(p: PathLike, start: int, length: int) -> bytes:
+  """`length` bytes of `p` from byte `start` (fewer at its end): a local pread, or ONE
+  ranged request to the object store (fsspec; gcsfs for gs://, which honours
+  STORAGE_EMULATOR_HOST). A missing file is FileNotFoundError."""
+  s = os.fspath(p)
+  if not is_remote(s):
+    with open(s, "rb") as f:
+      return os.pread(f.fileno(), length, start)
+  fs = _filesystem(s.split("://", 1)[0])
+  if length <= 0:
+    return b""
+  return fs.cat_file(s, start=start, end=start + length)
+
+
+def remote_size(p: PathLike) -> int:
+  """The size of a remote object (FileNotFoundError when it is missing)."""
+  s = os.fspath(p)
+  return int(_filesystem(s.split("://", 1)[0]).size(s))
 
 
 def sha256(p: PathLike) -> str:

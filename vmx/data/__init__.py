@@ -1,2 +1,15 @@
-"""Data: file readers, downloads, vocabularies (no TensorFlow), and SeqIO tasks,
-preprocessors, feature converters and the input pipeline (these import seqio)."""
+"""Data, in the order it flows (docs/data.md tells the same story):
+
+1. Sources: corpus files read and validated (`files`, `download`, `devsets`,
+   `languages`), as SeqIO data sources split by content (`sources`, `nway`), tokenized
+   by a vocabulary (`vocab` without TensorFlow; `seqio_vocab`, its one SeqIO adapter;
+   `normalize`), prepared by preprocessors (`preprocessors`) in registered tasks and
+   mixtures (`registration`, called by the top-level `tasks` package), shaped for a model
+   by its feature converter (`feature_converters`).
+2. The token cache (`token_cache`): every task's examples after all of that, written once
+   in shards (in this process, or on Apache Beam), stored locally or in a bucket,
+   verified when read.
+3. The reader: `stream` maps (seed, step, row) to a cached example; `pipeline` holds the
+   dataset configs and hands the trainer its iterator (or SeqIO's tf.data reader).
+Beside them: `teacher` (cached teacher vectors for distillation) and `seqio_cache`
+(SeqIO's own offline cache, for the seqio reader)."""

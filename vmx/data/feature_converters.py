@@ -114,10 +114,10 @@ class MultiViewFeatureConverter(seqio.FeatureConverter):
 class MultiViewHardNegativeFeatureConverter(MultiViewFeatureConverter):
   """N-way examples with a hard negative (MPCL's hard-negative variant): the task's
   views [V + 1, L] hold the V views, then the hard negative
-  (vmx.data.tasks.NwayHardNegativeSource) -> views [V * L], hard_negative [L]."""
+  (vmx.data.nway.NwayHardNegativeSource) -> views [V * L], hard_negative [L]."""
   MODEL_FEATURES = {"views": FeatureSpec(dtype=tf.int32),
                     "hard_negative": FeatureSpec(dtype=tf.int32)}
-  hard_negatives = True   # vmx/data/index.py checks it against the task's source
+  hard_negatives = True   # vmx/data/pipeline.py checks it against the task's source
 
   def _convert_features(self, ds, task_feature_lengths):
     v, length = self.num_views, task_feature_lengths["views"]

@@ -2,7 +2,7 @@
 
 EMS tokenizes Chinese with jieba, Japanese with Juman++ and every other language with
 the Moses tokenizer, lowercases, and only then trains and applies SentencePiece (§4.2).
-vmx keeps that normalization with the vocabulary, so that the tasks (vmx/data/tasks.py,
+vmx keeps that normalization with the vocabulary, so that the tasks (vmx/data/registration.py,
 and so the index reader's cache), the vocabulary builder and `vmx.inference.Encoder`
 apply the same one:
 

@@ -1,11 +1,12 @@
 """Input pipeline: SeqIO task/mixture -> feature converter -> batches.
 
 Two readers (`DatasetConfig.reader`):
-- `index` (default; vmx/data/index.py over vmx/data/arrays.py's tokenized cache): the
+- `index` (default; vmx/data/stream.py over the token cache, vmx/data/token_cache): the
   example of row r at step s is a pure function of (seed, s, r) and the tasks' sizes, so
-  a resume starts at its step at once, each process reads only its own rows, and the
-  number of tasks does not slow the stream. The checkpoint holds the step and a
-  description of the stream; a resume with other data is refused (ALLOW_DATA_CHANGE).
+  a resume starts at its step at once, each process reads only its own rows (on any
+  number of processes and devices), and the number of tasks or rows does not slow the
+  stream. The checkpoint holds the step and a description of the stream; a resume with
+  other data is refused (ALLOW_DATA_CHANGE).
 - `seqio`: the tasks' tf.data pipelines (seqio.get_dataset, shuffle buffers) as t5x
   reads them. Every process builds the same GLOBAL batch stream and the trainer places
   each device's rows; a `DataIterator` counts the batches it produced (its `position`)
@@ -22,7 +23,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from vmx.data import cache
+from vmx.data import seqio_cache
 from vmx.errors import ConfigError
 from vmx.gin_utils import check_range, positive_int
 
@@ -35,12 +36,17 @@ class DatasetConfig:
   """t5x-style dataset configuration (batch_size is GLOBAL, over all hosts).
 
   `split`: `train` or `validation` (vmx's tasks hold out 1% by content, see
-  vmx/data/tasks.py). `use_cached`: read seqio's offline cache of the tasks
-  (vmx/data/cache.py; the cache dir given by launch/train.py's
+  vmx/data/sources.py). `use_cached`: read seqio's offline cache of the tasks
+  (vmx/data/seqio_cache.py; the cache dir given by launch/train.py's
   --seqio_additional_cache_dirs). `reader`: `index` or `seqio` (see the module
-  docstring). `array_cache_dir`: where the index reader's tokenized cache lives (default
-  `vmx.data.arrays.default_root()`, built there on first use; a gs:// dir must be
-  written first by launch/cache_tasks.py --gin_file=...).
+  docstring). `array_cache_dir`: where the index reader's token cache lives (default
+  `vmx.data.token_cache.build.default_root()`, built there on first use; a gs:// dir must
+  be written first by launch/cache_tasks.py --gin_file=...).
+  The index reader's order (vmx/data/stream.py; part of the stream a resume keeps):
+  `slots`, the groups of rows of a batch that each follow a stream of their own (None:
+  gcd(batch_size, 64); a host reads the blocks of its slots' lanes), and
+  `shuffle_window`, the rows mixed together per lane (a multiple of 256: blocks of 256
+  rows in a random order per epoch, the rows of a window's blocks mixed).
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
@@ -49,9 +55,10 @@ class DatasetConfig:
   shuffle: bool = True
   seed: Optional[int] = None
   use_cached: bool = False
-  pack: bool = False
   reader: str = "index"
   array_cache_dir: Optional[str] = None
+  slots: Optional[int] = None
+  shuffle_window: int = 1024
 
   def __post_init__(self):
     check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
@@ -63,6 +70,13 @@ class DatasetConfig:
                 "a dict of positive lengths, e.g. {'inputs': 32, 'targets': 32}")
     check_range(self.reader in READERS, "DatasetConfig", "reader", self.reader,
                 f"one of {READERS}")
+    check_range(self.slots is None or (positive_int(self.slots)
+                                       and self.batch_size % self.slots == 0),
+                "DatasetConfig", "slots", self.slots,
+                f"None or a divisor of batch_size {self.batch_size}")
+    check_range(positive_int(self.shuffle_window) and self.shuffle_window % 256 == 0,
+                "DatasetConfig", "shuffle_window", self.shuffle_window,
+                "a positive multiple of 256 rows")
 
 
 @dataclasses.dataclass
@@ -169,7 +183,7 @@ def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
   whole stream; the trainer places each device's rows)."""
   provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
   if cfg.use_cached:
-    cache.check_cached(cfg.mixture_or_task_name, cfg.split)
+    seqio_cache.check_cached(cfg.mixture_or_task_name, cfg.split)
   kwargs = dict(sequence_length=cfg.task_feature_lengths, split=cfg.split,
                 use_cached=cfg.use_cached, shuffle=cfg.shuffle,
                 seed=cfg.seed if cfg.seed is not None else seed,
@@ -225,11 +239,11 @@ def _seqio_iterator(cfg, feature_converter_cls, seed: int) -> DataIterator:
   zips its tasks' batches (task i shuffled with seed + i) into one dict with
   `key/feature` names; the position counts steps, as for one task."""
   if not isinstance(cfg, MultiTaskConfig):
-    fc = feature_converter_cls(pack=cfg.pack)
+    fc = feature_converter_cls(pack=False)
     return DataIterator(lambda: get_dataset(cfg, fc, num_epochs=None, seed=seed))
 
   def make_dataset():
-    parts = {key: get_dataset(c, feature_converter_cls[key](pack=c.pack), num_epochs=None,
+    parts = {key: get_dataset(c, feature_converter_cls[key](pack=False), num_epochs=None,
                               seed=seed + i) for i, (key, c) in enumerate(cfg.tasks.items())}
     return tf.data.Dataset.zip(parts).map(
         lambda ex: {f"{key}/{k}": v for key, part in ex.items() for k, v in part.items()})
@@ -244,18 +258,54 @@ def reader_of(cfg) -> str:
   return readers.pop()
 
 
+def _check_nway(task, converter):
+  """An N-way task's views and hard negatives are what the model reads."""
+  n = getattr(task.source, "num_views", None)
+  if n is None:
+    return
+  if getattr(converter, "num_views", n) != n:
+    raise ConfigError(f"task {task.name} draws {n} views but the model reads "
+                      f"{converter.num_views} (NUM_VIEWS)")
+  hard = getattr(task.source, "hard_negatives", False)
+  if getattr(converter, "hard_negatives", False) != hard:
+    raise ConfigError(f"task {task.name} {'has' if hard else 'has no'} hard negatives but "
+                      f"the model reads {'none' if hard else 'one per example'} "
+                      f"(MPCLModel.hard_negatives)")
+
+
+def _streams(cfg, feature_converter_cls, seed: int, progress: bool, orders: Mapping):
+  """{task key: stream.Stream} of the configs (their token caches opened, built where
+  missing and local); `orders`: {task key: stream.Order} instead of the config's (a
+  state written before format 2)."""
+  from vmx.data import stream  # grain: only for the index reader
+  from vmx.data.token_cache import build
+  multi = isinstance(feature_converter_cls, Mapping)
+  out = {}
+  for i, (key, c) in enumerate(task_configs(cfg).items()):
+    converter = (feature_converter_cls[key] if multi else feature_converter_cls)(pack=False)
+    tasks, rates, tables = build.open_tables(c, converter, progress)
+    for t in tasks:
+      _check_nway(t, converter)
+    order = orders.get(key) or stream.Order.default(c.batch_size, c.slots, c.shuffle_window)
+    out[key] = stream.Stream(
+        [t.name for t in tasks], rates, tables, c.batch_size,
+        c.seed if c.seed is not None else seed + i, c.shuffle, order,
+        draw=[getattr(t.source, "draw_views", None) for t in tasks],
+        about={"mixture_or_task_name": c.mixture_or_task_name, "split": c.split,
+               "lengths": {k: int(v) for k, v in sorted(c.task_feature_lengths.items())}})
+  return out
+
+
 def train_iterator(cfg, feature_converter_cls, seed: int, rows: Optional[Mapping] = None,
-                   progress: bool = True):
+                   progress: bool = True, orders: Optional[Mapping] = None):
   """The training batches of `cfg` from step 0. The index reader yields the rows `rows`
   ({task key: global row indices}, default all) of each step; the seqio reader yields
   global batches (`rows` ignored)."""
   if reader_of(cfg) == "seqio":
     return _seqio_iterator(cfg, feature_converter_cls, seed)
-  from vmx.data import index   # grain: only for the index reader
-  multi = isinstance(feature_converter_cls, Mapping)
-  converters = {key: (feature_converter_cls[key] if multi else feature_converter_cls)(
-      pack=c.pack) for key, c in task_configs(cfg).items()}
-  return index.IndexIterator(task_configs(cfg), converters, seed, rows, progress)
+  from vmx.data import stream  # grain: only for the index reader
+  return stream.IndexIterator(_streams(cfg, feature_converter_cls, seed, progress,
+                                       orders or {}), rows)
 
 
 def resume_iterator(cfg, feature_converter_cls, seed: int, state: Mapping,
@@ -268,7 +318,12 @@ def resume_iterator(cfg, feature_converter_cls, seed: int, state: Mapping,
     if reader_of(cfg) != "index":
       raise ConfigError("the checkpoint's data state is the index reader's but "
                         "DatasetConfig.reader is 'seqio'; set it to 'index' to resume")
-    it = train_iterator(cfg, feature_converter_cls, seed, rows)
+    from vmx.data import stream  # grain: only for the index reader
+    # a state written before format 2 continues in the order it was written with
+    described = state.get("stream", {})
+    orders = {key: stream.Order.legacy_v1() for key in task_configs(cfg)
+              if str(key) in described and "order" not in described[str(key)]}
+    it = train_iterator(cfg, feature_converter_cls, seed, rows, orders=orders)
     it.restore(state, allow_change)
     return it
   if reader_of(cfg) == "index":

@@ -1,4 +1,4 @@
-"""Plain-Python readers and validators for text corpora (no TensorFlow).
+"""Corpus files: plain-Python readers and validators (no TensorFlow).
 
 Parallel corpora come in two layouts:
   * Moses: two aligned files, line i of one is the translation of line i of the
@@ -101,7 +101,7 @@ def stamp(paths) -> str:
   return "|".join(out)
 
 
-def cached(kind: str, paths, compute):
+def remember(kind: str, paths, compute):
   """compute() (JSON-able), remembered under `kind` and the files' paths, sizes and content
   hashes (BLAKE2b, ~1 GB/s; remote objects: size and time) in the cache dir's
   validated.json: a file is validated again only when its bytes changed."""
@@ -117,9 +117,7 @@ def cached(kind: str, paths, compute):
   known[key] = value
   try:
     store.parent.mkdir(parents=True, exist_ok=True)
-    tmp = store.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known))
-    os.replace(tmp, store)
+    storage.write_atomic(store, json.dumps(known))
   except OSError:
     pass
   return value
@@ -159,7 +157,7 @@ def _nonempty(count: int, what: str, empty_lines: str) -> int:
 
 def validate_parallel(src_path, tgt_path, empty_lines: str = "error") -> int:
   """Number of usable pairs (> 0); raises DataError on the first bad line."""
-  return cached(f"moses:{empty_lines}", [src_path, tgt_path],
+  return remember(f"moses:{empty_lines}", [src_path, tgt_path],
                 lambda: _nonempty(sum(1 for _ in read_parallel(src_path, tgt_path, empty_lines)),
                                   f"{src_path} / {tgt_path}", empty_lines))
 
@@ -173,7 +171,7 @@ def validate_text(path) -> int:
       raise DataError(f"{path} has no non-empty line: an empty corpus is not silently "
                       "dropped from a mixture; remove it from the task's languages/files")
     return n
-  return cached("text", [path], count)
+  return remember("text", [path], count)
 
 
 def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple[str, ...]]:
@@ -193,7 +191,7 @@ def read_tsv(path, columns=(0, 1), empty_lines: str = "error") -> Iterator[tuple
 
 def validate_tsv(path, columns=(0, 1), empty_lines: str = "error") -> int:
   """Number of usable rows (> 0); raises DataError on the first bad line."""
-  return cached(f"tsv:{tuple(columns)}:{empty_lines}", [path],
+  return remember(f"tsv:{tuple(columns)}:{empty_lines}", [path],
                 lambda: _nonempty(sum(1 for _ in read_tsv(path, columns, empty_lines)),
                                   str(path), empty_lines))
 

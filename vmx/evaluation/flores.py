@@ -24,7 +24,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
 
 from vmx.data.languages import resolve
 from vmx.errors import DataError

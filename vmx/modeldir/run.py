@@ -43,16 +43,6 @@ class RunLockedError(VmxError):
   """Another trainer writes this MODEL_DIR."""
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
 class RunLock:
   """MODEL_DIR/vmx.lock, held by one trainer (see the module docstring)."""
 
@@ -79,15 +69,8 @@ class RunLock:
     """Why the holder is gone (None: it may still run)."""
     if not other:
       return "an unreadable lock file"
-    if other.get("host") == self.record["host"]:
-      pid = other.get("pid")
-      if not isinstance(pid, int) or not _pid_alive(pid):
-        return f"process {pid} on this host no longer runs"
-      return None
-    age = time.time() - float(other.get("refreshed", 0))
-    if age > self.stale_after:
-      return f"not refreshed for {age / 60:.0f} min"
-    return None
+    return storage.writer_gone(other.get("host"), other.get("pid"), other.get("refreshed", 0),
+                               self.stale_after)
 
   def _create(self) -> bool:
     """Exclusive create; False if the file exists."""

@@ -2,7 +2,7 @@
 Contrastive Learning to Improve Sentence Embedding"): contrastive learning where each
 anchor has K translations as positives.
 
-Data: N-way groups (one sentence in many languages; vmx.data.tasks.register_nway_task).
+Data: N-way groups (one sentence in many languages; vmx.data.registration.register_nway_task).
 Each example holds V = K + 1 views drawn from the group's languages at random, so every
 language is equally likely to be the anchor (view 0); the others are its positives.
 One shared encoder (vmx.models.dual_encoder.DualEncoder: CLS or mean pooling) embeds
@@ -21,7 +21,7 @@ denominator). `anchors='all'` makes every view an anchor in turn.
 
 `hard_negatives` (their "XLM-R w/ hard negative" variant, §3.5): each example also
 holds one hard negative, a contradiction hypothesis of the group's sentence in a random
-language (vmx.data.tasks.NwayHardNegativeSource; XNLI-MT: tasks/xnli_mt.py). It is
+language (vmx.data.nway.NwayHardNegativeSource; XNLI-MT: tasks/xnli_mt.py). It is
 embedded with the views and every hard negative of the batch joins every anchor's
 denominator (`losses.multi_positive_infonce`'s `hard_negatives_GxHxD`), in the
 single-positive warm-up too.

@@ -13,7 +13,7 @@ model_dir resumes from the newest intact one (damaged ones are reported and set 
 see vmx/modeldir/checkpoints.py).
 
 Each process reads the rows of the global batch its devices hold (the index reader,
-vmx/data/index.py; the seqio reader reads the whole global batch on every process), so a
+vmx/data/stream.py; the seqio reader reads the whole global batch on every process), so a
 run's batches (and so its result) do not depend on the number of processes. Non-finite
 values (any loss term, the gradients, the new parameters) stop the run with a
 `NonFiniteError` naming the step and the terms, before anything non-finite is logged or
@@ -119,7 +119,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
   contract of a restart: a run that would continue with another model, data or
   optimization is refused before anything is written (`allow_config_change`: accept the
   changes; `fresh`: move the earlier run aside and start anew); vmx/modeldir/run.py.
-  The checkpoint's data state describes the stream (vmx/data/index.py): a resume whose
+  The checkpoint's data state describes the stream (vmx/data/stream.py): a resume whose
   data (mixture, tasks, batch size, lengths, seed) differ is refused, saying what changed,
   unless `allow_data_change` (the new stream from the checkpoint's step).
   SIGTERM / SIGINT save a checkpoint at the next step boundary and raise `Preempted`

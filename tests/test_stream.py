@@ -1,14 +1,15 @@
-"""The index reader (vmx/data/index.py over vmx/data/arrays.py): the example of a row of a
-step is a function of (seed, step, row), whatever was read before and whichever rows a
-process reads; epochs visit every example once; mixtures follow their rates; the cache
-is rebuilt or refused when what it was built from changes, and a damaged one is named;
-a resume with other data is refused saying what changed; an old replay position resumes."""
+"""The index reader's stream (vmx/data/stream.py): the example of a row of a step is a
+function of (seed, step, row), whatever was read before and whichever rows a process
+reads; every row once per epoch, at any size, with no table that grows with the rows;
+batches draw from many blocks, and a process's rows from its own blocks; mixtures follow
+their rates and are grain's interleave; states written before format 2 resume in their
+own order; a resume with other data is refused saying what changed."""
 import time
 
 import numpy as np
 import pytest
 
-from conftest import needs_data, toy_text_task, write_lines
+from conftest import toy_text_task, write_lines
 
 
 def _pair_cfg(name, batch_size=8, **kw):
@@ -22,18 +23,44 @@ def _fc():
   return feature_converters.PairFeatureConverter
 
 
+def _stream(cfg, seed=0, **kw):
+  from vmx.data import pipeline
+  return pipeline.train_iterator(cfg, _fc(), seed, progress=False, **kw).streams[None]
+
+
+class Rows:
+  """A stand-in table of n rows whose row i reads as i (no data behind it)."""
+  remote = False
+
+  def __init__(self, n):
+    self.n = n
+
+  def __len__(self):
+    return self.n
+
+  def take(self, indices):
+    return {"row": np.asarray(indices, np.int64)}
+
+
+def _synthetic(sizes, batch_size=2048, slots=None, window=1024, seed=0):
+  from vmx.data import stream
+  return stream.Stream([f"t{i}" for i in range(len(sizes))], [float(n) for n in sizes],
+                       [Rows(n) for n in sizes], batch_size, seed,
+                       order=stream.Order.default(batch_size, slots, window))
+
+
 @pytest.fixture(scope="module")
 def toy_mixture(toy_task, tmp_path_factory):
   """A mixture of the toy task (xx -> en, ~300 pairs) and a reverse task (en -> xx, its
   first 100), p ∝ n."""
   import tasks
-  from vmx.data import tasks as vtasks
+  from vmx.data import registration
   name, vp, src, tgt = toy_task
   d = tmp_path_factory.mktemp("rev")
   s = write_lines(d / "rev.en", open(tgt).read().splitlines()[:100])
   t = write_lines(d / "rev.xx", open(src).read().splitlines()[:100])
   rev = tasks.moses_task("toy_en_xx", s, t, "en", "xx", vp, ["xx", "en"])
-  return vtasks.register_mixture("toy_mix", [name, rev], alpha=1.0), vp
+  return registration.register_mixture("toy_mix", [name, rev], alpha=1.0), vp
 
 
 def test_any_step_and_any_rows_give_the_same_examples(toy_mixture):
@@ -61,10 +88,8 @@ def test_any_step_and_any_rows_give_the_same_examples(toy_mixture):
 
 
 def test_each_epoch_visits_every_example_once_reshuffled(toy_task):
-  from vmx.data import index
   name, _, _, _ = toy_task
-  cfg = _pair_cfg(name, batch_size=1)
-  stream = index.TaskStream(cfg, _fc()(), seed=0)
+  stream = _stream(_pair_cfg(name, batch_size=1))
   n = len(stream.tables[0])
   assert 250 < n < 300              # the 1% validation split held out
   rows = stream.tables[0].take(np.arange(n))["left_tokens"]
@@ -75,19 +100,68 @@ def test_each_epoch_visits_every_example_once_reshuffled(toy_task):
   assert not np.array_equal(epochs[0], epochs[1])       # a new order each epoch
 
 
+def test_permute_is_a_bijection_for_every_size_and_key():
+  from vmx.data import stream
+  for m in [1, 2, 3, 5, 255, 256, 257, 1000, 4099]:
+    for key in (0, 1, 2**63 + 5):
+      out = stream.permute(np.arange(m), m, np.uint64(key))
+      assert sorted(out.tolist()) == list(range(m)), (m, key)
+  a = stream.permute(np.arange(4099), 4099, stream.key_of(7, 0))
+  b = stream.permute(np.arange(4099), 4099, stream.key_of(7, 1))
+  assert np.mean(a == b) < 0.01 and np.mean(a == np.arange(4099)) < 0.01
+  keys = stream.key_of(np.arange(4099) % 3, 1)          # a key per element
+  out = stream.permute(np.arange(4099), 4099, keys)
+  for k in range(3):                                     # each key alone: still injective
+    assert len(set(out[np.arange(4099) % 3 == k].tolist())) == len(out[np.arange(4099) % 3 == k])
+
+
+@pytest.mark.parametrize("n,slots,window", [(100_003, 64, 1024), (5_000, 16, 256),
+                                            (300, 64, 1024), (70_000, 1, 2048)])
+def test_every_row_once_per_epoch_whatever_the_order(n, slots, window):
+  """Any size (a window, several, a short last block), any number of slots: the draws of
+  an epoch are a permutation of the task's rows, another one each epoch."""
+  s = _synthetic([n], batch_size=slots * 2, slots=slots, window=window)
+  zeros = np.zeros(n, np.int64)
+  e0 = s.example_indices(zeros, np.arange(n))
+  e1 = s.example_indices(zeros, np.arange(n, 2 * n))
+  assert np.array_equal(np.sort(e0), np.arange(n)) and np.array_equal(np.sort(e1), np.arange(n))
+  assert np.mean(e0 == e1) < 0.05
+
+
+def test_batches_draw_from_many_blocks_and_a_process_from_its_own():
+  """10^9 rows in 8 tasks, batch 2048: every batch draws from >= 64 distinct (task, block)
+  pairs; the rows of process 0 of 2 and of process 1 come from disjoint blocks but for
+  the few windows two lanes share; the tables hold nothing per row."""
+  s = _synthetic([125_000_000] * 8)
+  assert s.order.slots == 64
+  for step in (0, 1, 777, 10**6):
+    task, row = s.indices(step, np.arange(2048))
+    assert len(np.unique(task * 10**9 + row // 256)) >= 64
+  seen = [set(), set()]
+  for step in range(200):
+    for p in range(2):
+      task, row = s.indices(step, np.arange(p * 1024, (p + 1) * 1024))
+      seen[p] |= set((task * 10**9 + row // 256).tolist())
+  shared = len(seen[0] & seen[1]) / len(seen[0] | seen[1])
+  assert shared < 0.02, shared
+  t0 = time.perf_counter()
+  for step in range(20):
+    s.indices(10**7 + step, np.arange(2048))
+  assert time.perf_counter() - t0 < 1.0            # vectorized: well under 50 ms a batch
+
+
 def test_a_mixture_follows_its_rates(toy_mixture, toy_task):
-  from vmx.data import index
   name, _ = toy_mixture
-  stream = index.TaskStream(_pair_cfg(name, batch_size=400), _fc()(), seed=0)
-  sizes = {t.name: len(tab) for t, tab in zip(stream.tasks, stream.tables)}
-  langs = stream.rows(3, np.arange(400))["left_lang"]
+  stream = _stream(_pair_cfg(name, batch_size=400))
+  sizes = {n: len(tab) for n, tab in zip(stream.names, stream.tables)}
+  langs = np.concatenate([stream.rows(s, np.arange(400))["left_lang"] for s in range(3)])
   share = float(np.mean(langs == 0))     # xx -> en, the toy task: p = n / (n + n_reverse)
   assert share == pytest.approx(sizes[toy_task[0]] / sum(sizes.values()), abs=0.01)
 
 
 def test_nway_views_are_distinct_languages_of_the_group_and_a_function_of_the_position():
-  from vmx.data import tasks as vtasks
-  src = vtasks.NwaySource(["a", "b", "c", "d"], [["x", "", "y", "z"]] * 4, 2)
+  from vmx.data import nway
+  src = nway.NwaySource(["a", "b", "c", "d"], [["x", "", "y", "z"]] * 4, 2)
   stored = {"tokens": np.arange(4 * 3).reshape(1, 4, 3).repeat(3, 0),
             "present": np.array([[True, False, True, True]] * 3)}
   anchors = []
@@ -101,48 +175,6 @@ def test_nway_views_are_distinct_languages_of_the_group_and_a_function_of_the_po
   a = src.draw_views(stored, [(7, 5), (7, 6), (8, 5)])["views"]
   b = src.draw_views(stored, [(7, 5), (7, 6), (8, 5)])["views"]
   np.testing.assert_array_equal(a, b)
-
-
-def test_the_cache_is_rebuilt_or_refused_when_its_inputs_change(toy_task, tmp_path):
-  import tasks
-  from vmx.data import arrays, vocab
-  from vmx.errors import ConfigError
-  _, vp, src, tgt = toy_task
-  s = write_lines(tmp_path / "c.xx", open(src).read().splitlines()[:50])
-  t = write_lines(tmp_path / "c.en", open(tgt).read().splitlines()[:50])
-  root = str(tmp_path / "arrays")
-  name = tasks.moses_task("toy_changing", s, t, "xx", "en", vp, ["xx", "en"])
-
-  def table(build=None):
-    import seqio
-    return arrays.open_table(seqio.get_mixture_or_task(name), "train", {"inputs": 8,
-                             "targets": 8}, _fc()(), root, progress=False,
-                             build_missing=build)
-  first = table()
-  assert table(False).dir == first.dir                         # found, not rebuilt
-  vp2 = vocab.train_sentencepiece([src, tgt], str(tmp_path / "v2.model"), 50, ["xx", "en"])
-  tasks.moses_task("toy_changing", s, t, "xx", "en", vp2, ["xx", "en"])
-  with pytest.raises(ConfigError, match="other vocabulary"):
-    table(False)
-  assert table().dir != first.dir                              # a new cache, by its name
-  write_lines(t, [l + " X" for l in open(t).read().splitlines()])
-  tasks.moses_task("toy_changing", s, t, "xx", "en", vp2, ["xx", "en"])
-  with pytest.raises(ConfigError, match="other sources.*launch/cache_tasks.py"):
-    table(False)
-
-
-def test_a_damaged_cache_is_a_data_error_naming_the_file(toy_task, tmp_path):
-  import seqio
-  from vmx.data import arrays
-  from vmx.errors import DataError
-  name, _, _, _ = toy_task
-  task = seqio.get_mixture_or_task(name)
-  t = arrays.open_table(task, "train", {"inputs": 8, "targets": 8}, _fc()(),
-                        str(tmp_path), progress=False)
-  col = t.dir / "right_tokens.bin"
-  col.write_bytes(col.read_bytes()[:-5])
-  with pytest.raises(DataError, match=f"{col}: .* truncated or damaged"):
-    arrays.Table(t.dir)
 
 
 def test_a_resume_with_other_data_is_refused_saying_what_changed(toy_mixture, toy_task):
@@ -159,6 +191,9 @@ def test_a_resume_with_other_data_is_refused_saying_what_changed(toy_mixture, to
   single = pipeline.train_iterator(_pair_cfg(toy_task[0]), _fc(), 0)
   with pytest.raises(ConfigError, match="mixture_or_task_name 'toy_mix' -> 'toy_xx_en'"):
     single.restore(state)
+  window = pipeline.train_iterator(_pair_cfg(name, shuffle_window=2048), _fc(), 0)
+  with pytest.raises(ConfigError, match="order .*'window_blocks': 4.* -> .*'window_blocks': 8"):
+    window.restore(state)
 
 
 def test_an_old_replay_position_resumes_by_replaying_with_a_warning(toy_task, capsys):
@@ -184,50 +219,44 @@ def test_multi_task_steps_read_each_tasks_rows(toy_task):
   np.testing.assert_array_equal(part["pair/left_tokens"], whole["pair/left_tokens"][[1]])
 
 
-@needs_data
-def test_cache_tasks_builds_an_experiments_cache_that_a_run_then_finds(tmp_path):
-  """launch/cache_tasks.py --gin_file writes every task of the run; opening it without
-  building finds them all."""
-  import subprocess
-  import sys
-  from conftest import REPO
-  root = str(tmp_path / "arrays")
-  args = ["--gin_file=contrastive_tiny.gin", "--gin.TRAIN_LANGUAGES=['deu', 'fra']",
-          "--gin.LANGUAGES=['deu', 'fra', 'eng']", "--gin.VOCAB_SIZE=2000"]
-  out = subprocess.run([sys.executable, "launch/cache_tasks.py", *args,
-                        f"--array_cache_dir={root}", "--no_progress"],
-                       capture_output=True, text=True, cwd=REPO, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert "train: 2 task(s)" in out.stdout and root in out.stdout
-  from vmx import experiment
-  from vmx.data import index
-  _, model, cfg, _ = experiment.training_inputs(
-      ["contrastive_tiny.gin"], [a[len("--gin."):] for a in args[1:]])[0]
-  cfg.array_cache_dir = root
-  tasks, _, tables = index.open_tables(cfg, model.FEATURE_CONVERTER_CLS(), progress=False,
-                                       build=False)
-  assert len(tables) == 2 and all(len(t) > 1000 for t in tables)
-
-
-def test_the_mixing_is_grains_and_large_tasks_shuffle_as_grain_does(toy_mixture, monkeypatch):
-  """TaskStream computes for whole batches what grain's MapDataset pipeline gives one
-  position at a time: the tasks mixed by rates (MapDataset.mix) and, for tasks over
-  EPOCH_TABLE_MAX, range(n).shuffle(seed_t).repeat() within each."""
+def test_the_legacy_order_is_grains_interleave_and_shuffle(toy_mixture, monkeypatch):
+  """The order of data states written before format 2: one slot, grain's
+  `MapDataset.mix` interleave and, for tasks over the legacy window (2^17 rows; 10 here),
+  range(n).shuffle(seed_t).repeat() within each: what TaskStream computed then."""
   import grain
   from grain._src.python.dataset.transformations import mix as grain_mix
-  from vmx.data import index
-  monkeypatch.setattr(index, "EPOCH_TABLE_MAX", 10)    # the toy tasks count as large
+  from vmx.data import stream as stream_lib
+  monkeypatch.setattr(stream_lib, "LEGACY_WINDOW", 10)    # the toy tasks count as large
   name, _ = toy_mixture
-  stream = index.TaskStream(_pair_cfg(name), _fc()(), seed=11)
+  stream = _stream(_pair_cfg(name), seed=11, orders={None: stream_lib.Order.legacy_v1()})
+  assert "order" not in stream.description()
   parts = [grain.MapDataset.range(len(tab)).shuffle(seed=s).repeat().map(
       lambda k, i=i: (i, k)) for i, (tab, s) in enumerate(zip(stream.tables, stream.task_seeds))]
   pipeline = grain.MapDataset.mix(parts, stream.rates)
   g = np.concatenate([np.arange(500), np.random.default_rng(0).integers(0, 10**12, 200)])
-  task, draw = index.mix_select(g, stream.proportions)
+  task, draw = stream_lib.mix_select(g, stream.proportions)
   np.testing.assert_array_equal(np.stack(stream.mix(g)), np.stack([task, draw]))  # by period
   example = stream.example_indices(task, draw)
   for j, pos in enumerate(g.tolist()):
     assert (task[j], example[j]) == pipeline[pos]
   huge = np.array([2**61, 2**62 + 12345], np.int64)   # past int64 products: Python ints
-  for pos, t, k in zip(huge.tolist(), *index.mix_select(huge, (300, 100, 7))):
+  for pos, t, k in zip(huge.tolist(), *stream_lib.mix_select(huge, (300, 100, 7))):
     assert (t, k) == grain_mix._dataset_and_key_of_next_element(pos, (300, 100, 7))
+
+
+def test_a_state_written_before_format_2_resumes_in_its_own_order(toy_mixture):
+  """A data state without `order` (vmx before the sharded token cache) continues in the
+  legacy order, uniform permutations per epoch as numpy drew them, without a refusal."""
+  from vmx.data import pipeline, stream as stream_lib
+  name, _ = toy_mixture
+  legacy = pipeline.train_iterator(_pair_cfg(name), _fc(), 0,
+                                   orders={None: stream_lib.Order.legacy_v1()})
+  state = legacy.state_at(7)
+  assert "order" not in state["stream"]["None"]
+  resumed = pipeline.resume_iterator(_pair_cfg(name), _fc(), 0, state)
+  legacy.restore(state)
+  np.testing.assert_array_equal(next(resumed)["left_tokens"], next(legacy)["left_tokens"])
+  s = legacy.streams[None]
+  n = len(s.tables[0])     # the v1 rule: row = numpy's permutation of epoch e, at k mod n
+  want = np.random.default_rng([s.task_seeds[0], 0]).permutation(n)[:50]
+  np.testing.assert_array_equal(s.example_indices(np.zeros(50, np.int64), np.arange(50)), want)

@@ -1,4 +1,4 @@
-"""SeqIO's offline cache of vmx tasks, written in one process (no Apache Beam).
+"""SeqIO's offline cache of vmx tasks (the seqio reader's `use_cached=True`), in one process.
 
 seqio caches a task's examples as they are at its `CacheDatasetPlaceholder` (for vmx's
 pair and monolingual tasks: tokenized, before the run's language ids and truncation) in
@@ -18,7 +18,6 @@ another vocabulary's ids.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Optional, Sequence
 
@@ -27,31 +26,10 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from vmx import storage
-from vmx.data.pretokenized import PretokenizingVocabulary
-from vmx.data.tasks import HfVocabulary
+from vmx.data import seqio_vocab
 from vmx.errors import ConfigError
 
 VMX_CACHE_INFO = "vmx_cache.json"
-
-
-def vocabulary_fingerprint(vocabulary: seqio.Vocabulary) -> str:
-  """sha256 of the vocabulary's model (SentencePiece proto, or the spec of an imported
-  tokenizer or of a pre-tokenizing vocabulary: its model's sha256 and its settings)."""
-  if isinstance(vocabulary, (HfVocabulary, PretokenizingVocabulary)):
-    data = vocabulary.spec_bytes
-  elif isinstance(vocabulary, seqio.SentencePieceVocabulary):
-    data = vocabulary.sp_model
-  else:
-    data = repr(vocabulary).encode()
-  return hashlib.sha256(data).hexdigest()
-
-
-def task_vocabulary(task: seqio.Task) -> Optional[seqio.Vocabulary]:
-  """The vocabulary of the task's first tokenized feature (None: none is tokenized)."""
-  for feature in task.output_features.values():
-    if not isinstance(feature.vocabulary, seqio.PassThroughVocabulary):
-      return feature.vocabulary
-  return None
 
 
 def cache_task(task_name: str, cache_root: str, splits: Optional[Sequence[str]] = None,
@@ -75,9 +53,9 @@ def cache_task(task_name: str, cache_root: str, splits: Optional[Sequence[str]] 
   out.mkdir(parents=True, exist_ok=True)
   for split in splits or task.splits:
     _write_split(task, str(out), split, progress)
-  vocab = task_vocabulary(task)
+  vocab = seqio_vocab.task_vocabulary(task)
   storage.write_atomic(out / VMX_CACHE_INFO, json.dumps(
-      {"task": task_name, "vocabulary_sha256": vocab and vocabulary_fingerprint(vocab)},
+      {"task": task_name, "vocabulary_sha256": vocab and seqio_vocab.fingerprint(vocab)},
       indent=1))
   storage.write_atomic(out / "COMPLETED", "")
   return str(out)
@@ -139,12 +117,12 @@ def check_cached(mixture_or_task_name: str, split: str):
       raise ConfigError(f"use_cached=True, but the cache of task {name} at {task.cache_dir} "
                         f"has no split {split!r}")
     info = storage.path(task.cache_dir) / VMX_CACHE_INFO
-    vocab = task_vocabulary(task)
+    vocab = seqio_vocab.task_vocabulary(task)
     if info.exists() and vocab is not None:
       cached = json.loads(info.read_text()).get("vocabulary_sha256")
-      if cached and cached != vocabulary_fingerprint(vocab):
+      if cached and cached != seqio_vocab.fingerprint(vocab):
         raise ConfigError(
             f"the cache of task {name} at {task.cache_dir} was written with another "
             f"vocabulary (sha256 {cached[:12]}…, this run's: "
-            f"{vocabulary_fingerprint(vocab)[:12]}…): write a cache for this vocabulary "
+            f"{seqio_vocab.fingerprint(vocab)[:12]}…): write a cache for this vocabulary "
             f"in another dir, or set DatasetConfig.use_cached = False")

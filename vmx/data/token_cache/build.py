@@ -1,0 +1,221 @@
+"""Finding a task's token cache, building it where it is missing, refusing where it differs.
+
+`open_table` looks for the cache of (task, split, lengths, converter) under a root
+(default `default_root()`, beside the vocabularies): the directory named by its
+fingerprint (vmx/data/token_cache/fingerprint.py). Missing, it is built in this process
+(`build_local`, a local root) or refused with what differs from the caches that are there
+and the command that writes it (a remote root: `launch/cache_tasks.py`, on Beam past one
+machine, vmx/data/token_cache/beam.py). Both builders write shards with
+`writer.write_shard` and end with `assemble`, which checks every shard's record and writes
+the manifest last.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Optional
+
+import seqio
+from tqdm.auto import tqdm
+
+from vmx import storage
+from vmx.data import seqio_cache
+from vmx.data.token_cache import fingerprint as fp
+from vmx.data.token_cache import format as fmt
+from vmx.data.token_cache import writer
+from vmx.data.token_cache.table import Table
+from vmx.errors import ConfigError, DataError
+
+
+def default_root() -> str:
+  """`VMX_CACHE_DIR`'s parent /arrays (beside the vocabularies and teacher caches)."""
+  return str(storage.cache_dir().parent / "arrays")
+
+
+def directory_of(root, task: seqio.Task, split: str, digest: str):
+  return storage.path(root) / seqio.utils.get_task_dir_from_name(task.name) / \
+      f"{split}.{digest[:16]}"
+
+
+def rebuild_hint(root, directory) -> str:
+  if storage.is_remote(root):
+    return (f"write it again with `python launch/cache_tasks.py --gin_file=<the run's gin "
+            f"files> --array_cache_dir={root}`")
+  return f"delete {directory} and run again (a local cache is rebuilt)"
+
+
+def input_count(task: seqio.Task, split: str, use_cached: bool = False) -> int:
+  """The examples the source yields for `split` (what the shards split into ranges)."""
+  if use_cached:
+    return int(task.get_cached_stats(split)["examples"])
+  n = task.num_input_examples(split)
+  if n is None:
+    raise ConfigError(f"task {task.name}: its source does not say how many examples split "
+                      f"{split!r} has, so its cache cannot be written in shards")
+  return int(n)
+
+
+def shard_plan(task: seqio.Task, split: str, use_cached: bool = False,
+               shard_rows: int = fmt.SHARD_ROWS) -> list[tuple[int, int, int, int]]:
+  """[(index, count, start, end)] of the shards of a task's split."""
+  ranges = fmt.plan(input_count(task, split, use_cached), shard_rows)
+  return [(i, len(ranges), a, b) for i, (a, b) in enumerate(ranges)]
+
+
+def missing_shards(directory, digest: str, plan) -> list:
+  """The planned shards without a finished record; a record of another fingerprint in
+  the directory is refused."""
+  out = []
+  for job in plan:
+    rec = writer.shard_record(directory, fmt.shard_name(job[0], job[1]))
+    if rec is not None and rec.get("fingerprint") != digest:
+      raise DataError(f"{storage.path(directory) / fmt.shard_name(job[0], job[1])}.json: a "
+                      f"shard built from other inputs (fingerprint "
+                      f"{str(rec.get('fingerprint'))[:16]}…) in the directory of "
+                      f"{digest[:16]}…: shards of two fingerprints are never mixed; delete "
+                      f"{directory} and build it again")
+    if rec is None:
+      out.append(job)
+  return out
+
+
+def assemble(directory, digest: str, parts: dict, num_shards: int, builder: str) -> dict:
+  """Checks the shards' records and writes manifest.json (last); returns it."""
+  d = storage.path(directory)
+  records = []
+  for i in range(num_shards):
+    name = fmt.shard_name(i, num_shards)
+    rec = writer.shard_record(d, name)
+    if rec is None:
+      raise DataError(f"{d / name}.json: missing: shard {i} of {num_shards} is not written")
+    if rec.get("fingerprint") != digest:
+      raise DataError(f"{d / name}.json: built from other inputs than {d.name}: shards of "
+                      f"two fingerprints are never mixed; delete {d} and build it again")
+    records.append(rec)
+  specs = {json.dumps(r["features"], sort_keys=True) for r in records if r["count"]}
+  if not specs:
+    raise ConfigError(f"task {parts['task']}: split {parts['split']!r} has no examples to "
+                      f"train on")
+  if len(specs) > 1:
+    raise DataError(f"{d}: its shards hold different features ({sorted(specs)[:2]}); delete "
+                    f"it and build it again")
+  features = json.loads(specs.pop())
+  shards = [{"name": r["name"], "count": r["count"], "sums_sha256": r["sums_sha256"]}
+            for r in records]
+  m = fmt.manifest(digest, parts, features, shards, "", builder, time.time())
+  m["content_digest"] = _content_digest(d, m)
+  storage.write_atomic(d / fmt.MANIFEST, fmt.dumps(m))
+  return m
+
+
+def _content_digest(d, m: dict) -> str:
+  """sha256 over the digests of blocks counted from row 0: the shards' own digests when
+  every shard but the last holds whole blocks (as planned), else recomputed from the rows."""
+  counts = [s["count"] for s in m["shards"]]
+  if all(c % fmt.BLOCK_ROWS == 0 for c in counts[:-1]):
+    return fmt.content_digest((d / f"{s['name']}.sums").read_bytes()
+                              for s in m["shards"] if s["count"])
+  storage.write_atomic(d / fmt.MANIFEST, fmt.dumps(m))   # (readable by Table meanwhile)
+  table = Table(d)
+  step = fmt.BLOCK_ROWS
+  return fmt.content_digest(
+      fmt.block_digest(table.take_records(range(i, min(i + step, len(table)))).tobytes())
+      for i in range(0, len(table), step))
+
+
+def build_local(task: seqio.Task, split: str, lengths, converter, directory, parts: dict,
+                use_cached: bool = False, progress: bool = True,
+                shard_rows: int = fmt.SHARD_ROWS) -> dict:
+  """Builds the cache of `task` in this process, the missing shards only."""
+  digest = fp.digest(parts)
+  gone = writer.collect_leftovers(directory)
+  if gone:
+    print(f"[vmx] {directory}: removed {len(gone)} unfinished file(s) of a build that "
+          f"stopped", flush=True)
+  plan = shard_plan(task, split, use_cached, shard_rows)
+  todo = missing_shards(directory, digest, plan)
+  bar = tqdm(total=sum(b - a for _, _, a, b in todo), desc=f"[vmx] caching {task.name}:{split}",
+             unit=" ex", disable=not progress, leave=False)
+  try:
+    for index, count, start, end in todo:
+      writer.write_shard(task, split, lengths, converter, directory, digest, index, count,
+                         start, end, use_cached, bar.update)
+  finally:
+    bar.close()
+  return assemble(directory, digest, parts, len(plan), "local")
+
+
+def _others(task_dir, split: str) -> list:
+  """(built_at, built_from) of the other caches of this task's split (format 1 included)."""
+  out = []
+  if not task_dir.exists():
+    return out
+  for p in task_dir.glob(f"{split}.*"):
+    for name in (fmt.MANIFEST, "arrays.json"):
+      try:
+        info = json.loads((p / name).read_text())
+      except (OSError, ValueError):
+        continue
+      out.append((p, info.get("built_at", 0), info.get("built_from", {})))
+      break
+  return out
+
+
+def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[str] = None,
+               use_cached: bool = False, progress: bool = True,
+               build_missing: Optional[bool] = None) -> Table:
+  """The cache of `task` under `root`, built first where it is missing and
+  `build_missing` (default: where the root is local; a remote root must hold it already,
+  written by launch/cache_tasks.py)."""
+  root = root or default_root()
+  parts = fp.parts(task, split, lengths, converter)
+  digest = fp.digest(parts)
+  directory = directory_of(root, task, split, digest)
+  hint = rebuild_hint(root, directory)
+  if (directory / fmt.MANIFEST).exists():
+    table = Table(directory, hint)
+    if table.info.get("fingerprint") != digest:
+      raise DataError(f"{directory / fmt.MANIFEST}: built from other inputs than its name "
+                      f"says; {hint}")
+    return table
+  differs = ""
+  others = _others(directory.parent, split)
+  if others:   # the newest one: what the previous run of this task read
+    last, _, old = max(others, key=lambda o: o[1])
+    differs = (f"; the cache at {last} was built with other "
+               f"{', '.join(fp.differences(old, parts)) or 'inputs'}")
+  if build_missing is None:
+    build_missing = not storage.is_remote(root)
+  if not build_missing:
+    raise ConfigError(
+        f"task {task.name}: no tokenized cache for this run under {root}{differs}; write it "
+        f"with `python launch/cache_tasks.py --gin_file=<the run's gin files> "
+        f"--array_cache_dir={root}`")
+  if differs:
+    print(f"[vmx] task {task.name}: building a new tokenized cache{differs}", flush=True)
+  build_local(task, split, lengths, converter, directory, parts, use_cached, progress)
+  return Table(directory, hint)
+
+
+def config_tasks(cfg) -> tuple[list, list]:
+  """(tasks, rates) of a DatasetConfig: its task, or its mixture's tasks with a positive
+  rate."""
+  provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
+  if isinstance(provider, seqio.Mixture):
+    pairs = [(t, float(provider.get_rate(t))) for t in provider.tasks]
+    pairs = [(t, r) for t, r in pairs if r > 0]
+  else:
+    pairs = [(provider, 1.0)]
+  return [t for t, _ in pairs], [r for _, r in pairs]
+
+
+def open_tables(cfg, converter, progress: bool = True, build: Optional[bool] = None):
+  """(tasks, rates, tables) of a DatasetConfig (see `open_table` for `build`)."""
+  if cfg.use_cached:   # built from seqio's offline cache: checked as the seqio reader does
+    seqio_cache.check_cached(cfg.mixture_or_task_name, cfg.split)
+  tasks, rates = config_tasks(cfg)
+  tables = [open_table(t, cfg.split, cfg.task_feature_lengths, converter,
+                       cfg.array_cache_dir, cfg.use_cached, progress, build)
+            for t in tqdm(tasks, desc="[vmx] opening the tokenized cache", unit=" task",
+                          disable=not progress or len(tasks) < 10, leave=False)]
+  return tasks, rates, tables

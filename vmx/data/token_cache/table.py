@@ -1,0 +1,349 @@
+"""Reading a built token cache: `Table(dir)` gives `len(table)` rows and `take(indices)`.
+
+Local caches are memory-mapped: a read is an offset into the shard's file, the page cache
+holds the data and the process's own memory does not grow with the corpus. Remote caches
+(gs://, any fsspec URL) are read by blocks: one ranged request per block of BLOCK_ROWS
+rows, fetched in parallel by a pool of threads into a bounded LRU cache shared by every
+table of the process (`Blocks`), so a host fetches the blocks of the rows it reads and
+nothing else; `prefetch(indices)` starts the fetches of rows needed soon. A store that
+stops answering is retried with exponential backoff for VMX_REMOTE_RETRY_S seconds
+(default 600), then a DataError names it.
+
+Every block is verified against its digest before any of its rows is used (local: once
+per block per process, a bit per block; remote: on every fetch), and each shard's digest
+list against the manifest's sha256 first. A mismatch, a missing or short shard, a
+manifest of another format: a DataError naming the file (and the block), and what
+rebuilds it (`rebuild`, the opener's words).
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import json
+import os
+import random
+import sys
+import threading
+import time
+from typing import Optional
+
+import numpy as np
+
+from vmx import storage
+from vmx.data.token_cache import format as fmt
+from vmx.errors import DataError
+
+RETRY_ENV = "VMX_REMOTE_RETRY_S"
+CACHE_ENV = "VMX_REMOTE_CACHE_MB"
+DEFAULT_CACHE_MB = 1024
+FETCH_THREADS = 16
+
+
+def read_manifest(directory, rebuild: str) -> dict:
+  path = storage.path(directory) / fmt.MANIFEST
+  try:
+    info = json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise DataError(f"{path}: unreadable ({type(e).__name__}: {e}); {rebuild}") from None
+  if info.get("format") != fmt.FORMAT:
+    raise DataError(f"{path}: token cache format {info.get('format')!r}, this vmx reads "
+                    f"format {fmt.FORMAT}; {rebuild}")
+  return info
+
+
+class Blocks:
+  """Blocks of remote shards by ranged reads: a bounded LRU of verified bytes, a thread
+  pool for parallel and ahead-of-time fetches, retries with backoff. Counts its requests
+  and bytes (`requests`, `bytes`)."""
+
+  def __init__(self, capacity_bytes: Optional[int] = None, threads: int = FETCH_THREADS,
+               retry_s: Optional[float] = None):
+    mb = float(os.environ.get(CACHE_ENV, DEFAULT_CACHE_MB))
+    self.capacity = int(capacity_bytes if capacity_bytes is not None else mb * (1 << 20))
+    self.retry_s = float(retry_s if retry_s is not None else os.environ.get(RETRY_ENV, 600))
+    self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="vmx-fetch")
+    self._lock = threading.Lock()
+    self._lru: collections.OrderedDict = collections.OrderedDict()   # key -> bytes
+    self._size = 0
+    self._pending: dict = {}                                          # key -> Future
+    self.requests = 0
+    self.bytes = 0
+
+  def read(self, path, start: int, length: int, hint: str = "") -> bytes:
+    """One ranged read, retried with backoff while the store does not answer."""
+    deadline, wait, said = time.monotonic() + self.retry_s, 0.5, False
+    while True:
+      try:
+        data = storage.read_range(path, start, length)
+        with self._lock:
+          self.requests += 1
+          self.bytes += len(data)
+        return data
+      except DataError:
+        raise
+      except FileNotFoundError:
+        raise DataError(f"{path}: missing: the token cache is incomplete; {hint}") from None
+      except Exception as e:  # noqa: BLE001  (fsspec/gcsfs/aiohttp raise many kinds)
+        short = _short(path, start + length)
+        if short is not None:
+          raise DataError(f"{path}: {short} bytes, expected at least {start + length}: the "
+                          f"token cache is truncated; {hint}") from None
+        if time.monotonic() + wait > deadline:
+          raise DataError(f"{path}: the store did not answer for {self.retry_s:.0f} s "
+                          f"({type(e).__name__}: {str(e)[:200]}); nothing was read "
+                          f"from it since") from None
+        if not said:
+          print(f"[vmx] {path}: read failed ({type(e).__name__}); retrying for up to "
+                f"{self.retry_s:.0f} s", file=sys.stderr, flush=True)
+          said = True
+        time.sleep(wait * (0.5 + random.random()))
+        wait = min(wait * 2, 30.0)
+
+  def put(self, key, data: bytes):
+    with self._lock:
+      if key in self._lru:
+        return
+      self._lru[key] = data
+      self._size += len(data)
+      while self._size > self.capacity and len(self._lru) > 1:
+        _, old = self._lru.popitem(last=False)
+        self._size -= len(old)
+
+  def cached(self, key):
+    with self._lock:
+      data = self._lru.get(key)
+      if data is not None:
+        self._lru.move_to_end(key)
+      return data
+
+  def _submit(self, key, fetch):
+    """The future of `key` (fetch() -> verified bytes), started unless cached/pending."""
+    with self._lock:
+      fut = self._pending.get(key)
+      if fut is not None:
+        return fut
+      fut = self._pool.submit(self._run, key, fetch)
+      self._pending[key] = fut
+      return fut
+
+  def _run(self, key, fetch):
+    try:
+      data = fetch()
+      self.put(key, data)
+      return data
+    finally:
+      with self._lock:
+        self._pending.pop(key, None)
+
+  def get_many(self, requests: dict) -> dict:
+    """{key: bytes} of {key: fetch}, fetched in parallel where not cached."""
+    out, futures = {}, {}
+    for key, fetch in requests.items():
+      data = self.cached(key)
+      if data is not None:
+        out[key] = data
+      else:
+        futures[key] = self._submit(key, fetch)
+    for key, fut in futures.items():
+      out[key] = fut.result()
+    return out
+
+  def prefetch(self, requests: dict):
+    """Starts the fetches of {key: fetch} not cached or pending; returns at once."""
+    for key, fetch in requests.items():
+      if self.cached(key) is None:
+        self._submit(key, fetch)
+
+
+def _short(path, need: int) -> Optional[int]:
+  """The object's size when it is shorter than `need` (None: long enough, or unknown)."""
+  try:
+    size = storage.remote_size(path) if storage.is_remote(path) else os.path.getsize(path)
+  except Exception:  # noqa: BLE001  (the store may be down: keep retrying)
+    return None
+  return size if size < need else None
+
+
+_BLOCKS: Optional[Blocks] = None
+
+
+def shared_blocks() -> Blocks:
+  """The process's one remote block cache (its capacity: VMX_REMOTE_CACHE_MB)."""
+  global _BLOCKS
+  if _BLOCKS is None:
+    _BLOCKS = Blocks()
+  return _BLOCKS
+
+
+class Table:
+  """The rows of one built token cache (see vmx/data/token_cache/format.py)."""
+
+  def __init__(self, directory, rebuild: str = "build it again",
+               blocks: Optional[Blocks] = None):
+    self.dir = storage.path(directory)
+    self.rebuild = rebuild
+    self.info = read_manifest(self.dir, rebuild)
+    self.count = int(self.info["count"])
+    self.features = self.info["features"]
+    self.dtype = fmt.record_dtype(self.features)
+    self.row_bytes = self.dtype.itemsize
+    shards = self.info["shards"]
+    self.starts = np.cumsum([0] + [int(s["count"]) for s in shards])
+    self.remote = storage.is_remote(self.dir)
+    self.blocks = (blocks or shared_blocks()) if self.remote else None
+    self._bins = [self.dir / f"{s['name']}.bin" for s in shards]
+    self._sums_files = [self.dir / f"{s['name']}.sums" for s in shards]
+    self._shards = shards
+    self._maps, self._sums, self._verified = {}, {}, {}
+    self._lock = threading.Lock()
+    if not self.remote:   # sizes now (cheap); a remote short object fails at its read
+      for i, s in enumerate(shards):
+        self._check_size(self._bins[i], int(s["count"]) * self.row_bytes)
+        self._check_size(self._sums_files[i], self._num_blocks(i) * fmt.DIGEST_BYTES)
+
+  def __len__(self) -> int:
+    return self.count
+
+  def _num_blocks(self, shard: int) -> int:
+    return -(-int(self._shards[shard]["count"]) // fmt.BLOCK_ROWS)
+
+  def _check_size(self, path, want: int):
+    have = os.path.getsize(path) if os.path.exists(path) else -1
+    if have != want:
+      raise DataError(f"{path}: {'missing' if have < 0 else f'{have} bytes'}, expected {want}"
+                      f": the token cache is truncated or damaged; {self.rebuild}")
+
+  def _damaged(self, shard: int, block: int) -> DataError:
+    r0 = int(self.starts[shard]) + block * fmt.BLOCK_ROWS
+    r1 = min(r0 + fmt.BLOCK_ROWS, int(self.starts[shard + 1])) - 1
+    return DataError(f"{self._bins[shard]}: block {block} (rows {r0}-{r1}) does not match "
+                     f"its digest in {self._sums_files[shard].name}: the token cache is "
+                     f"damaged; {self.rebuild}")
+
+  # -- digests ----------------------------------------------------------------------------
+  def _shard_sums(self, shard: int):
+    """The shard's block digests [blocks, 16] uint8, checked against the manifest once."""
+    sums = self._sums.get(shard) if not self.remote else None
+    if sums is not None:
+      return sums
+    f = self._sums_files[shard]
+    want = self._shards[shard]["sums_sha256"]
+    if self.remote:
+      key = (str(f), "sums")
+      data = self.blocks.cached(key)
+      if data is None:
+        with self._lock:   # (in the fetching thread: never waits on the pool)
+          data = self.blocks.cached(key)
+          if data is None:
+            data = self._fetch_sums(shard)
+            self.blocks.put(key, data)
+      return np.frombuffer(data, np.uint8).reshape(-1, fmt.DIGEST_BYTES)
+    sums = np.memmap(f, np.uint8, mode="r").reshape(-1, fmt.DIGEST_BYTES)
+    if fmt.sums_sha256(sums.tobytes()) != want:
+      raise DataError(f"{f}: its digests do not match the manifest's sha256: the token "
+                      f"cache is damaged; {self.rebuild}")
+    self._sums[shard] = sums
+    return sums
+
+  def _fetch_sums(self, shard: int) -> bytes:
+    f = self._sums_files[shard]
+    n = self._num_blocks(shard) * fmt.DIGEST_BYTES
+    data = self.blocks.read(f, 0, n, self.rebuild)
+    if len(data) != n or fmt.sums_sha256(data) != self._shards[shard]["sums_sha256"]:
+      raise DataError(f"{f}: {'short' if len(data) != n else 'its digests do not match the '}"
+                      f"{'' if len(data) != n else 'manifest sha256'}: the token cache is "
+                      f"damaged; {self.rebuild}")
+    return data
+
+  # -- local ------------------------------------------------------------------------------
+  def _map(self, shard: int) -> np.ndarray:
+    m = self._maps.get(shard)
+    if m is None:
+      n = int(self._shards[shard]["count"])
+      m = (np.memmap(self._bins[shard], self.dtype, mode="r", shape=(n,)) if n
+           else np.zeros(0, self.dtype))
+      m = m.view(np.ndarray)   # numpy's memmap subclass costs per index
+      self._maps[shard] = m
+      self._verified[shard] = np.zeros(self._num_blocks(shard), bool)
+    return m
+
+  def _verify_local(self, shard: int, blocks: np.ndarray):
+    m = self._map(shard)
+    done = self._verified[shard]
+    todo = blocks[~done[blocks]]
+    if not len(todo):
+      return
+    sums = self._shard_sums(shard)
+    raw = m.view(np.uint8).reshape(-1) if len(m) else np.zeros(0, np.uint8)
+    step = fmt.BLOCK_ROWS * self.row_bytes
+    for b in todo.tolist():
+      if fmt.block_digest(raw[b * step:(b + 1) * step]) != sums[b].tobytes():
+        raise self._damaged(shard, b)
+      done[b] = True
+
+  # -- remote -----------------------------------------------------------------------------
+  def _block_fetch(self, shard: int, block: int):
+    def fetch():
+      sums = self._shard_sums(shard)
+      start = block * fmt.BLOCK_ROWS * self.row_bytes
+      rows = min(fmt.BLOCK_ROWS, int(self._shards[shard]["count"]) - block * fmt.BLOCK_ROWS)
+      data = self.blocks.read(self._bins[shard], start, rows * self.row_bytes,
+                              self.rebuild)
+      if len(data) != rows * self.row_bytes:
+        raise DataError(f"{self._bins[shard]}: {len(data)} bytes at offset {start}, expected "
+                        f"{rows * self.row_bytes}: the token cache is truncated; "
+                        f"{self.rebuild}")
+      if fmt.block_digest(data) != sums[block].tobytes():
+        raise self._damaged(shard, block)
+      return data
+    return fetch
+
+  def _requests(self, shard_R, block_R) -> dict:
+    keys = np.unique(shard_R.astype(np.int64) << 32 | block_R)
+    return {(str(self._bins[k >> 32]), k & 0xFFFFFFFF): self._block_fetch(k >> 32, k & 0xFFFFFFFF)
+            for k in keys.tolist()}
+
+  # -- reads ------------------------------------------------------------------------------
+  def locate(self, indices):
+    """(shard [R], row within its shard [R]) of table rows `indices`."""
+    idx = np.asarray(indices, np.int64)
+    if len(idx) and (idx.min() < 0 or idx.max() >= self.count):
+      raise IndexError(f"{self.dir}: rows {idx.min()}..{idx.max()} of {self.count}")
+    shard = np.searchsorted(self.starts, idx, side="right") - 1
+    return shard, idx - self.starts[shard]
+
+  def prefetch(self, indices):
+    """Starts fetching the blocks of `indices` (remote; local: nothing to do)."""
+    if self.remote and len(indices):
+      shard, local = self.locate(indices)
+      self.blocks.prefetch(self._requests(shard, local // fmt.BLOCK_ROWS))
+
+  def take_records(self, indices) -> np.ndarray:
+    """[R] records of rows `indices` (verified)."""
+    shard_R, local_R = self.locate(indices)
+    block_R = local_R // fmt.BLOCK_ROWS
+    out = np.empty(len(shard_R), self.dtype)
+    if not self.remote:
+      for s in np.unique(shard_R).tolist():
+        sel = shard_R == s
+        with self._lock:
+          self._verify_local(s, np.unique(block_R[sel]))
+        out[sel] = self._map(s)[local_R[sel]]
+      return out
+    got = self.blocks.get_many(self._requests(shard_R, block_R))
+    keys = shard_R.astype(np.int64) << 32 | block_R
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for sel in np.split(order, bounds):
+      k = int(keys[sel[0]])
+      rec = np.frombuffer(got[(str(self._bins[k >> 32]), k & 0xFFFFFFFF)], self.dtype)
+      out[sel] = rec[local_R[sel] - (k & 0xFFFFFFFF) * fmt.BLOCK_ROWS]
+    return out
+
+  def take(self, indices) -> dict:
+    """{feature: [R, ...]} of rows `indices` (verified)."""
+    return fmt.from_records(self.take_records(indices))
+
+  def all_records(self) -> np.ndarray:
+    """Every row, verified (small tables held in memory)."""
+    return self.take_records(np.arange(self.count))

@@ -1,0 +1,175 @@
+"""Writing one shard of a token cache: the examples [start, end) of a task's split, after
+every preprocessor and the model's feature converter, as the SeqIO task yields them.
+
+The same function writes every shard of a local build (vmx/data/token_cache/build.py) and
+of a Beam build (vmx/data/token_cache/beam.py), so both give the same bytes. A shard
+appears whole or not at all: locally its .bin is written under a temporary name
+(`<name>.bin.tmp-<host>-<pid>`) and renamed; on an object store one upload is one object.
+Its .json record is written last: a shard without it is not finished, and a later build
+writes it again (and removes a temporary file whose writer is gone: `collect_leftovers`).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import time
+from typing import Callable, Mapping, Optional
+
+import seqio
+
+from vmx import storage
+from vmx.data.token_cache import format as fmt
+from vmx.errors import DataError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def examples(task: seqio.Task, split: str, lengths: Mapping[str, int], converter,
+             start: int, end: int, use_cached: bool = False):
+  """Numpy batches of the task's examples [start, end) (in file order), as
+  `task.get_dataset(shuffle=False, num_epochs=1)` and the converter yield them."""
+  source = task.source
+  if hasattr(source, "stored_examples"):   # N-way groups: views are drawn when read
+    return source.stored_examples(task, split, lengths, start, end)
+  src = task._get_cached_source(split) if use_cached else source   # noqa: SLF001
+  ds = src.get_dataset(split=split, shuffle=False, seed=None).skip(start).take(end - start)
+  if not use_cached:
+    ds = task.preprocess_precache(ds, seed=None)
+  ds = task.preprocess_postcache(ds, sequence_length=dict(lengths), seed=None)
+  ds = task._validate_preprocessing(ds)   # noqa: SLF001  (seqio's own get_dataset steps)
+  ds = task._trim_output_features(ds, sequence_length=dict(lengths))   # noqa: SLF001
+  ds = converter(ds, dict(lengths))
+  return ds.batch(4096).prefetch(2).as_numpy_iterator()
+
+
+def full_disk_error(path, e: OSError) -> DataError:
+  try:
+    free = shutil.disk_usage(os.path.dirname(os.fspath(path)) or ".").free
+    left = f" ({free} bytes free)"
+  except OSError:
+    left = ""
+  return DataError(f"{path}: no space left on the device{left} ({e.strerror}); the "
+                   f"unfinished file was removed and the finished shards are kept: free "
+                   f"space and run again, it continues")
+
+
+class _Blocks:
+  """Block digests of a byte stream written in pieces."""
+
+  def __init__(self, row_bytes: int):
+    self.step = fmt.BLOCK_ROWS * row_bytes
+    self.buf = bytearray()
+    self.sums = []
+
+  def add(self, data: bytes):
+    self.buf += data
+    n = len(self.buf) // self.step * self.step
+    if n:
+      view = memoryview(self.buf)
+      self.sums += [fmt.block_digest(view[i:i + self.step]) for i in range(0, n, self.step)]
+      view.release()
+      del self.buf[:n]
+
+  def close(self) -> bytes:
+    if self.buf:
+      self.sums.append(fmt.block_digest(bytes(self.buf)))
+      self.buf = bytearray()
+    return b"".join(self.sums)
+
+
+def shard_record(directory, name: str) -> Optional[dict]:
+  """The .json record of a finished shard, or None."""
+  f = storage.path(directory) / f"{name}.json"
+  try:
+    return json.loads(f.read_text())
+  except (OSError, ValueError):
+    return None
+
+
+def write_shard(task: seqio.Task, split: str, lengths: Mapping[str, int], converter,
+                directory, fingerprint: str, index: int, count: int, start: int, end: int,
+                use_cached: bool = False, progress: Optional[Callable[[int], None]] = None
+                ) -> dict:
+  """Writes shard `index` of `count` (input examples [start, end)) into `directory`;
+  returns its record (also written as `<name>.json`, last)."""
+  d = storage.path(directory)
+  remote = storage.is_remote(d)
+  name = fmt.shard_name(index, count)
+  final = {s: d / f"{name}.{s}" for s in ("bin", "sums")}
+  tmp = final if remote else {s: storage.path(storage.tmp_name(p)) for s, p in final.items()}
+  d.mkdir(parents=True, exist_ok=True)
+  f, blocks, dtype, features, rows = None, None, None, None, 0
+  try:
+    try:
+      for batch in examples(task, split, lengths, converter, start, end, use_cached):
+        if f is None:
+          features = fmt.feature_specs(batch)
+          dtype = fmt.record_dtype(features)
+          blocks = _Blocks(dtype.itemsize)
+          f = tmp["bin"].open("wb")
+        data = fmt.to_records(batch, dtype).tobytes()
+        f.write(data)
+        blocks.add(data)
+        n = len(next(iter(batch.values())))
+        rows += n
+        if progress is not None:
+          progress(n)
+      if f is None:   # every input example filtered out: an empty shard
+        f = tmp["bin"].open("wb")
+      f.close()
+      f = None
+      sums = blocks.close() if blocks is not None else b""
+      with tmp["sums"].open("wb") as g:
+        g.write(sums)
+      if not remote:
+        for s in final:
+          os.replace(tmp[s], final[s])
+    except OSError as e:
+      if e.errno in _FULL:
+        raise full_disk_error(tmp["bin"], e) from None
+      raise
+  except BaseException:
+    if f is not None:
+      f.close()
+    if not remote:
+      for p in tmp.values():
+        if os.path.exists(p):
+          os.remove(p)
+    raise
+  record = {"name": name, "count": rows, "input": [start, end], "features": features,
+            "row_bytes": dtype.itemsize if dtype is not None else None,
+            "sums_sha256": fmt.sums_sha256(sums), "fingerprint": fingerprint,
+            "written_at": time.time()}
+  try:
+    storage.write_atomic(d / f"{name}.json", json.dumps(record))
+  except OSError as e:
+    if e.errno in _FULL:
+      raise full_disk_error(d / f"{name}.json", e) from None
+    raise
+  return record
+
+
+def collect_leftovers(directory) -> list[str]:
+  """Removes the temporary files of writers that are gone (this host: the pid no longer
+  runs; another host: not modified for an hour, the run lock's rule). Local dirs only."""
+  d = os.fspath(storage.path(directory))
+  if storage.is_remote(d) or not os.path.isdir(d):
+    return []
+  gone = []
+  for entry in os.scandir(d):
+    if storage.TMP_MARK not in entry.name:
+      continue
+    host, _, pid = entry.name.rsplit(storage.TMP_MARK, 1)[1].rpartition("-")
+    try:
+      mtime = entry.stat().st_mtime
+    except OSError:
+      continue
+    if storage.writer_gone(host, int(pid) if pid.isdigit() else None, mtime):
+      try:
+        os.remove(entry.path)
+        gone.append(entry.name)
+      except OSError:
+        pass
+  return gone
