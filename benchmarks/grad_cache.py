@@ -30,7 +30,7 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
   from vmx.training import partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   part = partitioning.Partitioner(num_devices=1)
   trainer = Trainer(model, tx, part, shapes, grad_cache_chunks=chunks)
   abstract_batch = {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=trainer.batch_shardings[k])
@@ -57,7 +57,7 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
 def main(argv):
   from vmx import experiment, gin_utils
   from vmx.data import pipeline
-  from vmx.training.trainer import input_shapes
+  from vmx.training.step import input_shapes
   bindings, rest = gin_utils.split_gin_bindings(argv)
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

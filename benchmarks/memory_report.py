@@ -55,7 +55,7 @@ def main(argv):
       args.gin_file, bindings + [f"NUM_PARTITIONS = {model_par}"], args.gin_search_paths)
   from vmx.training import partitioning
   from vmx.data import pipeline
-  from vmx.training.trainer import Trainer, input_shapes
+  from vmx.training.step import Trainer, input_shapes
   part = partitioning.Partitioner(num_partitions=model_par, num_devices=n)
   if B % data:
     raise SystemExit(f"error: batch size {B} is not divisible by data={data}")

@@ -61,7 +61,7 @@ def main(argv):
   from vmx import experiment  # lazy: jax only after cli.run_main's host set-up
   model, tx, B, L, part = experiment.build_experiment(args.gin_file, bindings,
                                                      args.gin_search_paths)
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   enc = model.module.encoder
   shapes = {"left_tokens": (B, L), "right_tokens": (B, L), "left_lang": (B,), "right_lang": (B,)}
   trainer = Trainer(model, tx, part, shapes)

@@ -135,7 +135,8 @@ def cache_experiment(args, bindings):
           + (f", {args.beam_workers} workers" if args.beam_runner == "DirectRunner" else "")
           + ")", flush=True)
     beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
-             args.beam_workers, args.beam_options, experiment.training_inputs)
+             args.beam_workers, args.beam_options, experiment.training_inputs,
+             progress=not args.no_progress)
     for directory, digest, parts, n in pending:
       build.assemble(directory, digest, parts, n, f"beam:{args.beam_runner}")
   whole = hashlib.sha256()

@@ -111,6 +111,7 @@ def parse_args(argv):
   p.add_argument("--no_plots", action="store_true")
   p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
+  _check_paths(args)
   geo = None
   if args.geometry_files:
     try:
@@ -163,6 +164,23 @@ def parse_args(argv):
       from vmx.evaluation import tatoeba  # lazy: jax
       cfg.tatoeba_languages = tatoeba.available_languages(args.data_dir)
   return args, cfg, tasks
+
+
+def _check_paths(args):
+  """Every path flag names something that exists, checked before any long work."""
+  from vmx import storage  # lazy: after cli.run_main
+  given = [(f"--{k}", v) for k, v in sorted(vars(args).items())
+           if (k.endswith("_dir") or k == "checkpoint_dir") and v and k != "output_dir"]
+  given += [("--retrieval_dir", v) for v in args.retrieval_dir]
+  if args.geometry_files:
+    given += [("--geometry_files", kv.split("=", 1)[-1]) for kv in _list(args.geometry_files)]
+  from vmx.errors import ConfigError
+  for flag, value in given:
+    if not storage.path(value).exists():
+      raise ConfigError(f"{flag}={value}: no such file or directory")
+  if not (storage.path(args.checkpoint_dir) / "vmx_model.json").exists():
+    raise ConfigError(f"--checkpoint_dir={args.checkpoint_dir}: not a vmx model_dir (no "
+                      f"vmx_model.json)")
 
 
 def main(argv):

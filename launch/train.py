@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
 
-from vmx import cli, gin_utils  # noqa: E402
+from vmx import cli, gin_utils, signals  # noqa: E402
 from vmx.errors import ConfigError  # noqa: E402
 
 
@@ -30,6 +30,9 @@ def require_training_extra():
 
 
 def main(argv):
+  multihost = any(a.split("=")[0] in ("--multihost", "--coordinator_address") for a in argv)
+  if not multihost:   # (several processes: JAX's preemption service owns SIGTERM)
+    signals.install()   # SIGTERM / SIGINT from here on: exit 75, one `preempted:` line
   bindings, rest = gin_utils.split_gin_bindings(argv)
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -78,7 +81,8 @@ def main(argv):
             flush=True)
       sys.exit(0 if total == n else 1)
   from vmx.training.trainer import train  # lazy: jax/TF, after cli.run_main's host set-up
-  _, metrics = train()
+  with signals.activity("preparing the run (vocabulary, data, model)"):
+    _, metrics = train()
   return metrics
 
 

@@ -173,7 +173,7 @@ def build_and_step(gin_file, bindings, make_batch):
   import jax
   from vmx import experiment
   from vmx.training import partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   gin.clear_config()
   try:
     model, tx, b, _, _ = experiment.build_experiment([gin_file], bindings)
@@ -191,7 +191,7 @@ def assert_same_loss_and_grads_on_1_and_8_devices(model, batch, loss_of):
   import jax
   import numpy as np
   from vmx.training import optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   out = []
   for n, parts in ((1, 1), (8, 2)):
     part = partitioning.Partitioner(num_partitions=parts, num_devices=n)

@@ -7,8 +7,10 @@ carries the object's generation (`x-goog-generation`, `x-goog-metageneration` he
 tensorstore, orbax's array store, reads an object's generation from them to make its
 conditional writes (OCDBT manifests), and fails with "Malformed StorageGeneration" without.
 Conditional requests themselves (ifGenerationMatch) are not enforced by the emulator, which
-a single writer does not need.
+a single writer does not need. And a listen backlog that takes a burst of parallel
+connections (the token cache's ranged reads open many).
 """
+import socketserver
 import sys
 import threading
 
@@ -29,6 +31,9 @@ def download(request, response, storage, *args, **kwargs):
 
 
 objects.download = download
+# A listen backlog of 5 (socketserver's default) drops the SYNs of a burst of parallel
+# connections, which the client retries after a second: real GCS has no such limit.
+socketserver.TCPServer.request_queue_size = 256
 from gcp_storage_emulator.server import create_server  # noqa: E402  (binds the handler above)
 
 

@@ -110,7 +110,7 @@ def test_periodic_harness_evaluation_writes_dev_scalars_and_keeps_the_best(
     tmp_path, toy_task, dev_data, monkeypatch):
   from vmx.errors import ConfigError
   from vmx.evaluation import dev
-  from vmx.training.trainer import HarnessEvalConfig
+  from vmx.evaluation.periodic import HarnessEvalConfig
   from conftest import toy_train
   name, vp, _, _ = toy_task
   scores = []

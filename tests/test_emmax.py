@@ -303,7 +303,7 @@ def test_bad_settings_fail_at_start_up():
     model.validate_data({None: 100}, {None: 8})
   with pytest.raises(ConfigError, match="not a multiple"):
     model.validate_data({None: 1000}, {None: 24})
-  from vmx.training.trainer import Phase
+  from vmx.training.phases import Phase
   with pytest.raises(ConfigError, match="every phase needs data"):
     Phase("em", 10, None)
 
@@ -313,7 +313,8 @@ def phased_train(model_dir, toy_task, *, total=(4, 4), stop_at_step=None, queue_
   from conftest import toy_text_task
   from vmx.data import pipeline
   from vmx.training import checkpoints, optimizers, partitioning
-  from vmx.training.trainer import Phase, train
+  from vmx.training.phases import Phase
+  from vmx.training.trainer import train
   name, vp, _, _ = toy_task
   lr = optimizers.learning_rate_schedule("linear", 1e-2, 2, total_steps=sum(total))
   tx = optimizers.multi_optimizer(
@@ -379,7 +380,8 @@ def test_em_parallel_phase_trains_from_text_and_pairs(tmp_path, toy_task):
 
 def test_phased_run_checks(tmp_path, toy_task):
   with pytest.raises(ConfigError, match="add up to"):
-    from vmx.training.trainer import Phase, train
+    from vmx.training.phases import Phase
+    from vmx.training.trainer import train
     from vmx.data import pipeline
     name, vp, _, _ = toy_task
     train(model=tiny_model(), phases=[Phase("a", 3, pipeline.DatasetConfig(

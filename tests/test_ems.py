@@ -157,7 +157,7 @@ def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   vectors as the cached "embeddings" give the whole-batch loss and gradients, and the
   same trained parameters, on 1 device and with the chunks split over 8."""
   from vmx.training import grad_cache, optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   if jax.device_count() < num_devices:
     pytest.skip("needs 8 (simulated) devices")
   model, batch = _model(), _batch(b=16)

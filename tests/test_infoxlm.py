@@ -167,7 +167,7 @@ def test_momentum_update_formula_and_no_gradient_to_keys():
 
 def test_trainer_step_updates_the_key_encoder_with_the_new_parameters():
   from vmx.training import optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   model, batch = _model(), _batch()
   tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), partitioning.Partitioner(
       num_devices=1), {k: v.shape for k, v in batch.items()})
@@ -190,7 +190,7 @@ def test_trainer_step_updates_the_key_encoder_with_the_new_parameters():
 def test_loss_and_state_equal_on_1_and_8_devices():
   from conftest import assert_same_loss_and_grads_on_1_and_8_devices
   from vmx.training import optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   model, batch = _model(), _batch()
   params, mutables = _init(model, batch)
   full = dict(mutables, queue=dict(mutables["queue"], filled=jnp.int32(2),
@@ -281,7 +281,7 @@ def test_infoxlm_base_config_builds_and_steps_from_xlmr_ids():
   """infoxlm_base.gin (bert family, XLM-R ids, joined `<s> x </s> y </s>`) at tiny sizes."""
   from conftest import build_and_step
   from vmx.data import pipeline
-  from vmx.training.trainer import input_shapes
+  from vmx.training.step import input_shapes
 
   def make_batch(model, b):
     rng = np.random.default_rng(0)

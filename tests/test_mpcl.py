@@ -93,7 +93,7 @@ def _views_batch(b=4, v=3, length=8, seed=0, hard_negative=False):
 
 def test_single_positive_warmup_then_mpcl():
   from vmx.training import optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   model = _model(single_positive_steps=2)
   batch = _views_batch()
   tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3),
@@ -143,7 +143,7 @@ def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
   whole-batch steps across the warm-up -> MPCL switch (the update counter advances once a
   step, in the loss), on 1 device and with the chunks split over 8."""
   from vmx.training import optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   if jax.device_count() < num_devices:
     pytest.skip("needs 8 (simulated) devices")
   model = _model(single_positive_steps=1)

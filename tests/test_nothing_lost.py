@@ -17,7 +17,7 @@ from conftest import toy_train
 from vmx.errors import CheckpointError, ConfigError
 from vmx.modeldir import run as run_lib
 from vmx.training import step as step_lib
-from vmx.training.preemption import EXIT_PREEMPTED, Preempted
+from vmx.errors import EXIT_PREEMPTED, Preempted
 
 
 def _snapshot(d):
@@ -84,6 +84,37 @@ def test_other_settings_need_allow_config_change(tmp_path):
       ("TRAIN_STEPS", "10", "30")]             # run length: free
 
 
+def test_a_change_of_settings_and_data_is_refused_once_naming_both_flags(tmp_path, toy_task):
+  """A batch-size change is a config change and a data change: one refusal names both and
+  both flags (the data change read from the newest checkpoint, before anything is built)."""
+  from vmx.data import pipeline
+  from vmx.training import trainer
+  from vmx.training.phases import resolve_phases
+  name, vp, _, _ = toy_task
+  d = tmp_path / "r"
+  toy_train(d, name, vp, total_steps=4, period=2)
+  cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=16)
+  phases = resolve_phases(None, object(), cfg, None, None, 4)
+  changes = trainer.data_changes(d, phases, 1)
+  assert changes == ["batch_size 8 -> 16", "order {'slots': 8, 'window_rows': 1024} -> "
+                                           "{'slots': 16, 'window_rows': 1024}"]
+  same = resolve_phases(None, object(), pipeline.DatasetConfig(
+      name, {"inputs": 8, "targets": 8}, batch_size=8), None, None, 4)
+  assert trainer.data_changes(d, same, 1) == []
+  d = tmp_path / "r2"
+  d.mkdir()
+  (d / "config.gin").write_text("BATCH_SIZE = 8\n")
+
+  class Model:
+    def get_config(self):
+      return {}
+  with pytest.raises(ConfigError, match=r"other settings: BATCH_SIZE 8 -> 16; the training "
+                                        r"data change with them: batch_size 8 -> 16.*pass "
+                                        r"--gin.ALLOW_CONFIG_CHANGE=True "
+                                        r"--gin.ALLOW_DATA_CHANGE=True if"):
+    run_lib.check_restart(d, Model(), "BATCH_SIZE = 16\n", data_changes=lambda: changes)
+
+
 def test_a_parameter_added_since_the_run_started_is_no_change_at_its_default():
   import vmx.configurables  # noqa: F401  (registers DatasetConfig)
   old = "train/DatasetConfig.batch_size = 8\n"
@@ -135,6 +166,31 @@ def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, t
   assert not (d / "vmx.lock").exists()
   assert signal.getsignal(sig) == handler       # the trainer's handlers are gone
   monkeypatch.setattr(step_lib.Trainer, "step", real_step)
+  _same_params(toy_train(d, name, vp, total_steps=8, period=100), whole)
+
+
+def test_a_store_that_stops_answering_mid_run_saves_and_the_resume_is_bit_exact(
+    tmp_path, toy_task, monkeypatch):
+  """The next batch cannot be read (a remote token cache that no longer answers, after
+  its retries): the run saves the state it has, ends with one DataError saying so, and
+  the rerun ends where an uninterrupted run ends."""
+  from vmx.data import stream
+  from vmx.errors import DataError
+  name, vp, _, _ = toy_task
+  whole = toy_train(tmp_path / "whole", name, vp, total_steps=8, period=100)
+  real = stream.Stream.rows
+
+  def rows(self, step, rows_R):
+    if step == 5:
+      raise DataError("gs://b/cache/rows-00000-of-00001.bin: the store did not answer for "
+                      "600 s")
+    return real(self, step, rows_R)
+  monkeypatch.setattr(stream.Stream, "rows", rows)
+  d = tmp_path / "run"
+  with pytest.raises(DataError, match=r"did not answer for 600 s; saved .*checkpoint_5; rerun"):
+    toy_train(d, name, vp, total_steps=8, period=100)
+  assert max(int(p.name.split("_")[1]) for p in d.glob("checkpoint_*")) == 5
+  monkeypatch.setattr(stream.Stream, "rows", real)
   _same_params(toy_train(d, name, vp, total_steps=8, period=100), whole)
 
 

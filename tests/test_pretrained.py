@@ -401,7 +401,7 @@ def test_vmsst_takes_the_imported_mt5_decoder(tmp_path):
   from vmx.models import VMSST, VMSSTModel
   from vmx.training import optimizers, partitioning
   from vmx.training.initial_checkpoint import assign, flatten, read_params
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   hf_dir = tmp_path / "mt5"
   m = tiny_mt5_seq2seq()
   m.save_pretrained(hf_dir)

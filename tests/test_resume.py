@@ -74,7 +74,7 @@ def test_best_checkpoint_follows_the_dev_metric_across_a_resume(tmp_path, toy_ta
   from vmx.errors import CheckpointError, ConfigError, InputError
   from vmx.evaluation import harness
   from vmx.inference import Encoder
-  from vmx.training.trainer import TatoebaEvalConfig
+  from vmx.evaluation.periodic import TatoebaEvalConfig
   name, vp, _, _ = toy_task
   scores = []
 

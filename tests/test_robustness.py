@@ -146,11 +146,27 @@ def test_truncated_checkpoint_and_none_intact(tmp_path, toy_task):
 
 
 def test_checkpoint_without_manifest_is_restored_unverified(tmp_path, toy_task, capfd):
+  """Without a live trainer the checkpoint's own trainer stopped before its manifest:
+  restored unverified, saying so. With a live one holding the run, it is being committed:
+  the load waits for the manifest and restores verified."""
+  import json
+  import socket
+  import threading
   name, vp, _, _ = toy_task
   toy_train(tmp_path, name, vp, total_steps=2, period=2)
-  (tmp_path / "checkpoint_2" / checkpoints.MANIFEST).unlink()
+  manifest = tmp_path / "checkpoint_2" / checkpoints.MANIFEST
+  saved = manifest.read_bytes()
+  manifest.unlink()
   assert Encoder.from_checkpoint(tmp_path).revision == "checkpoint_2"
-  assert "restoring unverified" in capfd.readouterr().err
+  err = capfd.readouterr().err
+  assert "its trainer stopped between the commit and the manifest" in err
+  assert "restoring unverified" in err
+  (tmp_path / "vmx.lock").write_text(json.dumps(
+      {"host": socket.gethostname(), "pid": os.getpid(), "refreshed": 0}))
+  threading.Timer(1.0, manifest.write_bytes, [saved]).start()
+  assert Encoder.from_checkpoint(tmp_path).revision == "checkpoint_2"
+  err = capfd.readouterr().err
+  assert "being committed by a live trainer" in err and "unverified" not in err
 
 
 # --- metrics.jsonl after resumes ---------------------------------------------------------

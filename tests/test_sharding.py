@@ -7,7 +7,7 @@ import pytest
 from vmx import encoders
 from vmx.models import DualEncoder, DualEncoderModel
 from vmx.training import optimizers, partitioning
-from vmx.training.trainer import Trainer
+from vmx.training.step import Trainer
 
 B, L = 16, 12
 

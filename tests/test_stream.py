@@ -192,7 +192,7 @@ def test_a_resume_with_other_data_is_refused_saying_what_changed(toy_mixture, to
   with pytest.raises(ConfigError, match="mixture_or_task_name 'toy_mix' -> 'toy_xx_en'"):
     single.restore(state)
   window = pipeline.train_iterator(_pair_cfg(name, shuffle_window=2048), _fc(), 0)
-  with pytest.raises(ConfigError, match="order .*'window_blocks': 4.* -> .*'window_blocks': 8"):
+  with pytest.raises(ConfigError, match="order .*'window_rows': 1024.* -> .*'window_rows': 2048"):
     window.restore(state)
 
 

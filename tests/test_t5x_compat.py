@@ -36,7 +36,7 @@ def _variables(name):
   import gin
   from vmx import experiment
   from vmx.data import pipeline
-  from vmx.training.trainer import input_shapes
+  from vmx.training.step import input_shapes
   gin.clear_config()
   try:
     model, _, b, length, _ = experiment.build_experiment([name], TINY)

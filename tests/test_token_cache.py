@@ -231,7 +231,7 @@ def test_a_store_that_stops_answering_is_retried_then_named(tmp_path, monkeypatc
   monkeypatch.setattr(storage, "remote_size", down)
   with pytest.raises(DataError, match="gs://b/x.bin: the store did not answer for 2 s"):
     Blocks(retry_s=2.0).read("gs://b/x.bin", 0, 10)
-  assert len(calls) >= 4             # retried (with the size probes)
+  assert len(calls) >= 3             # retried (a read, its size probe, a read again...)
 
 
 @needs_data

@@ -237,7 +237,7 @@ def test_language_encoder_assignment_selects_rows():
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
   from vmx.training import optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   model = _model(model_kw=dict(contrastive_weight=0.01, kl_anneal_steps=2))
   batch = _batch()
   out = []
@@ -265,7 +265,7 @@ def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   global indices, without which the loss would differ."""
   from vmx.models.base import GRAD_CACHE_ROW
   from vmx.training import grad_cache, optimizers, partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   if jax.device_count() < num_devices:
     pytest.skip("needs 8 (simulated) devices")
   model = _model(model_kw={"contrastive_weight": 0.01, "kl_anneal_steps": 4})

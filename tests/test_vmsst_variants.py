@@ -87,7 +87,7 @@ def test_every_variant_builds_and_takes_a_step(name, request):
   import gin
   from vmx import experiment
   from vmx.training import partitioning
-  from vmx.training.trainer import Trainer
+  from vmx.training.step import Trainer
   bindings = TINY + ([] if name in DECODER_DEPTH_ABLATIONS else [SMALL_DECODER])
   bf16 = name == BF16
   if bf16:

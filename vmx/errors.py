@@ -33,3 +33,13 @@ class InputError(VmxError, ValueError):
 class NonFiniteError(VmxError):
   """Training or inference produced NaN/Inf; nothing non-finite was saved."""
   exit_code = 3
+
+
+EXIT_PREEMPTED = 75   # EX_TEMPFAIL: rerun the same command to continue
+
+
+class Preempted(VmxError):
+  """SIGTERM or SIGINT stopped the process; what was saved is in the message (vmx/signals.py,
+  vmx/training/preemption.py). Not an error: `preempted: ...`, exit 75."""
+  exit_code = EXIT_PREEMPTED
+  prefix = "preempted"

@@ -15,6 +15,7 @@ read only local files (sentencepiece, tokenizers' WordPiece) a cached local copy
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
@@ -80,6 +81,46 @@ def writer_gone(host: str, pid, last_seen: float, stale_after: float = STALE_AFT
   if age > stale_after:
     return f"not refreshed for {age / 60:.0f} min"
   return None
+
+
+def disk_full(directory: PathLike, error: BaseException) -> bool:
+  """Whether `error` (from writing under a local `directory`) means the disk is full:
+  ENOSPC / EDQUOT, or a library's own error while the filesystem has no room left."""
+  if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    return True
+  if "no space left" in str(error).lower():
+    return True
+  try:
+    return shutil.disk_usage(os.fspath(directory)).free < (1 << 20)
+  except OSError:
+    return False
+
+
+def remove_leftovers(directory: PathLike) -> list[str]:
+  """Removes the temporary files and directories (`tmp_name`) in a local `directory`
+  whose writer is gone (`writer_gone`, by their host, pid and time); returns their names."""
+  d = os.fspath(path(directory))
+  if is_remote(d) or not os.path.isdir(d):
+    return []
+  gone = []
+  for entry in os.scandir(d):
+    if TMP_MARK not in entry.name:
+      continue
+    host, _, pid = entry.name.rsplit(TMP_MARK, 1)[1].rpartition("-")
+    try:
+      mtime = entry.stat(follow_symlinks=False).st_mtime
+    except OSError:
+      continue
+    if writer_gone(host, int(pid) if pid.isdigit() else None, mtime):
+      try:
+        if entry.is_dir(follow_symlinks=False):
+          shutil.rmtree(entry.path)
+        else:
+          os.remove(entry.path)
+        gone.append(entry.name)
+      except OSError:
+        pass
+  return gone
 
 
 def write_atomic(p: PathLike, data: Union[str, bytes]) -> epath.Path:

@@ -296,6 +296,22 @@ def _streams(cfg, feature_converter_cls, seed: int, progress: bool, orders: Mapp
   return out
 
 
+def described_config(cfg, seed: int) -> dict:
+  """{task key: the stream description of the index reader} as far as the config says it
+  without opening a token cache (no `tasks`): what a restart compares before it builds
+  anything (vmx/training/trainer.py)."""
+  from vmx.data import stream   # grain: only for the index reader
+  out = {}
+  for i, (key, c) in enumerate(task_configs(cfg).items()):
+    out[str(key)] = {
+        "mixture_or_task_name": c.mixture_or_task_name, "split": c.split,
+        "lengths": {k: int(v) for k, v in sorted(c.task_feature_lengths.items())},
+        "batch_size": c.batch_size, "shuffle": c.shuffle,
+        "seed": c.seed if c.seed is not None else seed + i,
+        "order": stream.Order.default(c.batch_size, c.slots, c.shuffle_window).describe()}
+  return out
+
+
 def train_iterator(cfg, feature_converter_cls, seed: int, rows: Optional[Mapping] = None,
                    progress: bool = True, orders: Optional[Mapping] = None):
   """The training batches of `cfg` from step 0. The index reader yields the rows `rows`

@@ -14,8 +14,9 @@ The index reader's position is a step number, not a history. For one DatasetConf
   row = order_t,e(x)                           ...the epoch's order of task t's rows
 
 and the example is row `row` of task t's token cache (vmx/data/token_cache). The epoch's
-order is a random order of blocks of `block_rows` rows, its windows of `window_blocks`
-blocks mixed row by row (a task that fits in one window is one uniform permutation, numpy's,
+order is a random order of the task's windows of `window_rows` consecutive rows (1,024 by
+default: four digest blocks of the cache, one ranged read of a remote one), the rows of
+each window permuted (a task that fits in one window is one uniform permutation, numpy's,
 as before format 2); both are keyed bijections (`permute`, a Feistel network), so no
 table grows with the rows and a batch's rows are computed in a few numpy calls.
 
@@ -53,8 +54,9 @@ from vmx.errors import ConfigError
 # many positions tabulate one period (two int64 arrays).
 PERIOD_TABLE_MAX = 1 << 22
 # Streams whose tables total up to this many bytes, all local, hold them in one array
-# (one gather a batch); larger ones gather per task from the memory-mapped shards.
-MERGE_MAX_BYTES = 1 << 30
+# (one gather a batch, e.g. the 149 small tasks of the one-hour recipes); larger ones
+# gather per task from the memory-mapped shards.
+MERGE_MAX_BYTES = 1 << 28
 LEGACY_WINDOW = 1 << 17     # before format 2: tasks up to this size permuted whole
 MAX_SLOTS = 64
 LOOKAHEAD = 4               # steps whose remote blocks are fetched ahead
@@ -62,43 +64,30 @@ LOOKAHEAD = 4               # steps whose remote blocks are fetched ahead
 
 @dataclasses.dataclass(frozen=True)
 class Order:
-  """How a stream's positions become rows: `slots` S (rows of a batch in S groups, each a
-  stream of its own), `block_rows` × `window_blocks` rows mixed together."""
+  """How a stream's positions become rows: `slots` S (the rows of a batch in S groups, each
+  a stream of its own) and `window_rows` (a task's rows in windows of that many
+  consecutive rows, in a random order each epoch, the rows of a window permuted)."""
   slots: int = 1
-  block_rows: int = 256
-  window_blocks: int = 4
+  window_rows: int = 1024
   legacy: bool = False
 
   @classmethod
   def legacy_v1(cls) -> "Order":
-    return cls(1, LEGACY_WINDOW, 1, True)
+    return cls(1, LEGACY_WINDOW, True)
 
   @classmethod
-  def default(cls, batch_size: int, slots: Optional[int], window: int,
-              block_rows: int = 256) -> "Order":
+  def default(cls, batch_size: int, slots: Optional[int], window: int) -> "Order":
     s = math.gcd(int(batch_size), MAX_SLOTS) if slots is None else int(slots)
     if s <= 0 or batch_size % s:
       raise ConfigError(f"DatasetConfig.slots={slots!r}: a divisor of the batch size "
                         f"{batch_size} (None: gcd(batch size, {MAX_SLOTS}))")
-    if window <= 0 or window % block_rows:
+    if window <= 0 or window % 256:
       raise ConfigError(f"DatasetConfig.shuffle_window={window!r}: a positive multiple of "
-                        f"{block_rows} rows")
-    return cls(s, block_rows, window // block_rows)
-
-  @property
-  def window_rows(self) -> int:
-    return self.block_rows * self.window_blocks
+                        f"256 rows")
+    return cls(s, int(window))
 
   def describe(self) -> Optional[dict]:
-    if self.legacy:
-      return None
-    return {"slots": self.slots, "block_rows": self.block_rows,
-            "window_blocks": self.window_blocks}
-
-  @classmethod
-  def from_description(cls, d: Optional[Mapping]) -> "Order":
-    return cls.legacy_v1() if d is None else cls(int(d["slots"]), int(d["block_rows"]),
-                                                 int(d["window_blocks"]))
+    return None if self.legacy else {"slots": self.slots, "window_rows": self.window_rows}
 
 
 # -- keyed bijections (vectorized) -------------------------------------------------------
@@ -124,25 +113,29 @@ def key_of(*parts) -> np.ndarray:
   return h
 
 
-def permute(x: np.ndarray, m: int, key: np.ndarray) -> np.ndarray:
-  """π_key(x) for x in [0, m): a bijection of [0, m) for each key, vectorized over
-  elements (each with its own key). A 4-round Feistel network on the smallest even number
-  of bits that covers m, cycle-walked back into [0, m) (the construction of grain's
-  index_shuffle, in numpy)."""
+def permute(x: np.ndarray, m, key: np.ndarray) -> np.ndarray:
+  """π_key,m(x) for x in [0, m): a bijection of [0, m) for each (key, m), vectorized over
+  elements (each with its own key and m, or one for all). A 4-round Feistel network on
+  the smallest even number of bits that covers m, cycle-walked back into [0, m) (the
+  construction of grain's index_shuffle, in numpy)."""
   x = np.asarray(x, np.int64)
   key = np.broadcast_to(np.asarray(key, np.uint64), x.shape)
-  bits = max(2, int(m - 1).bit_length())
+  m = np.broadcast_to(np.asarray(m, np.int64), x.shape)
+  bits = np.frexp(np.maximum(m - 1, 1).astype(np.float64))[1].astype(np.int64)  # bit length
+  bits = np.maximum(bits, 2)
   bits += bits & 1
-  half, mask = _U(bits // 2), _U((1 << (bits // 2)) - 1)
+  half = (bits // 2).astype(np.uint64)
+  mask = (np.uint64(1) << half) - np.uint64(1)
   out = x.astype(np.uint64)
+  mu = m.astype(np.uint64)
   todo = np.arange(len(out))
   while len(todo):
-    y, k = out[todo], key[todo]
-    left, right = y >> half, y & mask
+    y, k, h, msk = out[todo], key[todo], half[todo], mask[todo]
+    left, right = y >> h, y & msk
     for c in _ROUNDS:
-      left, right = right, left ^ (_mix64(right ^ k ^ c) & mask)
-    out[todo] = (left << half) | right
-    todo = todo[out[todo] >= _U(m)]
+      left, right = right, left ^ (_mix64(right ^ k ^ c) & msk)
+    out[todo] = (left << h) | right
+    todo = todo[out[todo] >= mu[todo]]
   return out.astype(np.int64)
 
 
@@ -211,6 +204,7 @@ class Stream:
       raise ConfigError(f"the stream's {order.slots} slots do not divide the batch size "
                         f"{self.batch_size}")
     self.task_seeds = [task_seed(self.seed, n) for n in self.names]
+    self._seeds = np.array(self.task_seeds, np.int64)
     self.proportions = proportions(self.rates)
     self.sizes = np.array([len(t) for t in self.tables], np.int64)
     period = int(sum(self.proportions))
@@ -232,8 +226,10 @@ class Stream:
     nbytes = sum(len(t) * getattr(t, "row_bytes", 0) for t in self.tables)
     if (local and len(dtypes) == 1 and None not in dtypes and all(d is None for d in self.draw)
         and nbytes <= MERGE_MAX_BYTES):
-      self.merged = np.concatenate([t.all_records() for t in self.tables])
       self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+      self.merged = np.empty(int(self.sizes.sum()), dtypes.pop())
+      for t, o, n in zip(self.tables, self.offsets.tolist(), self.sizes.tolist()):
+        self.merged[o:o + n] = t.all_records()
 
   # -- positions -> (task, global draw index) --------------------------------------------
   def mix(self, m_R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -256,56 +252,47 @@ class Stream:
 
   # -- draw index -> row -------------------------------------------------------------------
   def example_indices(self, task_R: np.ndarray, k_R: np.ndarray) -> np.ndarray:
-    """The row (of its task's table) of each task draw index."""
-    out = np.empty(len(k_R), np.int64)
-    for t in np.unique(task_R).tolist():
-      sel = task_R == t
-      out[sel] = self._rows_of(t, k_R[sel])
-    return out
-
-  def _rows_of(self, t: int, k: np.ndarray) -> np.ndarray:
-    n, o = int(self.sizes[t]), self.order
-    epoch, j = np.divmod(k, n)
+    """The row (of its task's table) of each task draw index, for all tasks at once."""
+    o = self.order
+    n_R = self.sizes[task_R]
+    epoch, j = np.divmod(k_R, n_R)
     if not self.shuffle:
       return j
-    if o.legacy and n > LEGACY_WINDOW:   # before format 2: grain's index shuffle per row
-      import grain  # lazy: only old data states of tasks over 2^17 rows
-      return np.array([grain.experimental.index_shuffle(
-          i, max_index=n - 1, seed=(self.task_seeds[t] + e) % 2**32, rounds=4)
-          for i, e in zip(j.tolist(), epoch.tolist())], np.int64)
     s = o.slots
     lane, q = np.mod(j, s), j // s
-    x = lane * (n // s) + np.minimum(lane, n % s) + q     # lane's contiguous range
-    if n <= o.window_rows:                                # one window: the whole task
-      out = np.empty(len(x), np.int64)
-      for e in np.unique(epoch).tolist():
-        sel = epoch == e
+    x = lane * (n_R // s) + np.minimum(lane, n_R % s) + q    # lane's contiguous range
+    out = np.empty(len(k_R), np.int64)
+    legacy = (n_R > LEGACY_WINDOW) if o.legacy else np.zeros(len(k_R), bool)
+    whole = (n_R <= o.window_rows) & ~legacy                  # one window: the whole task
+    big = ~whole & ~legacy
+    if whole.any():
+      for t, e in set(zip(task_R[whole].tolist(), epoch[whole].tolist())):
+        sel = whole & (task_R == t) & (epoch == e)
         out[sel] = self._epoch_order(t, e)[x[sel]]
-      return out
-    return self._windowed(t, n, epoch, x)
+    if big.any():
+      out[big] = self._windowed(task_R[big], n_R[big], epoch[big], x[big])
+    if legacy.any():    # before format 2, tasks over 2^17 rows: grain's index shuffle per row
+      import grain  # lazy: only old data states of such tasks
+      out[legacy] = [grain.experimental.index_shuffle(
+          i, max_index=int(n) - 1, seed=(self.task_seeds[t] + e) % 2**32, rounds=4)
+          for i, n, t, e in zip(j[legacy].tolist(), n_R[legacy].tolist(),
+                                task_R[legacy].tolist(), epoch[legacy].tolist())]
+    return out
 
-  def _windowed(self, t: int, n: int, epoch: np.ndarray, x: np.ndarray) -> np.ndarray:
-    b, w_blocks, wr = self.order.block_rows, self.order.window_blocks, self.order.window_rows
-    seed = self.task_seeds[t]
-    full_blocks = n // b
-    full_windows = full_blocks // w_blocks
-    w = x // wr
-    last = w >= full_windows
-    y = np.empty(len(x), np.int64)
-    inner = ~last
-    y[inner] = permute(x[inner] % wr, wr, key_of(seed, epoch[inner], w[inner], 1))
-    x0, size = full_windows * wr, n - full_windows * wr
-    if last.any():
-      y[last] = permute(x[last] - x0, size, key_of(seed, epoch[last], full_windows, 1))
-    base = w * w_blocks                      # the window's first block (in epoch order)
-    base[last] = full_windows * w_blocks
-    block = base + y // b
-    tail = last & (y >= (full_blocks % w_blocks) * b)   # the short last block, if any
-    out = np.empty(len(x), np.int64)
+  def _windowed(self, task, n, epoch, x) -> np.ndarray:
+    """Rows of positions x of the epochs' orders of tasks larger than a window (arrays
+    of one element per row): the task's whole windows of consecutive rows in a keyed
+    order, the short last one last, the rows of each permuted."""
+    wr = self.order.window_rows
+    seed = self._seeds[task]
+    whole = n // wr
+    w, r = np.divmod(x, wr)
+    tail = w >= whole
+    y = permute(r, np.where(tail, n - whole * wr, wr), key_of(seed, epoch, w, 1))
+    out = whole * wr + y                      # the short last window, if any
     body = ~tail
-    out[body] = permute(block[body], full_blocks, key_of(seed, epoch[body], -1, 2)) * b \
-        + y[body] % b
-    out[tail] = full_blocks * b + (y[tail] - (full_blocks % w_blocks) * b)
+    out[body] = permute(w[body], whole[body], key_of(seed[body], epoch[body], -1, 2)) * wr \
+        + y[body]
     return out
 
   def _epoch_order(self, t: int, epoch: int) -> np.ndarray:

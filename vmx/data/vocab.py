@@ -26,8 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import io
 import random
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -38,9 +38,9 @@ import sentencepiece as spm
 import tokenizers
 from tokenizers import BertWordPieceTokenizer
 
-from vmx import storage
+from vmx import signals, storage
 from vmx.data.normalize import JAPANESE_MODES, Pretokenizer, file_language
-from vmx.data.readers import iter_lines
+from vmx.data.readers import iter_lines, stamp
 from vmx.errors import CheckpointError, ConfigError, DataError
 from vmx.gin_utils import binding_source, check_range
 from vmx.storage import cache_dir
@@ -88,24 +88,34 @@ def train_sentencepiece(input_files: Sequence[str], model_path: str, vocab_size:
   rng.shuffle(sentences)
   model_path = Path(model_path)
   model_path.parent.mkdir(parents=True, exist_ok=True)
-  with tempfile.TemporaryDirectory(dir=model_path.parent) as tmp:
-    prefix = os.path.join(tmp, "spm")
-    try:
-      spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
-          model_type=model_type, character_coverage=character_coverage,
-          normalization_rule_name=LOWERCASE_RULE if lowercase else "nmt_nfkc",
-          pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-          user_defined_symbols=[language_tag(l) for l in languages],
-          input_sentence_size=len(sentences), shuffle_input_sentence=False,
-          hard_vocab_limit=False, minloglevel=2, num_threads=os.cpu_count() or 1)
-    except (RuntimeError, OSError, ValueError) as e:
-      why = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
-      raise ConfigError(f"building a {vocab_size}-piece SentencePiece vocabulary from "
-                        f"{len(sentences)} sentences failed "
-                        f"({binding_source('vocabulary_path', 'vocab_size')}): {why}") from None
-    os.replace(prefix + ".model", model_path)  # atomic: never a half-written model
+  proto = io.BytesIO()   # (SentencePiece's own file writing ignores a full disk)
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=proto, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        normalization_rule_name=LOWERCASE_RULE if lowercase else "nmt_nfkc",
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        user_defined_symbols=[language_tag(l) for l in languages],
+        input_sentence_size=len(sentences), shuffle_input_sentence=False,
+        hard_vocab_limit=False, minloglevel=2, num_threads=os.cpu_count() or 1)
+  except (RuntimeError, OSError, ValueError) as e:
+    why = str(e).strip().splitlines()[-1][:300] if str(e).strip() else type(e).__name__
+    raise ConfigError(f"building a {vocab_size}-piece SentencePiece vocabulary from "
+                      f"{len(sentences)} sentences failed "
+                      f"({binding_source('vocabulary_path', 'vocab_size')}): {why}") from None
+  try:
+    storage.write_atomic(model_path, proto.getvalue())   # never a half-written model
+  except OSError as e:
+    if storage.disk_full(model_path.parent, e):
+      raise _no_space(model_path, e) from None
+    raise
   return str(model_path)
+
+
+def _no_space(model_path, e) -> DataError:
+  return DataError(f"{model_path}: no space left on the device while building the "
+                   f"vocabulary ({str(e).strip().splitlines()[-1][:120] if str(e).strip() else e}"
+                   f"); nothing was written: free space and run again")
 
 
 def train_vocabulary(input_files: Sequence[str], output: str, vocab_size: int,
@@ -204,7 +214,8 @@ def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
   vocabulary (`vmx_tokenizer.json` or `vocab.model`). `path` a file that exists: used
   as is (e.g. mT5's `.model`). An existing vocabulary keeps its own normalization; one
   asked for here must be part of it. `path` set and absent: built there. `path` unset:
-  built under the cache, keyed by inputs, size, languages and normalization.
+  built under the cache, keyed by what it is built from: the files' contents (sizes and
+  content hashes), the size, the languages and the normalization.
   """
   check_range(isinstance(lowercase, bool), "vocabulary_path", "lowercase", lowercase,
               "True or False")
@@ -236,7 +247,9 @@ def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
     cap = [] if max_sentences_per_file == 200_000 else [f"cap={max_sentences_per_file}"]
     norm = (["lowercase"] if lowercase else []) + (
         [json.dumps(pretok.settings, sort_keys=True)] if pretok else [])
-    key = hashlib.sha256("|".join([*map(str, train_files), str(vocab_size), *languages, *cap,
+    # keyed on what the files hold (sizes and content hashes), not their names alone: an
+    # edited corpus builds a new vocabulary
+    key = hashlib.sha256("|".join([stamp(train_files), str(vocab_size), *languages, *cap,
                                    *norm]).encode()).hexdigest()[:16]
     path = cache_dir().parent / "vocab" / f"spm_{vocab_size}_{key}{'' if pretok else '.model'}"
     done = path / TOKENIZER_SPEC if pretok else path
@@ -245,8 +258,9 @@ def vocabulary_path(path: Optional[str] = None, train_files: Sequence[str] = (),
   print(f"[vmx] building SentencePiece vocabulary ({vocab_size} pieces"
         f"{', lowercased' if lowercase else ''}"
         f"{', pre-tokenized: ' + pretok.method if pretok else ''}) -> {path}", flush=True)
-  return train_vocabulary(list(train_files), str(path), vocab_size, languages, lowercase,
-                          pretok, max_sentences_per_file=max_sentences_per_file)
+  with signals.activity("building the vocabulary"):
+    return train_vocabulary(list(train_files), str(path), vocab_size, languages, lowercase,
+                            pretok, max_sentences_per_file=max_sentences_per_file)
 
 
 class Tokenizer:
@@ -491,6 +505,28 @@ def copy_tokenizer(src_spec: str, model_dir: str) -> str:
     for name in (spec["file"], src.name):
       storage.copy_file(src.parent / name, storage.path(model_dir) / name)
   return src.name
+
+
+def vocabulary_bytes(vocabulary: str) -> bytes:
+  """What a vocabulary is, as bytes: a SentencePiece model's, or a tokenizer spec's and
+  its file's (what two vocabularies must share to give the same ids)."""
+  src = storage.path(vocabulary)
+  if src.name != TOKENIZER_SPEC:
+    return src.read_bytes()
+  spec = read_spec(vocabulary)
+  return src.read_bytes() + b"\0" + (src.parent / str(spec.get("file", ""))).read_bytes()
+
+
+def differs_from_stored(vocabulary: str, model_dir, stored_name: str) -> bool:
+  """Whether `vocabulary` is not the one a run keeps in `model_dir` as `stored_name`
+  (False when the run keeps none)."""
+  stored = storage.path(model_dir) / stored_name
+  if not stored.exists():
+    return False
+  try:
+    return vocabulary_bytes(vocabulary) != vocabulary_bytes(str(stored))
+  except (OSError, CheckpointError):
+    return False
 
 
 def copy_any_vocabulary(vocabulary: str, model_dir: str) -> str:

@@ -144,8 +144,20 @@ def check_best_metric(best_metric, evaluator, eval_period):
                       "EVAL_PERIOD > 0")
   if best_metric not in names and not any(
       str(best_metric).startswith(p) for p in evaluator.metric_prefixes()):
-    close = difflib.get_close_matches(str(best_metric), names, n=1)
-    raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
-                      f"evaluation ({', '.join(names[:8])}"
-                      f"{', ...' if len(names) > 8 else ''})"
-                      + (f"; did you mean {close[0]!r}?" if close else ""))
+    raise _not_a_metric(best_metric, names)
+
+
+def _not_a_metric(best_metric, names) -> ConfigError:
+  close = difflib.get_close_matches(str(best_metric), list(names), n=1)
+  return ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
+                     f"evaluation ({', '.join(list(names)[:8])}"
+                     f"{', ...' if len(names) > 8 else ''})"
+                     + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
+def metric_value(best_metric: str, scalars: dict) -> float:
+  """The value of `best_metric` in an evaluation's scalars (ConfigError: not one of them;
+  a name checked by prefix before the run, `check_best_metric`, is checked here)."""
+  if best_metric not in scalars:
+    raise _not_a_metric(best_metric, [k for k in scalars if k != "eval/seconds"])
+  return scalars[best_metric]

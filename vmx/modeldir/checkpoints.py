@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 from typing import Any, Callable, Optional
 
 import absl.logging
@@ -33,7 +34,7 @@ from vmx.errors import CheckpointError, ConfigError, NonFiniteError
 from vmx.gin_utils import check_range, positive_int
 from vmx.modeldir import t5x_format
 from vmx.modeldir.layout import (BEST_DIR, BEST_RECORD, CHECKPOINT_ITEMS, CHECKPOINT_PREFIX,
-                                 DAMAGED_DIR, MANIFEST, step_dir)
+                                 DAMAGED_DIR, LOCK_FILE, MANIFEST, step_dir)
 
 @gin.configurable
 @dataclasses.dataclass
@@ -105,6 +106,38 @@ def _warn(msg: str):
   print(f"[vmx] {msg}", file=sys.stderr, flush=True)
 
 
+def _live_writer(model_dir) -> Optional[str]:
+  """The trainer that holds MODEL_DIR's lock and still runs ("host pid N"), or None."""
+  try:
+    lock = json.loads((storage.path(model_dir) / LOCK_FILE).read_text())
+  except (OSError, ValueError):
+    return None
+  if storage.writer_gone(lock.get("host"), lock.get("pid"), lock.get("refreshed", 0)):
+    return None
+  return f"{lock.get('host')} pid {lock.get('pid')}"
+
+
+MANIFEST_WAIT_S = 60.0
+
+
+def _await_manifest(model_dir, d) -> Optional[str]:
+  """A checkpoint without its manifest: while a live trainer holds the run, it is being
+  committed (the manifest follows the commit): wait for it. verify()'s answer after."""
+  writer = _live_writer(model_dir)
+  problem = "unverified"
+  if writer is not None:
+    _warn(f"{d}: being committed by a live trainer ({writer}); waiting for its {MANIFEST}")
+    deadline = time.time() + MANIFEST_WAIT_S
+    while problem == "unverified" and time.time() < deadline:
+      time.sleep(0.5)
+      problem = verify(d)
+  if problem == "unverified":
+    why = (f"its trainer ({writer}) has not written it in {MANIFEST_WAIT_S:.0f} s" if writer
+           else "its trainer stopped between the commit and the manifest")
+    _warn(f"{d}: no {MANIFEST} ({why}): restoring unverified")
+  return problem
+
+
 def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Optional[int] = None,
                    quarantine: bool = False):
   """restore_fn(step) for the newest intact checkpoint among `steps` (or exactly `step`).
@@ -126,9 +159,9 @@ def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Opt
   for s in candidates:
     d = step_dir(model_dir, s)
     problem = verify(d)
+    if problem == "unverified":
+      problem = _await_manifest(model_dir, d)
     if problem is None or problem == "unverified":
-      if problem == "unverified":
-        _warn(f"{d}: no {MANIFEST} (stopped right after the commit?): restoring unverified")
       try:
         return s, restore_fn(s)
       except Exception as e:  # noqa: BLE001  (orbax/tensorstore raise many kinds)
@@ -250,6 +283,27 @@ class Checkpointer:
 
   def close(self):
     self.manager.close()
+
+
+def latest_data_state(model_dir) -> Optional[tuple[int, dict]]:
+  """(step, data state) of the newest checkpoint that has a manifest (its JSON item
+  alone, nothing else restored); None when there is none or it cannot be read."""
+  d = storage.path(model_dir)
+  if not d.exists():
+    return None
+  steps = sorted((int(e.name.split("_")[1]) for e in d.iterdir()
+                  if e.name.startswith(f"{CHECKPOINT_PREFIX}_")
+                  and e.name.split("_")[1].isdigit() and (e / MANIFEST).exists()),
+                 reverse=True)
+  for step in steps:
+    try:
+      with ocp.CheckpointManager(d, item_names=("data",), options=ocp.CheckpointManagerOptions(
+          step_prefix=CHECKPOINT_PREFIX, create=False)) as m:
+        return step, m.restore(step, args=ocp.args.Composite(
+            data=ocp.args.JsonRestore()))["data"]
+    except Exception:  # noqa: BLE001  (a damaged one: the restore will say)
+      continue
+  return None
 
 
 # ----------------------------------------------------------------------------

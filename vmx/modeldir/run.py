@@ -32,6 +32,7 @@ from gin import config as gin_config
 from gin import config_parser
 
 from vmx import gin_utils, storage
+from vmx.data.vocab import differs_from_stored
 from vmx.models.base import model_from_config, to_config
 from vmx.errors import CheckpointError, ConfigError, VmxError
 from vmx.modeldir.layout import (CHECKPOINT_PREFIX, CONFIG_FILE, LOCK_FILE, METRICS_FILE,
@@ -228,10 +229,15 @@ def same_model(stored: dict, current: dict) -> bool:
   return rebuilt == current
 
 
-def check_restart(model_dir, model, operative_config: str, allow_change: bool = False) -> list:
+def check_restart(model_dir, model, operative_config: str, allow_change: bool = False,
+                  data_changes=None, allow_data_change: bool = False,
+                  vocabulary: Optional[str] = None) -> list:
   """ConfigError (nothing written) if this experiment may not continue the run stored in
   `model_dir`; returns the accepted differences [(binding, old, new)]. A directory with
-  no stored config (a new run, or one written before config.gin existed) passes."""
+  no stored config (a new run, or one written before config.gin existed) passes.
+  `data_changes()`: how the training data stream would change ([str]), so that one
+  refusal names both changes and both flags. `vocabulary`: the run's vocabulary now,
+  which must be the one the run was trained with."""
   d = storage.path(model_dir)
   stored = d / CONFIG_FILE
   if not stored.exists():
@@ -242,6 +248,15 @@ def check_restart(model_dir, model, operative_config: str, allow_change: bool = 
     model_changed = not same_model(read_model_info(model_dir).get("model"),
                                    json.loads(json.dumps(model.get_config())))
   bound = [x for x in diffs if not FREE_BINDINGS.match(x[0])]
+  stored_vocab = (read_model_info(model_dir).get("vocabulary", "vocab.model")
+                  if (d / MODEL_INFO_FILE).exists() else None)
+  if vocabulary and stored_vocab and differs_from_stored(vocabulary, model_dir, stored_vocab):
+    raise ConfigError(
+        f"the vocabulary of this run ({vocabulary}) is not the one MODEL_DIR={model_dir} was "
+        f"trained with ({stored_vocab}): the files it is built from changed since, or "
+        f"VOCAB_PATH names another one. Continue with the run's own: "
+        f"--gin.VOCAB_PATH='{storage.path(model_dir) / stored_vocab}', or start anew with "
+        f"--fresh (nothing was written)")
   if model_changed:
     shown = bound + [x for x in diffs if x not in bound]
     raise ConfigError(
@@ -249,10 +264,13 @@ def check_restart(model_dir, model, operative_config: str, allow_change: bool = 
         f"this one): {_describe(shown) or 'the model config differs'}. Restore those "
         f"bindings to continue the run, or use another MODEL_DIR (nothing was written)")
   if bound and not allow_change:
+    data = [] if allow_data_change or data_changes is None else data_changes()
+    flags = "--gin.ALLOW_CONFIG_CHANGE=True" + (" --gin.ALLOW_DATA_CHANGE=True" if data else "")
     raise ConfigError(
-        f"MODEL_DIR={model_dir} holds a run started with other settings: {_describe(bound)}. "
-        f"Restore them to continue the run, pass --gin.ALLOW_CONFIG_CHANGE=True if the "
-        f"change is meant, or use another MODEL_DIR (nothing was written)")
+        f"MODEL_DIR={model_dir} holds a run started with other settings: {_describe(bound)}"
+        + (f"; the training data change with them: {'; '.join(data)}" if data else "")
+        + f". Restore them to continue the run, pass {flags} if the change is meant, or use "
+        f"another MODEL_DIR (nothing was written)")
   return diffs
 
 
@@ -287,7 +305,9 @@ def has_history(model_dir) -> bool:
 
 
 def open_run(model_dir, model, operative_config: str, allow_change: bool = False,
-             fresh: bool = False, primary: bool = True) -> Optional[RunLock]:
+             fresh: bool = False, primary: bool = True, data_changes=None,
+             allow_data_change: bool = False,
+             vocabulary: Optional[str] = None) -> Optional[RunLock]:
   """Takes the run's lock (the primary process), moves an earlier run aside if `fresh`,
   and checks that this experiment may continue the run stored there (`check_restart`),
   all before anything else is written. Returns the lock (None on other processes)."""
@@ -299,7 +319,8 @@ def open_run(model_dir, model, operative_config: str, allow_change: bool = False
         print(f"[vmx] --fresh: the earlier run in {model_dir} was moved to {moved}",
               flush=True)
     if not fresh and has_history(model_dir):
-      accepted = check_restart(model_dir, model, operative_config, allow_change)
+      accepted = check_restart(model_dir, model, operative_config, allow_change, data_changes,
+                               allow_data_change, vocabulary)
       if accepted:
         print(f"[vmx] continuing the run in {model_dir} with changed settings: "
               f"{_describe(accepted)}", flush=True)

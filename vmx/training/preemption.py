@@ -20,15 +20,6 @@ from typing import Optional
 import jax
 from jax.experimental import multihost_utils
 
-from vmx.errors import VmxError
-
-EXIT_PREEMPTED = 75   # EX_TEMPFAIL
-
-
-class Preempted(VmxError):
-  """The run saved a checkpoint after a preemption signal and stopped; rerun to resume."""
-  exit_code = EXIT_PREEMPTED
-  prefix = "preempted"
 
 
 class PreemptionWatch:

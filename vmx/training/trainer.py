@@ -2,11 +2,13 @@
 
   python launch/train.py --gin_file=contrastive_tiny.gin --gin.MODEL_DIR="'/tmp/run'"
 
-`train()` is the loop; what it loops over lives beside it: the jitted step and its
-sharded `TrainState` (vmx/training/step.py), the phases of a run
-(vmx/training/phases.py), periodic evaluation (an evaluator of
-vmx/evaluation/periodic.py, handed an `Encoder` of the current parameters) and
-MODEL_DIR (vmx/modeldir/: checkpoints, best/, vmx_model.json, config.gin). A
+`train()` checks the configuration (every binding's range, every phase's data and
+shapes) before anything is built, opens the run directory (its lock, the restart
+contract) and runs the loop (vmx/training/loop.py). What the loop loops over lives
+beside it: the jitted step and its sharded `TrainState` (vmx/training/step.py), the phases
+of a run (vmx/training/phases.py), periodic evaluation (an evaluator of
+vmx/evaluation/periodic.py, handed an `Encoder` of the current parameters) and MODEL_DIR
+(vmx/modeldir/: checkpoints, best/, vmx_model.json, config.gin). A
 `MultiTaskConfig` feeds several tasks into every step. Checkpoints (orbax) hold params,
 optimizer state, step, RNG and the data position; a run restarted with the same
 model_dir resumes from the newest intact one (damaged ones are reported and set aside,
@@ -22,37 +24,25 @@ current step's before a log line or a checkpoint.
 """
 from __future__ import annotations
 
-import contextlib
-import difflib
 import os
-import time
 from typing import Callable, Mapping, Optional, Sequence
 
 import gin
 import jax
 import optax
-from jax.experimental import multihost_utils
-from tqdm.auto import tqdm
 
 from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
-from vmx.errors import ConfigError, NonFiniteError
-from vmx.evaluation.periodic import (Evaluator, HarnessEvalConfig,  # noqa: F401 (old path)
-                                     TatoebaEvalConfig, check_best_metric)
+from vmx.errors import ConfigError
+from vmx.evaluation.periodic import Evaluator, check_best_metric
 from vmx.gin_utils import check_range, positive_int
-from vmx.inference import Encoder
-from vmx.modeldir import checkpoints, layout
+from vmx.modeldir import checkpoints
 from vmx.modeldir import run as run_lib
 from vmx.models.base import BaseModel
-from vmx.training import initial_checkpoint, partitioning
-from vmx.training import metrics as metrics_lib
-from vmx.training.phases import (Phase, check_same_state, phase_index,  # noqa: F401
-                                 resolve_phases)
-from vmx.training.prefetch import Prefetcher
-from vmx.training.preemption import Preempted, PreemptionWatch
-from vmx.training.step import (TrainState, Trainer, compute_metrics,  # noqa: F401 (old path)
-                               host_params, input_shapes, local_value, merge_metrics,
-                               opt_state_shardings)
+from vmx.training import partitioning
+from vmx.training.loop import TrainingRun
+from vmx.training.phases import Phase, check_same_state, phase_index, resolve_phases
+from vmx.training.step import TrainState, Trainer, input_shapes
 
 
 def check_vocabulary_fits(model: BaseModel, vocabulary: str):
@@ -169,9 +159,10 @@ def train(*, model: BaseModel = gin.REQUIRED,
   primary = jax.process_index() == 0
   operative_config = gin.operative_config_str()
   lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,
-                          primary)
+                          primary, lambda: data_changes(model_dir, phases, random_seed),
+                          allow_data_change, vocabulary)
   try:
-    return _run(
+    return TrainingRun(
         model=model, phases=phases, trainers=trainers, model_dir=model_dir,
         total_steps=total_steps, vocabulary=vocabulary, languages=languages,
         partitioner=partitioner, checkpoint_cfg=checkpoint_cfg, eval_cfg=eval_cfg,
@@ -180,224 +171,27 @@ def train(*, model: BaseModel = gin.REQUIRED,
         initial_checkpoint_path=initial_checkpoint_path,
         initial_checkpoint_assignment=initial_checkpoint_assignment, best_metric=best_metric,
         best_mode=best_mode, max_length=max_length, operative_config=operative_config,
-        lock=lock, prefetch_batches=prefetch_batches, allow_data_change=allow_data_change)
+        lock=lock, prefetch_batches=prefetch_batches,
+        allow_data_change=allow_data_change).run()
   finally:
     if lock is not None:
       lock.release()
 
 
-def _report_input(it):
-  """Several processes: how much of each batch this one read (the index reader: its rows)."""
-  rows = getattr(it, "rows", None)
-  share = ("the whole global batch (the seqio reader)" if rows is None else
-           ", ".join(f"{len(r)} rows{'' if k is None else ' of ' + k}" for k, r in rows.items()))
-  print(f"[vmx] process {jax.process_index()} of {jax.process_count()} read {share} per step"
-        + (f"; {it.examples_read} examples in all (read ahead included)"
-           if hasattr(it, "examples_read") else ""), flush=True)
-
-
-def _run(*, model, phases, trainers, model_dir, total_steps, vocabulary, languages, partitioner,
-         checkpoint_cfg, eval_cfg, eval_period, log_period, random_seed, progress,
-         stop_at_step, initial_checkpoint_path, initial_checkpoint_assignment, best_metric,
-         best_mode, max_length, operative_config, lock, prefetch_batches, allow_data_change):
-  """The body of `train` once the run directory is open (its lock held by process 0)."""
-  trainer, primary = trainers[0], jax.process_index() == 0
-  if jax.process_count() > 1:   # the other processes wait for open_run (--fresh moves files)
-    multihost_utils.sync_global_devices("vmx.open_run")
-  # Reads (and checks) a resumed run's best-checkpoint record; writes nothing yet.
-  best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
-          if best_metric else None)
-  ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
-
-  def phase_data(i, data_state=None):
-    ph, tr = phases[i], trainers[i]
-    args = (ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS, random_seed + 1000 * i)
-    it = (pipeline.train_iterator(*args, tr.local_rows(), progress=primary)
-          if data_state is None else
-          pipeline.resume_iterator(*args, data_state, tr.local_rows(), allow_data_change))
-    return Prefetcher(it, tr.placer(it.rows), prefetch_batches)
-
-  restored = (ckpt.restore_latest(lambda s: trainers[phase_index(phases, s)].abstract_state)
-              if checkpoint_cfg.restore else None)
-  if restored is not None:
-    latest, state, data_state = restored
-    p = phase_index(phases, latest)
-    data = phase_data(p, data_state)
-    print(f"[vmx] resumed from {model_dir}/checkpoint_{latest} (data position "
-          f"{data.position}" + (f", phase {phases[p].name!r}" if len(phases) > 1 else "") + ")",
-          flush=True)
-  else:
-    p = 0
-    data = phase_data(0)
-    state = trainer.create_state(random_seed)
-    if initial_checkpoint_path:
-      rules = (model.INITIAL_CHECKPOINT_ASSIGNMENT if initial_checkpoint_assignment is None
-               else initial_checkpoint_assignment)
-      state = trainer.replace_params(state, initial_checkpoint.load(
-          state.params, trainer.state_shardings.params, initial_checkpoint_path, rules))
-    n = phases[0].model.prefill_batches(state.flax_mutables)
-    if n:   # e.g. InfoXLM's queue of negatives, filled before step 1 (§4.1)
-      print(f"[vmx] filling the model state before step 1: {n} batches, forward only",
-            flush=True)
-      state = trainer.prefill(state, data)
-  start = int(local_value(state.step))
-  end = min(total_steps, stop_at_step or total_steps)
-  # Self-contained model_dir for inference (vocabulary, model config) and the run's config:
-  # written once the restore succeeded, so a refused restart changes nothing.
-  if primary:
-    layout.write_inference_files(model_dir, model, languages, max_length, vocabulary)
-    layout.write_config(model_dir, operative_config)
-
-  # metrics.jsonl keeps one row per logged step: rows after the resumed step (written
-  # by the stopped run after its last checkpoint) are dropped, as the run redoes them.
-  writer = metrics_lib.create_writer(model_dir, resume_step=start)
-  # One Encoder (one jitted encode function) for every evaluation of this run.
-  encoder = (Encoder(model, None, load_tokenizer(vocabulary), languages, max_length,
-                     eval_cfg.batch_size) if eval_cfg is not None else None)
-
-  timer = {"eval_s": 0.0, "start": time.time()}
-
-  def evaluate(step):
-    if eval_cfg is None:
-      return {}
-    t0 = time.time()
-    encoder.params = host_params(state.params)
-    # Several processes: each evaluates the gathered parameters on its own first device.
-    with (partitioner.context() if jax.process_count() == 1 else contextlib.nullcontext()):
-      scalars, line = eval_cfg.run(encoder)
-    seconds = time.time() - t0
-    timer["eval_s"] += seconds
-    # Evaluation's share of this process's wall time so far (what EVAL_PERIOD trades).
-    share = 100.0 * timer["eval_s"] / max(time.time() - timer["start"], 1e-9)
-    scalars["eval/seconds"] = seconds
-    writer.write_scalars(step, scalars)
-    _print(f"[vmx] step {step}: {line} [{seconds:.1f} s; evaluation {share:.1f}% of the run's "
-           f"time so far]")
-    if best is not None:
-      if best_metric not in scalars:   # a subset name, checked against the first results
-        close = difflib.get_close_matches(str(best_metric), list(scalars), n=1)
-        raise ConfigError(f"train.best_metric={best_metric!r} is not a metric of this run's "
-                          f"evaluation" + (f"; did you mean {close[0]!r}?" if close else ""))
-      before = best.record
-      if best.update(step, scalars[best_metric], state.params):
-        was = (f"; was {before['value']:.2f} at step {before['step']}" if before else "")
-        _print(f"[vmx] step {step}: best {best_metric} {scalars[best_metric]:.2f}{was} "
-               f"-> {layout.BEST_DIR}/{layout.CHECKPOINT_PREFIX}_{step}")
-    return scalars
-
-  def eval_due(step):
-    return eval_cfg is not None and eval_period and (step % eval_period == 0 or step == end)
-
-  def check_finite(step, flags, tr):
-    bad = tr.nonfinite_terms(flags)
-    if bad:
-      good = ckpt.latest_step()
-      kept = f"last checkpoint: checkpoint_{good}" if good is not None else \
-          "no checkpoint was written"
-      raise NonFiniteError(
-          f"non-finite values at step {step}: {', '.join(bad)}; stopped without logging or "
-          f"saving them ({kept}, unchanged). Lower the learning rate or set CLIP_GRAD_NORM")
-
-  def enter_phase(state, i):
-    """Switch to phase i at its first step: new data, a new optimizer state if the
-    phase brings its own optimizer."""
-    ph, prev = phases[i], phases[i - 1]
-    if ph.optimizer is not prev.optimizer:
-      with partitioner.context():
-        opt_state = jax.jit(ph.optimizer.init,
-                            out_shardings=trainers[i].state_shardings.opt_state)(state.params)
-      state = state.replace(opt_state=opt_state)
-    _print(f"[vmx] step {ph.start}: phase {ph.name!r} ({ph.steps} steps, to step {ph.end})"
-           + (", new optimizer state" if ph.optimizer is not prev.optimizer else ""))
-    if not metrics_lib.has_row(model_dir, ph.start, "train/phase"):   # resumed at the switch
-      writer.write_scalars(ph.start, {"train/phase": float(i)})
-    return state, phase_data(i)
-
-  bar = None
-  if progress and jax.process_index() == 0:
-    bar = tqdm(total=end, initial=start, desc="train", unit="step", dynamic_ncols=True)
-  _print = bar.write if bar is not None else (lambda s: print(s, flush=True))
-  acc, last = None, {}
-  t_log, steps_since, waited = time.time(), 0, 0.0
-  watch = PreemptionWatch()
-  watch.install()
-  try:
-    # Step 0, or (one process) an evaluation that the stopped run did not get to: every
-    # evaluation writes eval/seconds (runs before it wrote it: tatoeba/mean).
-    if eval_due(start) and (start == 0 or (jax.process_count() == 1 and not metrics_lib.has_row(
-        model_dir, start, "eval/seconds", "tatoeba/mean"))):
-      last.update(evaluate(start))
-    if len(phases) > 1 and start == 0:
-      _print(f"[vmx] phase {phases[0].name!r} ({phases[0].steps} steps, to step "
-             f"{phases[0].end})")
-    pending = None  # (step, flags, trainer) of the previous step, checked while this one runs
-    for step in range(start, end):
-      if step == phases[p].end:
-        if pending is not None:
-          check_finite(*pending)
-          pending = None
-        p += 1
-        data.close()
-        state, data = enter_phase(state, p)
-      tr = trainers[p]
-      t_wait = time.perf_counter()
-      try:
-        batch = next(data)
-      except StopIteration:
-        raise RuntimeError(f"training data ran out at step {step}") from None
-      waited += time.perf_counter() - t_wait
-      state, m = tr.step(state, batch)
-      done = step + 1
-      if pending is not None:
-        check_finite(*pending)
-      pending = (done, tr.nonfinite, tr)
-      acc = merge_metrics(acc, jax.tree.map(local_value, m))
-      steps_since += 1
-      if bar is not None:
-        bar.update(1)
-      phase_end = done == phases[p].end
-      # every process, every step (one answer for all); at the end there is nothing to stop
-      preempted = watch.requested(done) and done < end
-      log_due = done % log_period == 0 or done == end or phase_end
-      force = done == end or (phase_end and len(phases) > 1) or preempted
-      save_due = ckpt.due(done, force=force)
-      if log_due or save_due or eval_due(done):
-        check_finite(*pending)
-        pending = None
-      if log_due:
-        scalars = compute_metrics(acc)
-        dt = time.time() - t_log
-        scalars["train/steps_per_sec"] = steps_since / dt
-        scalars["train/examples_per_sec"] = (steps_since * phases[p].train_dataset_cfg.batch_size
-                                             / dt)
-        scalars["train/input_wait_fraction"] = min(1.0, waited / dt)
-        writer.write_scalars(done, scalars)
-        writer.flush()
-        last.update(scalars)
-        if bar is not None:
-          bar.set_postfix(loss=f"{scalars['train/loss']:.4f}")
-        _print(f"[vmx] step {done}: " + ", ".join(
-            f"{k.split('/')[-1]} {v:.4g}" for k, v in scalars.items()))
-        acc, t_log, steps_since, waited = None, time.time(), 0, 0.0
-      if ckpt.save(done, state, data.state(), force=force) and lock is not None:
-        lock.refresh()
-      if preempted:
-        raise Preempted(f"{watch.signal} at step {done}: saved "
-                        f"{layout.step_dir(model_dir, done)}; rerun the same command to "
-                        f"resume from it")
-      if eval_due(done):
-        last.update(evaluate(done))
-    if jax.process_count() > 1:
-      _report_input(data.data)
-  finally:
-    watch.uninstall()
-    data.close()
-    if bar is not None:
-      bar.close()
-    ckpt.close()
-    if best is not None:
-      best.close()
-    writer.close()
-  return state, last
-
+def data_changes(model_dir, phases, random_seed: int) -> list[str]:
+  """How the newest checkpoint's data stream differs from this config's, as far as the
+  config says without building anything (the batch size, the mixture, the lengths...)."""
+  from vmx.data import stream   # grain: only for the index reader
+  latest = checkpoints.latest_data_state(model_dir)
+  if latest is None or latest[1].get("reader") != "index":
+    return []
+  step, state = latest
+  p = phase_index(phases, step)
+  old = {k: {f: v for f, v in d.items() if f != "tasks"}
+         for k, d in state.get("stream", {}).items()}
+  new = pipeline.described_config(phases[p].train_dataset_cfg, random_seed + 1000 * p)
+  for k, d in new.items():   # a state written before format 2 keeps its own order
+    if "order" not in old.get(k, {}):
+      d.pop("order", None)
+  return stream.stream_difference(old, new)
 

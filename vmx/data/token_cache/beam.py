@@ -111,18 +111,64 @@ def check_shared_storage(runner: str, paths: Sequence[str]):
                       f"all read (gs://...); local: {local[0]}")
 
 
+class _Progress:
+  """A progress bar of the shards written, counted from the directories' shard records
+  while the pipeline runs (every few seconds; Beam's own logs say little)."""
+
+  def __init__(self, jobs: Sequence[ShardJob], enabled: bool):
+    import threading
+    from tqdm.auto import tqdm
+    self.dirs = sorted({j.directory for j in jobs})
+    self.before = self._count()
+    self.bar = tqdm(total=len(jobs), desc="[vmx] shards written on Beam", unit=" shard",
+                    disable=not enabled, leave=False)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    if enabled:
+      self._thread.start()
+
+  def _count(self) -> int:
+    from vmx import storage
+    n = 0
+    for d in self.dirs:
+      p = storage.path(d)
+      if p.exists():
+        n += sum(1 for _ in p.glob("rows-*.json"))
+    return n
+
+  def _run(self):
+    while not self._stop.wait(3.0):
+      try:
+        self.bar.n = min(self.bar.total, self._count() - self.before)
+        self.bar.refresh()
+      except OSError:
+        pass
+
+  def close(self):
+    self._stop.set()
+    self.bar.close()
+
+
 def run(jobs: Sequence[ShardJob], gin_files, bindings, search_paths, runner: str,
-        workers: int, extra_options: str, inputs_fn) -> int:
+        workers: int, extra_options: str, inputs_fn, progress: bool = True) -> int:
   """Writes the shards of `jobs` on Beam; returns the number written. `inputs_fn(gin
   files, bindings, search paths)`: the experiment's [(phase, model, config, seed)], which
   each worker calls once (it registers the tasks): vmx.experiment.training_inputs."""
   require_beam()
+  import logging
+  import os
   import apache_beam as beam  # lazy: the beam extra
   if not jobs:
     return 0
+  if os.environ.get("VMX_VERBOSE") != "1":   # the runner's start-up chatter
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
   options = pipeline_options(runner, workers, extra_options)
-  with beam.Pipeline(options=options) as p:
-    _ = (p | "Jobs" >> beam.Create(list(jobs)) | "Spread" >> beam.Reshuffle()
-         | "WriteShards" >> beam.ParDo(_write_fn_class()(gin_files, bindings, search_paths,
-                                                        inputs_fn)))
+  bar = _Progress(jobs, progress)
+  try:
+    with beam.Pipeline(options=options) as p:
+      _ = (p | "Jobs" >> beam.Create(list(jobs)) | "Spread" >> beam.Reshuffle()
+           | "WriteShards" >> beam.ParDo(_write_fn_class()(gin_files, bindings,
+                                                          search_paths, inputs_fn)))
+  finally:
+    bar.close()
   return len(jobs)

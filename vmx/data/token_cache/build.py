@@ -18,7 +18,7 @@ from typing import Optional
 import seqio
 from tqdm.auto import tqdm
 
-from vmx import storage
+from vmx import signals, storage
 from vmx.data import seqio_cache
 from vmx.data.token_cache import fingerprint as fp
 from vmx.data.token_cache import format as fmt
@@ -128,7 +128,7 @@ def build_local(task: seqio.Task, split: str, lengths, converter, directory, par
                 shard_rows: int = fmt.SHARD_ROWS) -> dict:
   """Builds the cache of `task` in this process, the missing shards only."""
   digest = fp.digest(parts)
-  gone = writer.collect_leftovers(directory)
+  gone = storage.remove_leftovers(directory)
   if gone:
     print(f"[vmx] {directory}: removed {len(gone)} unfinished file(s) of a build that "
           f"stopped", flush=True)
@@ -137,9 +137,10 @@ def build_local(task: seqio.Task, split: str, lengths, converter, directory, par
   bar = tqdm(total=sum(b - a for _, _, a, b in todo), desc=f"[vmx] caching {task.name}:{split}",
              unit=" ex", disable=not progress, leave=False)
   try:
-    for index, count, start, end in todo:
-      writer.write_shard(task, split, lengths, converter, directory, digest, index, count,
-                         start, end, use_cached, bar.update)
+    with signals.activity(f"building the token cache of {task.name}:{split}"):
+      for index, count, start, end in todo:
+        writer.write_shard(task, split, lengths, converter, directory, digest, index, count,
+                           start, end, use_cached, bar.update)
   finally:
     bar.close()
   return assemble(directory, digest, parts, len(plan), "local")

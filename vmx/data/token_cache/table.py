@@ -2,8 +2,8 @@
 
 Local caches are memory-mapped: a read is an offset into the shard's file, the page cache
 holds the data and the process's own memory does not grow with the corpus. Remote caches
-(gs://, any fsspec URL) are read by blocks: one ranged request per block of BLOCK_ROWS
-rows, fetched in parallel by a pool of threads into a bounded LRU cache shared by every
+(gs://, any fsspec URL) are read by units of FETCH_ROWS rows (four digest blocks; the
+stream's default window): one ranged request each, fetched in parallel by a pool of threads into a bounded LRU cache shared by every
 table of the process (`Blocks`), so a host fetches the blocks of the rows it reads and
 nothing else; `prefetch(indices)` starts the fetches of rows needed soon. A store that
 stops answering is retried with exponential backoff for VMX_REMOTE_RETRY_S seconds
@@ -17,6 +17,7 @@ rebuilds it (`rebuild`, the opener's words).
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import json
@@ -36,7 +37,9 @@ from vmx.errors import DataError
 RETRY_ENV = "VMX_REMOTE_RETRY_S"
 CACHE_ENV = "VMX_REMOTE_CACHE_MB"
 DEFAULT_CACHE_MB = 1024
-FETCH_THREADS = 16
+FETCH_THREADS = int(os.environ.get("VMX_REMOTE_THREADS", 16))
+FETCH_BLOCKS = 4                          # digest blocks per ranged read of a remote shard
+FETCH_ROWS = FETCH_BLOCKS * fmt.BLOCK_ROWS   # (the stream's default window: one read)
 
 
 def read_manifest(directory, rebuild: str) -> dict:
@@ -68,6 +71,13 @@ class Blocks:
     self._pending: dict = {}                                          # key -> Future
     self.requests = 0
     self.bytes = 0
+    self.closed = False
+    atexit.register(self.close)
+
+  def close(self):
+    """Stops fetching: pending fetches are cancelled, retries end."""
+    self.closed = True
+    self._pool.shutdown(wait=False, cancel_futures=True)
 
   def read(self, path, start: int, length: int, hint: str = "") -> bytes:
     """One ranged read, retried with backoff while the store does not answer."""
@@ -84,6 +94,8 @@ class Blocks:
       except FileNotFoundError:
         raise DataError(f"{path}: missing: the token cache is incomplete; {hint}") from None
       except Exception as e:  # noqa: BLE001  (fsspec/gcsfs/aiohttp raise many kinds)
+        if self.closed:
+          raise DataError(f"{path}: not read, the reader was closed") from None
         short = _short(path, start + length)
         if short is not None:
           raise DataError(f"{path}: {short} bytes, expected at least {start + length}: the "
@@ -192,9 +204,13 @@ class Table:
     self.remote = storage.is_remote(self.dir)
     self.blocks = (blocks or shared_blocks()) if self.remote else None
     self._bins = [self.dir / f"{s['name']}.bin" for s in shards]
+    self._bin_names = [str(p) for p in self._bins]   # (keys of the block cache)
     self._sums_files = [self.dir / f"{s['name']}.sums" for s in shards]
     self._shards = shards
-    self._maps, self._sums, self._verified = {}, {}, {}
+    self._maps, self._sums = {}, {}
+    blocks = [self._num_blocks(i) for i in range(len(shards))]
+    self._block0 = np.cumsum([0] + blocks)          # each shard's first block, table-wide
+    self._verified = np.zeros(self._block0[-1], bool)   # local reads: a flag per block
     self._lock = threading.Lock()
     if not self.remote:   # sizes now (cheap); a remote short object fails at its read
       for i, s in enumerate(shards):
@@ -260,47 +276,63 @@ class Table:
     m = self._maps.get(shard)
     if m is None:
       n = int(self._shards[shard]["count"])
-      m = (np.memmap(self._bins[shard], self.dtype, mode="r", shape=(n,)) if n
-           else np.zeros(0, self.dtype))
-      m = m.view(np.ndarray)   # numpy's memmap subclass costs per index
+      if n:
+        # (the default advice: the page cache holds each block once verified, and a fault
+        # maps its neighbours too; numpy's memmap subclass costs per index: a plain view)
+        m = np.memmap(self._bins[shard], self.dtype, mode="r", shape=(n,)).view(np.ndarray)
+      else:
+        m = np.zeros(0, self.dtype)
       self._maps[shard] = m
-      self._verified[shard] = np.zeros(self._num_blocks(shard), bool)
     return m
 
-  def _verify_local(self, shard: int, blocks: np.ndarray):
-    m = self._map(shard)
-    done = self._verified[shard]
-    todo = blocks[~done[blocks]]
+  def _verify_local(self, blocks: np.ndarray):
+    """Verifies the table-wide blocks `blocks` not yet verified, each read once with
+    pread (a page fault per page of a mapping costs far more, sparse or cold files most)
+    into the page cache, where the mapping then finds it."""
+    todo = blocks[~self._verified[blocks]]
     if not len(todo):
       return
-    sums = self._shard_sums(shard)
-    raw = m.view(np.uint8).reshape(-1) if len(m) else np.zeros(0, np.uint8)
     step = fmt.BLOCK_ROWS * self.row_bytes
-    for b in todo.tolist():
-      if fmt.block_digest(raw[b * step:(b + 1) * step]) != sums[b].tobytes():
-        raise self._damaged(shard, b)
-      done[b] = True
+    shards = np.searchsorted(self._block0, todo, side="right") - 1
+    for shard in np.unique(shards).tolist():
+      sums = self._shard_sums(shard)
+      fd = os.open(self._bins[shard], os.O_RDONLY)
+      try:
+        for g in todo[shards == shard].tolist():
+          b = g - int(self._block0[shard])
+          if fmt.block_digest(os.pread(fd, step, b * step)) != sums[b].tobytes():
+            raise self._damaged(shard, b)
+          self._verified[g] = True
+      finally:
+        os.close(fd)
 
   # -- remote -----------------------------------------------------------------------------
-  def _block_fetch(self, shard: int, block: int):
+  def _unit_fetch(self, shard: int, unit: int):
+    """fetch() -> the verified bytes of fetch unit `unit` of a shard: FETCH_BLOCKS digest
+    blocks in one ranged read."""
     def fetch():
       sums = self._shard_sums(shard)
-      start = block * fmt.BLOCK_ROWS * self.row_bytes
-      rows = min(fmt.BLOCK_ROWS, int(self._shards[shard]["count"]) - block * fmt.BLOCK_ROWS)
-      data = self.blocks.read(self._bins[shard], start, rows * self.row_bytes,
-                              self.rebuild)
+      n = int(self._shards[shard]["count"])
+      first = unit * FETCH_BLOCKS * fmt.BLOCK_ROWS
+      rows = min(FETCH_BLOCKS * fmt.BLOCK_ROWS, n - first)
+      start = first * self.row_bytes
+      data = self.blocks.read(self._bins[shard], start, rows * self.row_bytes, self.rebuild)
       if len(data) != rows * self.row_bytes:
         raise DataError(f"{self._bins[shard]}: {len(data)} bytes at offset {start}, expected "
                         f"{rows * self.row_bytes}: the token cache is truncated; "
                         f"{self.rebuild}")
-      if fmt.block_digest(data) != sums[block].tobytes():
-        raise self._damaged(shard, block)
+      step = fmt.BLOCK_ROWS * self.row_bytes
+      view = memoryview(data)
+      for i in range(0, len(data), step):
+        b = unit * FETCH_BLOCKS + i // step
+        if fmt.block_digest(view[i:i + step]) != sums[b].tobytes():
+          raise self._damaged(shard, b)
       return data
     return fetch
 
-  def _requests(self, shard_R, block_R) -> dict:
-    keys = np.unique(shard_R.astype(np.int64) << 32 | block_R)
-    return {(str(self._bins[k >> 32]), k & 0xFFFFFFFF): self._block_fetch(k >> 32, k & 0xFFFFFFFF)
+  def _requests(self, keys: np.ndarray) -> dict:
+    """{cache key: fetch} of fetch units `keys` (shard << 32 | unit)."""
+    return {(self._bin_names[k >> 32], k & 0xFFFFFFFF): self._unit_fetch(k >> 32, k & 0xFFFFFFFF)
             for k in keys.tolist()}
 
   # -- reads ------------------------------------------------------------------------------
@@ -316,7 +348,8 @@ class Table:
     """Starts fetching the blocks of `indices` (remote; local: nothing to do)."""
     if self.remote and len(indices):
       shard, local = self.locate(indices)
-      self.blocks.prefetch(self._requests(shard, local // fmt.BLOCK_ROWS))
+      keys = np.unique(shard.astype(np.int64) << 32 | local // FETCH_ROWS)
+      self.blocks.prefetch(self._requests(keys))
 
   def take_records(self, indices) -> np.ndarray:
     """[R] records of rows `indices` (verified)."""
@@ -324,20 +357,23 @@ class Table:
     block_R = local_R // fmt.BLOCK_ROWS
     out = np.empty(len(shard_R), self.dtype)
     if not self.remote:
-      for s in np.unique(shard_R).tolist():
-        sel = shard_R == s
+      blocks = np.unique(self._block0[shard_R] + block_R)
+      if not self._verified[blocks].all():
         with self._lock:
-          self._verify_local(s, np.unique(block_R[sel]))
-        out[sel] = self._map(s)[local_R[sel]]
+          self._verify_local(blocks)
+      order = np.argsort(shard_R, kind="stable")
+      for sel in np.split(order, np.flatnonzero(np.diff(shard_R[order])) + 1):
+        if len(sel):
+          out[sel] = self._map(int(shard_R[sel[0]]))[local_R[sel]]
       return out
-    got = self.blocks.get_many(self._requests(shard_R, block_R))
-    keys = shard_R.astype(np.int64) << 32 | block_R
+    keys = shard_R.astype(np.int64) << 32 | local_R // FETCH_ROWS
     order = np.argsort(keys, kind="stable")
     bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    got = self.blocks.get_many(self._requests(keys[order[np.r_[0, bounds]]]))
     for sel in np.split(order, bounds):
       k = int(keys[sel[0]])
-      rec = np.frombuffer(got[(str(self._bins[k >> 32]), k & 0xFFFFFFFF)], self.dtype)
-      out[sel] = rec[local_R[sel] - (k & 0xFFFFFFFF) * fmt.BLOCK_ROWS]
+      rec = np.frombuffer(got[(self._bin_names[k >> 32], k & 0xFFFFFFFF)], self.dtype)
+      out[sel] = rec[local_R[sel] - (k & 0xFFFFFFFF) * FETCH_ROWS]
     return out
 
   def take(self, indices) -> dict:

@@ -6,7 +6,7 @@ of a Beam build (vmx/data/token_cache/beam.py), so both give the same bytes. A s
 appears whole or not at all: locally its .bin is written under a temporary name
 (`<name>.bin.tmp-<host>-<pid>`) and renamed; on an object store one upload is one object.
 Its .json record is written last: a shard without it is not finished, and a later build
-writes it again (and removes a temporary file whose writer is gone: `collect_leftovers`).
+writes it again (and removes a temporary file whose writer is gone: `storage.remove_leftovers`).
 """
 from __future__ import annotations
 
@@ -149,27 +149,3 @@ def write_shard(task: seqio.Task, split: str, lengths: Mapping[str, int], conver
       raise full_disk_error(d / f"{name}.json", e) from None
     raise
   return record
-
-
-def collect_leftovers(directory) -> list[str]:
-  """Removes the temporary files of writers that are gone (this host: the pid no longer
-  runs; another host: not modified for an hour, the run lock's rule). Local dirs only."""
-  d = os.fspath(storage.path(directory))
-  if storage.is_remote(d) or not os.path.isdir(d):
-    return []
-  gone = []
-  for entry in os.scandir(d):
-    if storage.TMP_MARK not in entry.name:
-      continue
-    host, _, pid = entry.name.rsplit(storage.TMP_MARK, 1)[1].rpartition("-")
-    try:
-      mtime = entry.stat().st_mtime
-    except OSError:
-      continue
-    if storage.writer_gone(host, int(pid) if pid.isdigit() else None, mtime):
-      try:
-        os.remove(entry.path)
-        gone.append(entry.name)
-      except OSError:
-        pass
-  return gone

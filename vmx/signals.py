@@ -1,0 +1,73 @@
+"""One signal contract for a whole launcher process: SIGTERM (preemption: Cloud TPU, SLURM,
+Kubernetes) or SIGINT (Ctrl-C) at any moment ends the process with `Preempted`, exit
+status 75 (EX_TEMPFAIL: rerun the same command to continue), and one `preempted:` line
+saying what it was doing and what was saved.
+
+- Before the training loop (parsing, building the vocabulary or the token cache,
+  restoring, compiling), `install()`'s handler raises `Preempted` at once in the main
+  thread. Nothing half-written is ever used: every file vmx writes appears whole (a
+  temporary name and a rename, or one upload), the unfinished one is removed on the way
+  out, and what was finished (the vocabulary, the cache's finished shards, checkpoints)
+  is kept, so the rerun continues where this one stopped. A long call into C (training
+  a SentencePiece model) takes the signal when it returns.
+- In the training loop and its final save, the trainer's `PreemptionWatch`
+  (vmx/training/preemption.py) takes over: the signal is noted, the step finishes and a
+  checkpoint is saved, then `Preempted` says which.
+- A second signal ends the process at once.
+
+`activity(what)` names what the process is doing, for the message. Several processes
+(`jax.distributed`): JAX's preemption service owns SIGTERM there; `install()` leaves it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+
+from vmx.errors import Preempted
+
+_DOING = ["starting"]
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+NOTHING_SAVED = ("no training step had run, nothing needed saving; what was finished is "
+                 "kept (vocabulary, token cache shards, checkpoints)")
+
+
+@contextlib.contextmanager
+def activity(what: str):
+  """Names what the process does meanwhile (the `preempted:` line says it)."""
+  _DOING.append(what)
+  try:
+    yield
+  finally:
+    _DOING.pop()
+
+
+def doing() -> str:
+  return _DOING[-1]
+
+
+def _handler(signum, frame):
+  del frame
+  name = signal.Signals(signum).name
+  for sig in _SIGNALS:   # a second signal: the default action, at once
+    signal.signal(sig, _second)
+  raise Preempted(f"{name} while {doing()}: {NOTHING_SAVED}; rerun the same command to "
+                  f"continue")
+
+
+def _second(signum, frame):
+  del frame
+  signal.signal(signum, signal.SIG_DFL)
+  os.kill(os.getpid(), signum)
+
+
+def install():
+  """The process-wide handlers (main thread only; a no-op elsewhere)."""
+  if threading.current_thread() is threading.main_thread():
+    for sig in _SIGNALS:
+      signal.signal(sig, _handler)
+
+
+def installed() -> bool:
+  return signal.getsignal(signal.SIGTERM) is _handler
