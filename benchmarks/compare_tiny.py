@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
 STEPS, BATCH, LENGTH = 600, 64, 24
 SAME_BUDGET = [f"--gin.TRAIN_STEPS={STEPS}", f"--gin.MAX_LENGTH={LENGTH}",
                f"--gin.EVAL_PERIOD={STEPS // 2}", f"--gin.CHECKPOINT_PERIOD={STEPS // 2}"]
@@ -62,7 +64,7 @@ def sts_benchmark(model_dir: Path) -> float:
 
 
 def final_scores(model_dir: Path) -> dict:
-  rows = [json.loads(l) for l in (model_dir / "metrics.jsonl").read_text().splitlines()]
+  rows = common.metrics_rows(model_dir)
   evals = [r for r in rows if "tatoeba/mean" in r]
   return {"init": evals[0], "final": evals[-1]}
 
@@ -82,8 +84,7 @@ def main():
   for name in names:
     gin_file, bindings = RUNS[name]
     model_dir = Path(args.out) / name.lower().replace(" ", "_").replace("-", "_").replace("+", "")
-    cmd = [sys.executable, str(REPO / "launch/train.py"), f"--gin_file={gin_file}",
-           f"--gin.MODEL_DIR={model_dir}", *SAME_BUDGET, *bindings, *extra]
+    cmd = common.train_command(gin_file, model_dir, *SAME_BUDGET, *bindings, *extra)
     print(f"[compare] {name}: {' '.join(cmd[1:])}", flush=True)
     t = time.time()
     subprocess.run(cmd, check=True, cwd=REPO)

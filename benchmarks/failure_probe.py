@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Nothing lost (issue 35): each failure a user meets, tried through the real launchers on a
-tiny synthetic task (benchmarks/kill_campaign.py's), with what it printed and whether every
+tiny synthetic task (benchmarks/common.py's), with what it printed and whether every
 byte written before it is still there.
 
   python benchmarks/failure_probe.py [--work_dir=DIR] [--only=case,case]
@@ -20,6 +20,14 @@ Cases:
   read_only         a read-only MODEL_DIR: one error line (skipped as root: root writes anyway)
   bad_hf_config     launch/import_checkpoint.py on a config.json that is a list: one error line
   no_config_sizes   ... on a config.json that lacks the sizes: one error line
+  damaged_cache     one byte flipped in a token cache shard: one line naming it and its block
+  cache_build_sigterm  SIGTERM while the token cache is built: exit 75, `preempted: ...`,
+                    nothing unfinished left; the rerun builds it
+  cache_build_kill  kill -9 while it is built: the next build removes the leftover file
+  full_disk         the cache's disk fills up (an 8 MB tmpfs; root): one `error:` line
+  config_and_data_change  --gin.BATCH_SIZE changed on restart: one refusal, both flags
+  vocabulary_edited the vocabulary's corpus edited in place: a new vocabulary, the run refuses
+  eval_bad_path     launch/eval.py --sts17_dir=/nonexistent: one line within seconds
 
 Prints one line per case (`ok` / `FAIL`, exit status, the last stderr line, bytes kept) and a
 final JSON summary; exit status 1 if a case failed.
@@ -37,10 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kill_campaign  # noqa: E402  (its synthetic task and environment)
-
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
+from benchmarks.common import last_line, metrics_rows  # noqa: E402
 
 
 def snapshot(d: Path) -> dict:
@@ -54,30 +61,23 @@ def kept(before: dict, d: Path) -> bool:
   return all(now.get(k) == v for k, v in before.items())
 
 
-def last_line(text: str) -> str:
-  lines = [l for l in text.splitlines() if l.strip() and not l.startswith(("I0000", "W0000",
-                                                                          "E0000", "WARNING"))]
-  return lines[-1] if lines else ""
-
-
 class Probe:
   def __init__(self, work_dir: Path):
     self.work = work_dir
-    self.gin = kill_campaign.write_task(work_dir, steps=60, checkpoint_period=10, keep=3)
-    self.env = kill_campaign.train_env(work_dir / "jax_cache")
+    self.gin = common.write_task(work_dir, steps=60, checkpoint_period=10, keep=3)
+    self.env = common.train_env(work_dir / "jax_cache")
+    self.env["VMX_CACHE_DIR"] = str(work_dir / "cache" / "data")   # its own caches only
 
   def train_cmd(self, model_dir, *extra):
-    return [sys.executable, str(REPO / "launch/train.py"), f"--gin_file={self.gin}",
-            f"--gin.MODEL_DIR={model_dir}", "--gin.LOG_PERIOD=2", *extra]
+    return common.train_command(self.gin, model_dir, "--gin.LOG_PERIOD=2", *extra)
 
   def run(self, cmd, timeout=600):
-    return subprocess.run(cmd, capture_output=True, text=True, env=self.env, cwd=REPO,
-                          timeout=timeout)
+    return common.run(cmd, self.env, timeout)
 
   def start(self, cmd, log):
     f = open(log, "w")
     return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=self.env,
-                            cwd=REPO), f
+                            cwd=common.REPO), f
 
   def trained(self, name, *extra) -> Path:
     d = self.work / name
@@ -119,7 +119,7 @@ class Probe:
     first.send_signal(signal.SIGTERM)            # the first saves and stops
     rc_first = first.wait(timeout=600)
     f.close()
-    rows = [json.loads(l)["step"] for l in (d / "metrics.jsonl").read_text().splitlines()]
+    rows = [r["step"] for r in metrics_rows(d)]
     logged = [int(l.split()[2].rstrip(":")) for l in (self.work / "two_first.log").read_text(
         ).splitlines() if l.startswith("[vmx] step ") and ": " in l and "loss" in l]
     ok = (p.returncode == 2 and "another trainer" in line and seconds < 60 and running
@@ -132,7 +132,7 @@ class Probe:
     proc, f = self.start(self.train_cmd(d), log)
     self.wait_for(log, "step 4:")
     before = snapshot(d)
-    metrics_before = (d / "metrics.jsonl").read_text()
+    metrics_before = [r for r in metrics_rows(d)]
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=300)
     f.close()
@@ -141,7 +141,7 @@ class Probe:
     # The checkpoints and the metrics rows written before the signal are still there.
     bytes_kept = kept({k: v for k, v in before.items()
                        if k.startswith("checkpoint_") and "orbax" not in k}, d) and (
-        d / "metrics.jsonl").read_text().startswith(metrics_before)
+        metrics_rows(d)[:len(metrics_before)] == metrics_before)
     there = bool(saved) and Path(saved).is_dir()
     again = self.run(self.train_cmd(d))
     ok = (rc == 75 and line.startswith("preempted: SIGTERM") and there
@@ -164,8 +164,8 @@ class Probe:
   def missing_step(self):
     d = self.trained("eval")
     before = snapshot(d)
-    p = self.run([sys.executable, str(REPO / "launch/eval.py"), f"--checkpoint_dir={d}",
-                  "--step=999999", "--tasks=tatoeba", "--no_progress"])
+    p = self.run(common.launcher_command("eval", f"--checkpoint_dir={d}", "--step=999999",
+                                         "--tasks=tatoeba", "--no_progress"))
     line = last_line(p.stderr)
     return (p.returncode == 2 and "no checkpoint_999999 (existing steps:" in line,
             p.returncode, line, snapshot(d) == before)
@@ -199,13 +199,147 @@ class Probe:
     return (p.returncode == 2 and line.startswith("error:") and "Traceback" not in p.stderr,
             p.returncode, line, snapshot(d) == before)
 
+  # -- the token cache, the vocabulary, refusals, early checks (issue 43) ----------------
+
+  def _cache_root(self) -> Path:
+    return Path(self.env["VMX_CACHE_DIR"]).parent / "arrays"
+
+  def damaged_cache(self):
+    """One byte flipped in a token cache shard (its size kept): the next run stops with one
+    line naming the shard and its block, and trains on nothing."""
+    self.trained("cache_ok")
+    shards = sorted(self._cache_root().rglob("rows-*.bin"))
+    victim = shards[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    victim.write_bytes(bytes(data))
+    d = self.work / "cache_damaged"
+    p = self.run(self.train_cmd(d, "--gin.train.stop_at_step=20"))
+    line = last_line(p.stderr)
+    data[len(data) // 2] ^= 0x10                 # mended for the other cases
+    victim.write_bytes(bytes(data))
+    ok = (p.returncode == 2 and line.startswith("error: ") and victim.name in line
+          and "block" in line and not (d / "checkpoint_1").exists())
+    return ok, p.returncode, line, True
+
+  def _big_task(self, name: str, pairs: int = 150_000):
+    work = self.work / name
+    return common.write_task(work, steps=20, checkpoint_period=10, pairs=pairs), work
+
+  def cache_build_sigterm(self):
+    """SIGTERM while the token cache is built: exit 75, one `preempted:` line saying so,
+    no unfinished file left, no manifest; the rerun builds it and trains."""
+    gin, work = self._big_task("big_term")
+    d = work / "run"
+    log = work / "run.log"
+    proc, f = self.start(common.train_command(gin, d, "--gin.LOG_PERIOD=2"), log)
+    self.wait_for(log, "caching")
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=300)
+    f.close()
+    line = last_line(log.read_text())
+    root = self._cache_root()
+    left = [p for p in root.rglob("*") if ".tmp-" in p.name]
+    again = self.run(common.train_command(gin, d, "--gin.LOG_PERIOD=2"))
+    ok = (rc == 75 and line.startswith("preempted: SIGTERM while building the token cache")
+          and not left and again.returncode == 0)
+    return ok, rc, line, not left
+
+  def cache_build_kill(self):
+    """kill -9 while the token cache is built leaves an unfinished shard file; the next
+    build removes it (its writer is gone) and finishes."""
+    gin, work = self._big_task("big_kill", pairs=150_001)
+    d = work / "run"
+    log = work / "run.log"
+    proc, f = self.start(common.train_command(gin, d), log)
+    self.wait_for(log, "caching")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    f.close()
+    left = [p for p in self._cache_root().rglob("*") if ".tmp-" in p.name]
+    again = self.run(common.train_command(gin, d))
+    gone = not [p for p in self._cache_root().rglob("*") if ".tmp-" in p.name]
+    ok = bool(left) and gone and again.returncode == 0 and "unfinished file" in again.stdout
+    line = f"{len(left)} unfinished file(s) after the kill; removed: {gone}"
+    return ok, again.returncode, line, gone
+
+  def full_disk(self):
+    """The token cache's disk fills up while it is built (a tmpfs of 8 MB, as root):
+    one `error:` line, nothing unfinished left."""
+    if os.geteuid() != 0:
+      return None, None, "skipped: mounting a tmpfs needs root", True
+    mnt = self.work / "small_disk"
+    mnt.mkdir(exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)]).returncode:
+      return None, None, "skipped: cannot mount a tmpfs here", True
+    try:
+      gin, work = self._big_task("big_full", pairs=150_002)
+      env = dict(self.env, VMX_CACHE_DIR=str(mnt / "data"))
+      p = common.run(common.train_command(gin, work / "run"), env, 600)
+      line = last_line(p.stderr)
+      left = [x for x in mnt.rglob("*") if ".tmp-" in x.name]
+      ok = (p.returncode == 2 and line.startswith("error: ") and "no space left" in line
+            and "Traceback" not in p.stderr and not left)
+      return ok, p.returncode, line, not left
+    finally:
+      subprocess.run(["umount", str(mnt)])
+
+  def config_and_data_change(self):
+    """A batch-size change is a setting and a data change: one refusal names both and
+    both flags; nothing is written."""
+    d = self.trained("batch")
+    before = snapshot(d)
+    p = self.run(self.train_cmd(d, "--gin.BATCH_SIZE=32"))
+    line = last_line(p.stderr)
+    ok = (p.returncode == 2 and "BATCH_SIZE 16 -> 32" in line and "batch_size 16 -> 32" in line
+          and "--gin.ALLOW_CONFIG_CHANGE=True --gin.ALLOW_DATA_CHANGE=True" in line)
+    again = self.run(self.train_cmd(d, "--gin.BATCH_SIZE=32", "--gin.ALLOW_CONFIG_CHANGE=True",
+                                    "--gin.ALLOW_DATA_CHANGE=True"))
+    ok = ok and again.returncode == 0 and "resumed from" in again.stdout
+    return ok, p.returncode, line, kept(before, d)
+
+  def vocabulary_edited(self):
+    """The corpus a run's vocabulary is built from is edited in place: the next start
+    builds a new vocabulary (keyed by content) and refuses to continue the run with it."""
+    work = self.work / "vocab_run"
+    gin = common.write_task(work, steps=60, checkpoint_period=10)
+    built = work / "built_vocab.gin"
+    built.write_text(f"include {str(gin)!r}\n"
+                     "VOCABULARY = @vocabulary_path()\n"
+                     f"vocabulary_path.train_files = [{str(work / 'data/toy.xx')!r}, "
+                     f"{str(work / 'data/toy.en')!r}]\n"
+                     "vocabulary_path.vocab_size = 100\n"
+                     "vocabulary_path.languages = ['xx', 'en']\n")
+    d = work / "run"
+    first = self.run(common.train_command(built, d, "--gin.train.stop_at_step=10"))
+    src = work / "data/toy.xx"
+    src.write_text(src.read_text().replace("alpha", "omega"))
+    p = self.run(common.train_command(built, d))
+    line = last_line(p.stderr)
+    ok = (first.returncode == 0 and p.returncode == 2
+          and "is not the one MODEL_DIR" in line and "--fresh" in line)
+    return ok, p.returncode, line, True
+
+  def eval_bad_path(self):
+    """launch/eval.py with a path flag that names nothing: one line within seconds, before
+    any evaluation."""
+    d = self.trained("eval_paths")
+    t0 = time.time()
+    p = self.run(common.launcher_command("eval", f"--checkpoint_dir={d}", "--protocol=mpcl",
+                                         "--sts17_dir=/nonexistent", "--no_progress"))
+    seconds = time.time() - t0
+    line = last_line(p.stderr)
+    ok = p.returncode == 2 and "--sts17_dir=/nonexistent" in line and seconds < 60
+    return ok, p.returncode, f"{line} [{seconds:.0f} s]", True
+
   def _import(self, config) -> tuple:
     hf = self.work / f"hf_{len(list(self.work.glob('hf_*')))}"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps(config))
     out = self.work / f"{hf.name}_out"
-    p = self.run([sys.executable, str(REPO / "launch/import_checkpoint.py"), f"--hf_dir={hf}",
-                  f"--output_dir={out}"])
+    p = self.run(common.launcher_command("import_checkpoint", f"--hf_dir={hf}",
+                                         f"--output_dir={out}"))
     line = last_line(p.stderr)
     return (p.returncode == 2 and line.startswith("error:") and "Traceback" not in p.stderr
             and not out.exists(), p.returncode, line, not out.exists())
@@ -218,7 +352,9 @@ class Probe:
 
 
 CASES = ("shape_change", "two_trainers", "sigterm", "sigint_twice", "missing_step",
-         "fresh_elsewhere", "read_only", "bad_hf_config", "no_config_sizes")
+         "fresh_elsewhere", "read_only", "bad_hf_config", "no_config_sizes", "damaged_cache",
+         "cache_build_sigterm", "cache_build_kill", "full_disk", "config_and_data_change",
+         "vocabulary_edited", "eval_bad_path")
 
 
 def main(argv=None) -> int:

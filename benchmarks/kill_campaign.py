@@ -11,15 +11,14 @@ exit 75 (vmx/training/preemption.py) with a `preempted: ... checkpoint_<step>` l
 record says which step it saved (`preempt_saved`) and the restart must resume from exactly
 that step (nothing since the last periodic checkpoint is lost), then end bit for bit as
 the reference does. Its random signals come within half a checkpoint period after a
-random periodic checkpoint (not the final one) has appeared; a signal that still lands
-after the final checkpoint (the run is shutting down: default SIGTERM, exit -15) has
-nothing to save and counts as saved at the last step.
+random periodic checkpoint (not the final one) has appeared. Besides those, one signal
+(of 4 or more) is aimed at the start-up, before step 1 (vocabulary, token cache, compile:
+exit 75, `preempted: ... no training step had run, nothing needed saving`, and the restart
+starts anew), and one at the final save (exit 75, `preempted: ... during the final save:
+saved .../checkpoint_<steps>; the run is complete`, and the restart has nothing to do).
 
-What it does, all on a tiny synthetic task written into the work dir (a ~600-pair Moses
-corpus from a 19-word list, a ~100-piece SentencePiece vocabulary, a gin experiment file
-including architectures/transformer.gin, models/contrastive.gin and runs/train.gin: a
-1-layer, 32-wide CONTRASTIVE encoder with dropout 0.1, adam with linear warm-up/decay,
-batch 16, length 16, a checkpoint every 5 steps, 2 kept, no Tatoeba evaluation):
+What it does, all on the tiny synthetic task of benchmarks/common.py written into the work
+dir (a checkpoint every 5 steps, 2 kept):
 
   1. runs `launch/train.py --gin_file=<work_dir>/experiment.gin --gin.MODEL_DIR=...` (the
      real CLI, subprocess, real 1-device CPU: XLA_FLAGS removed) once uninterrupted: the
@@ -66,216 +65,17 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Sequence
 
-REPO = Path(__file__).resolve().parents[1]
-TMP_MARKER = ".orbax-checkpoint-tmp"   # orbax 0.12: <model_dir>/checkpoint_<step>.orbax-checkpoint-tmp
-TMP_RE = re.compile(r"^checkpoint_(\d+)\.orbax-checkpoint-tmp")
-CKPT_RE = re.compile(r"^checkpoint_(\d+)$")
-RESUMED_RE = re.compile(r"\[vmx\] resumed from .*checkpoint_(\d+)")
-PREEMPTED_RE = re.compile(r"preempted: SIG\w+ at step (\d+): saved .*checkpoint_(\d+)")
-EXIT_PREEMPTED = 75
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
-         "pi rho sigma tau").split()
-
-
-# ----------------------------------------------------------------------------- set-up
-
-def write_task(work_dir: Path, steps: int, checkpoint_period: int = 5, keep: int = 2,
-               pairs: int = 600, vocab_size: int = 100, seed: int = 0) -> Path:
-  """Corpus, vocabulary and experiment gin file in work_dir; returns the gin file's path."""
-  import numpy as np
-  data = work_dir / "data"
-  data.mkdir(parents=True, exist_ok=True)
-  rng = np.random.default_rng(seed)
-  src, tgt = [], []
-  for _ in range(pairs):
-    ws = list(rng.choice(WORDS, size=rng.integers(2, 9)))
-    src.append(" ".join(ws))
-    tgt.append(" ".join(w.upper() for w in ws))
-  src_path, tgt_path = data / "toy.xx", data / "toy.en"
-  src_path.write_text("".join(l + "\n" for l in src), encoding="utf-8")
-  tgt_path.write_text("".join(l + "\n" for l in tgt), encoding="utf-8")
-  vocab_path = data / "toy.model"
-  if not vocab_path.exists():
-    if str(REPO) not in sys.path:
-      sys.path.insert(0, str(REPO))
-    from vmx.data.vocab import train_sentencepiece
-    train_sentencepiece([str(src_path), str(tgt_path)], str(vocab_path), vocab_size,
-                        ["xx", "en"])
-  import sentencepiece as spm
-  pieces = spm.SentencePieceProcessor(model_file=str(vocab_path)).get_piece_size()
-  gin_file = work_dir / "experiment.gin"
-  gin_file.write_text(f"""\
-# Written by benchmarks/kill_campaign.py: a tiny CONTRASTIVE run on a synthetic corpus.
-include 'architectures/transformer.gin'
-include 'models/contrastive.gin'
-include 'runs/train.gin'
-
-MIXTURE_OR_TASK_NAME = @tasks.moses_task()
-tasks.moses_task.name = 'kill_campaign_toy'
-tasks.moses_task.source_file = {str(src_path)!r}
-tasks.moses_task.target_file = {str(tgt_path)!r}
-tasks.moses_task.source_language = 'xx'
-tasks.moses_task.target_language = 'en'
-tasks.moses_task.vocabulary = %VOCABULARY
-tasks.moses_task.model_languages = %LANGUAGES
-VOCABULARY = {str(vocab_path)!r}
-LANGUAGES = ['xx', 'en']
-train.eval_cfg = None
-
-NUM_LAYERS = 1
-EMB_DIM = 32
-NUM_HEADS = 2
-MLP_DIM = 64
-VOCAB_SIZE = {pieces}
-MAX_LENGTH = 16
-BATCH_SIZE = 16
-DROPOUT_RATE = 0.1
-TRAIN_STEPS = {steps}
-OPTIMIZER = 'adam'
-LR_SCHEDULE = 'linear'
-LEARNING_RATE = 2e-3
-WARMUP_STEPS = 5
-CHECKPOINT_PERIOD = {checkpoint_period}
-CHECKPOINTS_TO_KEEP = {keep}
-LOG_PERIOD = 10
-""", encoding="utf-8")
-  return gin_file
-
-
-def train_env(compile_cache: Optional[Path], platforms: str = "cpu") -> dict:
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # the real CLI on the real (1-device) CPU
-  env["PYTHONUNBUFFERED"] = "1"
-  if platforms:
-    env["JAX_PLATFORMS"] = platforms
-  if compile_cache is not None:
-    env["JAX_COMPILATION_CACHE_DIR"] = str(compile_cache)
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-  return env
-
-
-# ----------------------------------------------------------------------------- one run
-
-def _scan(model_dir: Path) -> tuple[list[int], list[int]]:
-  """(finalized checkpoint steps, steps of orbax temporary checkpoint dirs) in model_dir."""
-  done, tmp = [], []
-  try:
-    names = os.listdir(model_dir)
-  except FileNotFoundError:
-    return done, tmp
-  for n in names:
-    m = CKPT_RE.match(n)
-    if m:
-      done.append(int(m.group(1)))
-    elif TMP_MARKER in n:
-      m = TMP_RE.match(n)
-      tmp.append(int(m.group(1)) if m else -1)
-  return sorted(done), sorted(tmp)
-
-
-class Run:
-  """One launch/train.py process on model_dir, watched by polling model_dir."""
-
-  def __init__(self, cmd: Sequence[str], env: dict, model_dir: Path, log_path: Path):
-    self.model_dir = model_dir
-    model_dir.mkdir(parents=True, exist_ok=True)
-    self.log_path = log_path
-    self._log = open(log_path, "w")
-    self.t0 = time.monotonic()
-    # Own session: the SIGKILL goes to the whole process group, as `kill -9 -PGID` would.
-    self.proc = subprocess.Popen(list(cmd), env=env, cwd=REPO, stdout=self._log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-    self.tmp_seen: dict[int, list[float]] = {}   # step -> [first seen, last seen] (s)
-
-  def elapsed(self) -> float:
-    return time.monotonic() - self.t0
-
-  def poll(self) -> tuple[list[int], list[int]]:
-    done, tmp = _scan(self.model_dir)
-    t = self.elapsed()
-    for s in tmp:
-      self.tmp_seen.setdefault(s, [t, t])[1] = t
-    return done, tmp
-
-  def kill(self, sig: int = signal.SIGKILL, timeout: float = 300.0):
-    """Sends `sig` to the process group and waits for the exit (a SIGTERM'd run saves a
-    checkpoint first; if it has not exited after `timeout` s it gets SIGKILL)."""
-    try:
-      os.killpg(self.proc.pid, sig)
-    except ProcessLookupError:
-      pass
-    try:
-      self.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      os.killpg(self.proc.pid, signal.SIGKILL)
-      self.proc.wait()
-    self._log.close()
-
-  def wait(self, timeout: float, poll_interval: float) -> int:
-    deadline = time.monotonic() + timeout
-    while self.proc.poll() is None:
-      if time.monotonic() > deadline:
-        self.kill()
-        raise TimeoutError(f"{self.log_path}: no exit after {timeout:.0f} s")
-      self.poll()
-      time.sleep(poll_interval)
-    self._log.close()
-    return self.proc.returncode
-
-  def log_tail(self, n: int = 2000) -> str:
-    return self.log_path.read_text(errors="replace")[-n:]
-
-
-# ----------------------------------------------------------------------------- comparing
-
-def load_checkpoint(model_dir: Path, step: int) -> dict:
-  """{'params/<path>': ndarray, 'train_state/<path>': ndarray, 'data': dict} of checkpoint_<step>."""
-  import warnings
-
-  import jax
-  import numpy as np
-  import orbax.checkpoint as ocp
-  ckpt = Path(model_dir).absolute() / f"checkpoint_{step}"
-  out = {}
-  with ocp.PyTreeCheckpointer() as c, warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="Sharding info not provided")
-    for item in ("params", "train_state"):
-      tree = c.restore(ckpt / item)  # as saved (1 CPU device), no target needed
-      for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        out[f"{item}{jax.tree_util.keystr(path)}"] = np.asarray(leaf)
-  out["data"] = json.loads((ckpt / "data" / "metadata").read_text())
-  return out
-
-
-def compare(ref: dict, got: dict) -> list[dict]:
-  """Differences between two load_checkpoint() results ([] = bitwise equal)."""
-  import numpy as np
-  diffs = []
-  for k in sorted(set(ref) | set(got)):
-    if k not in ref or k not in got:
-      diffs.append({"leaf": k, "problem": "missing in " + ("run" if k in ref else "reference")})
-      continue
-    a, b = ref[k], got[k]
-    if k == "data":
-      if a != b:
-        diffs.append({"leaf": k, "reference": a, "run": b})
-      continue
-    if a.dtype != b.dtype or a.shape != b.shape:
-      diffs.append({"leaf": k, "problem": f"{a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"})
-    elif a.tobytes() != b.tobytes():  # bitwise, NaNs and signed zeros included
-      d = {"leaf": k, "unequal_elements": int(np.sum(a != b))}
-      if np.issubdtype(a.dtype, np.number):
-        d["max_abs_diff"] = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
-      diffs.append(d)
-  return diffs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
+from benchmarks.common import (RESUMED_RE, TMP_MARKER, Run, compare,  # noqa: E402
+                               load_checkpoint, scan)
+from vmx.errors import EXIT_PREEMPTED  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- campaign
@@ -304,14 +104,13 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
   work_dir = Path(work_dir).absolute()
   work_dir.mkdir(parents=True, exist_ok=True)
   rng = random.Random(seed)
-  gin_file = write_task(work_dir, steps, checkpoint_period, keep)
-  env = train_env(work_dir / "jax_cache" if compile_cache else None, platforms)
+  gin_file = common.write_task(work_dir, steps, checkpoint_period, keep)
+  env = common.train_env(work_dir / "jax_cache" if compile_cache else None, platforms)
   logs = work_dir / "logs"
   logs.mkdir(exist_ok=True)
 
   def cmd(model_dir, *extra):
-    return [sys.executable, str(REPO / "launch/train.py"), f"--gin_file={gin_file}",
-            f"--gin.MODEL_DIR={model_dir}", *extra_flags, *extra]
+    return common.train_command(gin_file, model_dir, *extra_flags, *extra)
 
   def fresh(name):
     d = work_dir / name
@@ -352,7 +151,8 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       f"{max(lifetimes, default=0) * 1e3:.0f} ms")
 
   n_write = min(kills, max(1, round(kills * write_fraction))) if kills else 0
-  kinds = ["checkpoint_write"] * n_write + ["random"] * (kills - n_write)
+  phases = (["start_up", "final_save"] if signum == signal.SIGTERM and kills >= 4 else [])
+  kinds = phases + ["checkpoint_write"] * n_write + ["random"] * (kills - n_write - len(phases))
   rng.shuffle(kinds)
   results = []
   for i, kind in enumerate(kinds):
@@ -360,10 +160,14 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
     rec = {"kill": i, "kind": kind}
     target, delay, offset = None, 0.0, 0.0
     if kind == "checkpoint_write":  # kill `delay` s after the temporary dir appears
-      # (SIGTERM: not the final write, after which a signal has nothing left to save)
+      # (SIGTERM: not the final write, which has its own kind)
       target = rng.choice([s for s in save_steps if s > 1 and (
           signum == signal.SIGKILL or s < steps)] or save_steps)
       delay = rng.uniform(0.0, write_delay_max)
+    elif kind == "final_save":      # when the final checkpoint's write has begun
+      target, delay = steps, rng.uniform(0.0, write_delay_max)
+    elif kind == "start_up":        # after process start, before step 1 is saved
+      offset = rng.uniform(0.2, max(0.3, 0.9 * ref_train_start))
     elif random_window == "training" and signum == signal.SIGTERM:
       # A preemption while training runs: after a random periodic checkpoint (not the
       # final one) has appeared, within half a period of it. (A signal timed from the
@@ -379,27 +183,29 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
     for attempt in range(1, 4):
       model_dir = fresh(name)
       run = Run(cmd(model_dir), env, model_dir, logs / f"{name}_killed.log")
-      anchor = 0.0 if (kind == "random" and random_window == "process") else None
+      anchor = 0.0 if ((kind == "random" and random_window == "process")
+                       or kind == "start_up") else None
       while run.proc.poll() is None:
         done, tmp = run.poll()
         t = run.elapsed()
         if anchor is None:
-          if kind == "checkpoint_write" and any(s >= target for s in tmp):
+          if kind in ("checkpoint_write", "final_save") and any(s >= target for s in tmp):
             anchor = t
           elif kind == "random" and target is not None and target in done:
             anchor = t
           elif kind == "random" and target is None and (done or tmp):
             anchor = t
-        if anchor is not None and t >= anchor + (delay if kind == "checkpoint_write" else offset):
+        if anchor is not None and t >= anchor + (delay if kind in ("checkpoint_write",
+                                                                    "final_save") else offset):
           break
         if t > run_timeout:
           break
         time.sleep(poll_interval)
-      done_before, tmp_before = _scan(model_dir)
+      done_before, tmp_before = scan(model_dir)
       exited = run.proc.poll() is not None
       run.kill(signum)
       t_kill = run.elapsed()
-      done_after, tmp_after = _scan(model_dir)
+      done_after, tmp_after = scan(model_dir)
       tmp_files = sum(len(files) for n in os.listdir(model_dir) if TMP_MARKER in n
                       for _, _, files in os.walk(model_dir / n))
       if not exited:
@@ -412,15 +218,16 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       else:
         delay = 0.0
     if signum == signal.SIGTERM and not exited:
-      m = PREEMPTED_RE.search(run.log_path.read_text(errors="replace"))
-      # A signal after the final checkpoint (the run is shutting down) has nothing to save.
-      finished = steps in done_before or (
-          run.proc.returncode == 0 and (model_dir / f"checkpoint_{steps}").is_dir())
-      rec.update(exit_code=run.proc.returncode, after_final_checkpoint=finished,
-                 preempt_saved=int(m.group(2)) if m else (steps if finished else None),
-                 preempt_ok=(run.proc.returncode == EXIT_PREEMPTED and m is not None
-                             and (model_dir / f"checkpoint_{m.group(2)}").is_dir())
-                 or (finished and m is None))
+      line = common.last_line(run.text())
+      m = re.search(r"saved \S*checkpoint_(\d+)", line)
+      nothing = "no training step had run, nothing needed saving" in line
+      saved = int(m.group(1)) if m else 0 if nothing else None
+      rec.update(exit_code=run.proc.returncode, preempted_line=line[:300],
+                 after_final_checkpoint=saved == steps, preempt_saved=saved,
+                 preempt_ok=(run.proc.returncode == EXIT_PREEMPTED
+                             and line.startswith("preempted: ") and saved is not None
+                             and (saved == 0 or common.checkpoint_dir(model_dir,
+                                                                      saved).is_dir())))
     rec.update(attempts=attempt, killed=not exited, kill_time_s=round(t_kill, 3),
                target_save_step=target, write_delay_ms=round(delay * 1e3, 1),
                checkpoints_at_kill=done_before, tmp_dirs_at_kill=tmp_before,
@@ -433,7 +240,7 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
       rc = run.wait(run_timeout, 0.05)
       t_restart += run.elapsed()
       rcs.append(rc)
-      m = RESUMED_RE.search(run.log_path.read_text(errors="replace"))
+      m = RESUMED_RE.search(run.text())
       resumed = int(m.group(1)) if m else 0
       if rc == 0:
         break
@@ -457,10 +264,11 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
              if tmp_after
              else "no checkpoint write under way")
     if "preempt_saved" in rec:
-      where += (f"; exit {rec['exit_code']}, after the final checkpoint: nothing to save"
-                if rec["after_final_checkpoint"] and rec["exit_code"] != EXIT_PREEMPTED else
+      where += (f"; exit {rec['exit_code']}, before step 1: nothing to save"
+                if rec["preempt_ok"] and rec["preempt_saved"] == 0 else
                 f"; exit {rec['exit_code']}, saved checkpoint_{rec['preempt_saved']}"
-                if rec["preempt_ok"] else f"; exit {rec['exit_code']}, NO PREEMPTION SAVE")
+                if rec["preempt_ok"] else
+                f"; exit {rec['exit_code']}, NO PREEMPTION LINE: {rec['preempted_line']}")
     log(f"[kill_campaign] kill {i + 1}/{kills} ({kind}): {sig} at {t_kill:.2f} s ({where}; "
         f"checkpoints then: {done_before or 'none'}), restart resumed from step {resumed} "
         f"in {t_restart:.1f} s (rc {rcs}): "

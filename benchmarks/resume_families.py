@@ -15,16 +15,15 @@ exits 1 if any family differs. kill -9 and SIGTERM at random moments:
 benchmarks/kill_campaign.py. The distillation family needs its teacher cache (the
 MiniLM teacher, minutes to build); `--families=distill` runs it.
 """
-import importlib.util  # noqa: F401  (gin-config 0.5 needs it imported first)
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
 SMALL = ["--gin.NUM_LAYERS=1", "--gin.EMB_DIM=64", "--gin.NUM_HEADS=2", "--gin.MLP_DIM=128",
          "--gin.MAX_LENGTH=16", "--gin.EVAL_PERIOD=0", "--gin.train.eval_cfg=None",
          "--gin.LOG_PERIOD=2", "--gin.BEST_METRIC=None"]
@@ -42,25 +41,13 @@ DEFAULT = "contrastive,vmsst,ems,mpcl,infoxlm,emmax"
 
 
 def _train(gin_file, extra, model_dir, steps, stop=None):
-  cmd = [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--gin_file={gin_file}",
-         *SMALL, *extra, f"--gin.TRAIN_STEPS={steps}", f"--gin.CHECKPOINT_PERIOD={steps}",
-         f"--gin.MODEL_DIR='{model_dir}'", "--gin.train.progress=False"]
-  if stop is not None:
-    cmd.append(f"--gin.train.stop_at_step={stop}")
-  out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                       env=_kill_campaign().train_env(None))
-  if out.returncode != 0:
-    raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}:\n{out.stderr[-3000:]}")
+  stop_flag = [] if stop is None else [f"--gin.train.stop_at_step={stop}"]
+  out = common.run(common.train_command(gin_file, model_dir, *SMALL, *extra,
+                                        f"--gin.TRAIN_STEPS={steps}",
+                                        f"--gin.CHECKPOINT_PERIOD={steps}",
+                                        "--gin.train.progress=False", *stop_flag),
+                   common.train_env(None), check=True)
   return out.stdout
-
-
-def _kill_campaign():
-  """benchmarks/kill_campaign.py as a module: its checkpoint reader, comparison, env."""
-  spec = importlib.util.spec_from_file_location(
-      "kill_campaign", os.path.join(ROOT, "benchmarks", "kill_campaign.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def run_family(name, steps, stop, work):
@@ -73,8 +60,7 @@ def run_family(name, steps, stop, work):
   _train(gin_file, extra, full, steps)
   _train(gin_file, extra, split, steps, stop=stop)
   log = _train(gin_file, extra, split, steps)
-  kc = _kill_campaign()
-  diffs = kc.compare(kc.load_checkpoint(full, steps), kc.load_checkpoint(split, steps))
+  diffs = common.same_final_state(full, split, steps)
   return {"family": name, "equal": not diffs, "differ": diffs[:3],
           "resumed": f"checkpoint_{stop}" in log, "seconds": round(time.time() - t0, 1)}
 

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
 BASE = "contrastive_small_1h.gin"
 SHAPE_KEYS = ("NUM_LAYERS", "EMB_DIM", "MLP_DIM", "NUM_HEADS", "MAX_LENGTH", "BATCH_SIZE",
               "VOCAB_SIZE")
@@ -55,15 +57,15 @@ def run(cmd):
 
 
 def metrics(model_dir: Path) -> list[dict]:
-  return [json.loads(l) for l in (model_dir / "metrics.jsonl").read_text().splitlines()]
+  return common.metrics_rows(model_dir)
 
 
 def steps_per_sec(out: Path, bindings: dict, extra) -> float:
   shape = {k: bindings[k] for k in SHAPE_KEYS if k in bindings}
   d = out / ("calibrate_" + "_".join(f"{k.lower()}{v}" for k, v in sorted(shape.items())))
-  run([sys.executable, str(REPO / "launch/train.py"), f"--gin_file={BASE}",
-       f"--gin.MODEL_DIR={d}", *flags(bindings), "--gin.TRAIN_STEPS=40", "--gin.LOG_PERIOD=20",
-       "--gin.EVAL_PERIOD=0", "--gin.BEST_METRIC=None", "--gin.CHECKPOINT_PERIOD=40", *extra])
+  run(common.train_command(BASE, d, *flags(bindings), "--gin.TRAIN_STEPS=40",
+                           "--gin.LOG_PERIOD=20", "--gin.EVAL_PERIOD=0",
+                           "--gin.BEST_METRIC=None", "--gin.CHECKPOINT_PERIOD=40", *extra))
   rows = [r for r in metrics(d) if "train/steps_per_sec" in r]
   return rows[-1]["train/steps_per_sec"]     # steps 21-40: compiled, buffers filled
 
@@ -89,10 +91,10 @@ def main():
     steps = max(100, int(args.minutes * 60 * speeds[key]) // 100 * 100)
     d = out / name.lower().replace(" ", "_").replace("-", "_")
     t = time.time()
-    run([sys.executable, str(REPO / "launch/train.py"), f"--gin_file={BASE}",
-         f"--gin.MODEL_DIR={d}", *flags(b), f"--gin.TRAIN_STEPS={steps}",
-         f"--gin.WARMUP_STEPS={max(10, steps // 20)}", f"--gin.EVAL_PERIOD={steps}",
-         f"--gin.CHECKPOINT_PERIOD={steps}", *extra])
+    run(common.train_command(BASE, d, *flags(b), f"--gin.TRAIN_STEPS={steps}",
+                             f"--gin.WARMUP_STEPS={max(10, steps // 20)}",
+                             f"--gin.EVAL_PERIOD={steps}", f"--gin.CHECKPOINT_PERIOD={steps}",
+                             *extra))
     last = [r for r in metrics(d) if "dev/main_score" in r][-1]
     results[name] = {"steps": steps, "steps_per_sec": speeds[key], "wall_s": time.time() - t,
                      "dev": last["dev/main_score"], "newstest2013": last["dev/newstest2013"],

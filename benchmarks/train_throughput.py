@@ -6,9 +6,10 @@
       --gin.VOCAB_SIZE=32000 --gin.MAX_LENGTH=32 --gin.BATCH_SIZE=64
 
 Same flags as launch/train.py (no data or vocabulary is read). Prints one JSON line:
-step_s, pairs_per_s, tokens_per_s, model_flops_per_step (analytic: 3 x forward matmul
-FLOPs of both encoder passes; XLA's count for other models), xla_flops_per_step (XLA's cost analysis), achieved_flops,
-peak_flops (a large f32 matmul timed in this process), mfu = achieved / peak, and
+step_s, pairs_per_s, tokens_per_s, model_flops_per_step (XLA's cost analysis of the
+step, the same rule for every model), encoder_flops_per_step (the analytic 3 x forward
+matmul FLOPs of both encoder passes, for comparison), achieved_flops, peak_flops (a large
+f32 matmul timed in this process), mfu = achieved / peak, and
 host_malloc ("tuned" when vmx.host_memory kept freed memory in the process; set
 VMX_HOST_MALLOC=off to measure glibc's defaults).
 """
@@ -84,15 +85,15 @@ def main(argv):
     state, m = trainer.step(state, batch)
   jax.block_until_ready(state)
   step_s = (time.perf_counter() - t) / args.steps
-  from vmx.models import DualEncoderModel
-  if isinstance(model, DualEncoderModel):
-    model_flops = 3 * 2 * encoder_forward_flops(enc, B, L)  # fwd+bwd, both sides
-  else:  # encoder-decoder models: XLA's count (includes attention softmax etc.)
-    model_flops = xla_flops
+  # The step's FLOPs as XLA counts them, for every model alike (attention softmax and
+  # the like included); `encoder_flops_per_step` is the analytic count of the encoder
+  # alone on both sides, forward and backward, for comparison.
+  model_flops = xla_flops
   peak = measure_peak_flops()
   achieved = model_flops / step_s
   out = {"step_s": step_s, "pairs_per_s": B / step_s, "tokens_per_s": 2 * B * L / step_s,
          "model_flops_per_step": model_flops, "xla_flops_per_step": xla_flops,
+         "encoder_flops_per_step": 3 * 2 * encoder_forward_flops(enc, B, L),
          "achieved_flops": achieved, "peak_flops": peak, "mfu": achieved / peak,
          "batch_size": B, "max_length": L, "devices": jax.device_count(),
          "backend": jax.default_backend(), "host_malloc": host_memory.configure()}

@@ -8,7 +8,8 @@ Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, s
 geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
 (standard + sts17 + retrieval, which need --sts17_dir / --retrieval_dir). Tasks outside
 the suites: paracrawl, mldoc, amazon_v1, amazon_v2, flores (their --*_dir) and
-tatoeba_layers (per-layer Tatoeba, --tatoeba_layers).
+tatoeba_layers (per-layer Tatoeba, --tatoeba_layers), tatoeba_vector (Tatoeba with one
+layer's mean or CLS, --tatoeba_vector).
 `--protocol=vmsst|ems|infoxlm|emmax|mpcl` (comma-separated for several) runs what that
 paper's tables report, with its conventions, and writes OUTPUT_DIR/protocol_<name>.json
 naming each figure's table and the benchmarks vmx cannot read yet
@@ -99,6 +100,10 @@ def parse_args(argv):
   p.add_argument("--tatoeba_layers", default="",
                  help="task tatoeba_layers (InfoXLM Fig. 1): 'all' or comma-separated layer "
                       "numbers; with --protocol=infoxlm it adds the Fig. 1 rows")
+  p.add_argument("--tatoeba_vector", default="7,mean",
+                 help="task tatoeba_vector (InfoXLM Tables 2-3 in --protocol=infoxlm): "
+                      "LAYER,POOLING (mean or first) of the encoder, whatever vector the "
+                      "model embeds; default §4.2's, the mean of layer 7")
   p.add_argument("--tatoeba_layer_languages",
                  default=",".join(harness.tatoeba.INFOXLM_PARALLEL14),
                  help="task tatoeba_layers: its Tatoeba languages (default InfoXLM's 14)")
@@ -130,6 +135,11 @@ def parse_args(argv):
     seeds = [int(x) for x in _list(args.transfer_seeds)] or None
   except ValueError:
     p.error(f"--transfer_seeds={args.transfer_seeds!r}: expected integers 0,1,..")
+  vector = _list(args.tatoeba_vector)
+  if (len(vector) != 2 or not vector[0].isdigit() or int(vector[0]) < 1
+      or vector[1] not in ("mean", "first")):
+    p.error(f"--tatoeba_vector={args.tatoeba_vector!r}: expected LAYER,POOLING, e.g. 7,mean "
+            f"(pooling mean or first)")
   if langs == ["all"]:
     from vmx.evaluation import tatoeba  # lazy: jax
     langs = tatoeba.available_languages(args.data_dir)
@@ -145,6 +155,7 @@ def parse_args(argv):
       paracrawl_languages=_list(args.paracrawl_languages) or None,
       paracrawl_queries=args.paracrawl_queries, paracrawl_candidates=args.paracrawl_candidates,
       paracrawl_seed=args.paracrawl_seed, tatoeba_layers=layers,
+      tatoeba_vector=(int(vector[0]), vector[1]),
       flores_dir=args.flores_dir, flores_splits=_list(args.flores_splits),
       flores_languages=_list(args.flores_languages) or None,
       tatoeba_layer_languages=_list(args.tatoeba_layer_languages),
@@ -204,7 +215,7 @@ def main(argv):
     print(f"[vmx eval] protocol {proto.name} ({proto.paper}):")
     for f in report["figures"]:
       value = "undefined" if f["value"] is None else f"{f['value']:.2f}"
-      print(f"  {f['table']}, {f['column']}: {value} ({f['metric']})")
+      print(f"  {f['table']}, {f['column']}: {value} ({f['metric']}; vector: {f['vector']})")
     for m in report["missing"]:
       print(f"  missing: {m['table']}, {m['benchmark']} ({m['layout']})")
   if failed is not None:

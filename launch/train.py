@@ -81,7 +81,7 @@ def main(argv):
             flush=True)
       sys.exit(0 if total == n else 1)
   from vmx.training.trainer import train  # lazy: jax/TF, after cli.run_main's host set-up
-  with signals.activity("preparing the run (vocabulary, data, model)"):
+  with signals.activity("preparing or running the training"):
     _, metrics = train()
   return metrics
 

@@ -17,8 +17,10 @@ Corpora (layouts of ../shared/data/train, see its README):
 Monolingual text (single sides of those corpora): `tasks.monolingual_mixture`.
 Any other Moses or TSV corpus: `tasks.moses_task` / `tasks.tsv_task`.
 N-way corpora for MPCL (`tasks.nway_task`): tico19-multiway, wmt-newstest-multiway,
-bible-verses (see tasks/nway.py); with hard negatives (`tasks.xnli_mt_task`): XNLI-MT 1.0's
-translated MultiNLI files, a directory the user sets (see tasks/xnli_mt.py).
+bible-verses (see tasks/nway.py); MPCL's own (`tasks.mpcl_mixture`: XNLI-MT 1.0's premises
+in six languages when the user sets its directory, else those corpora) and with hard
+negatives (`tasks.xnli_mt_task`): XNLI-MT 1.0's translated MultiNLI files (see
+tasks/xnli_mt.py).
 """
 from tasks.parallel import (CORPORA, ParallelCorpus, corpora_text_files, corpus_files,
                             corpus_languages, corpus_text_files, languages_key,
@@ -27,8 +29,9 @@ from tasks.parallel import (CORPORA, ParallelCorpus, corpora_text_files, corpus_
 from tasks.teacher import pivot_sentences, teacher_embeddings
 from tasks.nway import (NWAY_CORPORA, nway_groups, nway_mixture, nway_mixture_text_files,
                         nway_task, nway_text_files)
-from tasks.xnli_mt import (XNLI_LANGUAGES, read_xnli_mt, xnli_mt_files, xnli_mt_groups,
-                           xnli_mt_task, xnli_mt_text_files)
+from tasks.xnli_mt import (MPCL_LANGUAGES, XNLI_LANGUAGES, mpcl_mixture,
+                           mpcl_mixture_text_files, read_xnli_mt, xnli_mt_files,
+                           xnli_mt_groups, xnli_mt_task, xnli_mt_text_files)
 from tasks.defaults import default_languages, register_defaults, register_from_environment
 
 DEFAULT_MIXTURES = register_from_environment()

@@ -7,8 +7,9 @@ from typing import Optional, Sequence
 
 import gin
 
-from vmx.data import devsets, download, registration, sources, teacher as teacher_lib
+from vmx.data import download, registration, sources, teacher as teacher_lib
 from vmx.errors import DataError
+from vmx.evaluation.heldout import EvaluationHeldOut
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,13 +55,18 @@ def languages_key(languages: Sequence[str], every: Sequence[str]) -> str:
   return f"{len(langs)}langs_{registration.short_hash(','.join(langs))}"
 
 
-def held_out(holdout: Sequence[str], data_dir: Optional[str], where: str):
-  """(devsets.HeldOut or None, task-name suffix): `holdout` names dev sets whose sentences
-  the tasks skip; their names carry `.minus_<sets>` (other data, another name)."""
-  if not holdout:
+def held_out(holdout: Sequence[str], data_dir: Optional[str], where: str,
+             directories: Optional[dict] = None):
+  """(a devsets.HeldOut or None, task-name suffix): `holdout` names dev sets, test sets
+  and evaluation benchmarks whose sentences the tasks skip, `directories` {benchmark:
+  directory or None} the user-supplied benchmarks (ParaCrawl, MLDoc, Amazon: every one
+  given is skipped; vmx/evaluation/heldout.py); the names carry `.minus_<sets>` (other
+  data, another name; user directories add a hash of their files)."""
+  if not holdout and not any((directories or {}).values()):
     return None, ""
-  h = devsets.HeldOut(holdout, data_dir, where=f"{where}.holdout")
-  return h, ".minus_" + "_".join(h.names)
+  h = EvaluationHeldOut(holdout, data_dir, directories, where=f"{where}.holdout")
+  stamp = h.key.partition("@")[2]
+  return h, ".minus_" + "_".join(h.names) + (f"_{stamp}" if stamp else "")
 
 
 @gin.configurable(module="tasks")
@@ -97,7 +103,8 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
                      empty_lines: str = "error",
                      shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
                      validation_percent: int = sources.VALIDATION_PERCENT,
-                     lazy: bool = False, holdout: Sequence[str] = ()) -> str:
+                     lazy: bool = False, holdout: Sequence[str] = (),
+                     holdout_dirs: Optional[dict] = None) -> str:
   """Registers one pair task per language (xx -> pivot), `<corpus>.<xx>_<pivot>`, and
   their mixture `<corpus>.mix_<languages>_a<alpha>` (`languages_key`); returns its name.
 
@@ -105,9 +112,12 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
   `model_languages` fixes the language ids (index in that list). Names do not depend
   on the vocabulary: registering again (another run's vocabulary) replaces the tasks.
   `lazy`: files are validated and counted on first use instead of now. `holdout`: dev
-  sets (`vmx.data.devsets`) whose sentences are skipped; names end in `.minus_<sets>`.
+  sets (`vmx.data.devsets`), test sets and evaluation benchmarks whose sentences are
+  skipped, `holdout_dirs` the user's evaluation data to skip as well ({'paracrawl' |
+  'mldoc' | 'amazon_v1' | 'amazon_v2': directory or None}; EMS §4.2, `held_out`); names
+  end in `.minus_<sets>`.
   """
-  h, suffix = held_out(holdout, data_dir, "tasks.parallel_mixture")
+  h, suffix = held_out(holdout, data_dir, "tasks.parallel_mixture", holdout_dirs)
   names = _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
                       shuffle_buffer_size, validation_percent, h, suffix)
   key = languages_key(languages, corpus_languages(corpus))

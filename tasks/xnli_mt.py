@@ -1,6 +1,7 @@
-"""XNLI-MT 1.0 as N-way groups with hard negatives, for MPCL's "XLM-R w/ hard negative"
-variant (Zhao et al., §3.5: all 15 XNLI languages, "sentences with contradictory labels
-as hard negatives").
+"""XNLI-MT 1.0 as N-way groups for MPCL (Zhao et al.): its main data (§3.1: the premises
+in six languages, en de fr es ru zh; `mpcl_mixture`) and the "XLM-R w/ hard negative"
+variant (§3.5: all 15 XNLI languages, "sentences with contradictory labels as hard
+negatives"; `xnli_mt_task`).
 
 XNLI-MT 1.0 (Conneau et al. 2018) is MultiNLI's training set machine-translated into the
 other 14 XNLI languages. It is not in shared/data (whose eval/xnli holds XNLI dev, an
@@ -17,11 +18,14 @@ readers rename it `contradiction`, the spelling of XNLI dev/test); both spelling
 accepted here. A file without the header line is read too; the label of a line must be
 the same in every language (else the files are not aligned: a DataError naming both).
 
-Groups: one per contradiction line. Its premise in the N languages is the group (the
-views: §3.1 takes "the sentence itself", not its hypotheses), its hypothesis in the N
-languages the hard negative's candidates (one language is drawn per example:
-vmx.data.nway.NwayHardNegativeSource). Entailment and neutral lines give no group; a
-premise with several contradiction hypotheses gives several groups.
+Groups of the hard-negative variant: one per contradiction line. Its premise in the N
+languages is the group (the views: §3.1 takes "the sentence itself", not its hypotheses),
+its hypothesis in the N languages the hard negative's candidates (one language is drawn
+per example: vmx.data.nway.NwayHardNegativeSource). Entailment and neutral lines give no
+group; a premise with several contradiction hypotheses gives several groups.
+Groups of the main data (`groups='premises'`): one per line of the files, its premise in
+the N languages (§3.1's "400k data groups" is MultiNLI's 392,702 training lines; a premise
+written with three hypotheses is three groups, as the lines are).
 """
 from __future__ import annotations
 
@@ -37,7 +41,11 @@ import gin
 from vmx import storage
 from vmx.data import readers, registration, sources
 from vmx.errors import ConfigError, DataError
+from tasks.nway import nway_mixture, nway_mixture_text_files
 from tasks.parallel import held_out, languages_key
+
+# MPCL §3.1: the six languages of its main experiments (XNLI's, ISO 639-1)
+MPCL_LANGUAGES = ("en", "de", "fr", "es", "ru", "zh")
 
 XNLI_LANGUAGES = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr",
                   "ur", "vi", "zh")
@@ -81,10 +89,16 @@ def _fields(path, lineno: int, line: str) -> list[str]:
   return f
 
 
-def read_xnli_mt(files: Mapping[str, str]):
+GROUPS = ("contradictions", "premises")
+
+
+def read_xnli_mt(files: Mapping[str, str], groups: str = "contradictions"):
   """(languages, premises, contradictions) of line-aligned XNLI-MT files {lang: path}:
   for each contradiction line, its premise and its hypothesis in every language
-  (rows of len(languages) texts, stripped; "" where a translation is empty)."""
+  (rows of len(languages) texts, stripped; "" where a translation is empty).
+  `groups='premises'`: every line's premise, and no contradictions (None)."""
+  if groups not in GROUPS:
+    raise ValueError(f"groups={groups!r}: expected one of {GROUPS}")
   langs = list(files)
   if not langs:
     raise DataError("XNLI-MT: no languages")
@@ -115,13 +129,15 @@ def read_xnli_mt(files: Mapping[str, str]):
       raise DataError(f"{files[langs[0]]}:{i} and {files[langs[j]]}:{i}: labels "
                       f"{labels[0]!r} and {labels[j]!r} differ: the files are not aligned "
                       f"line by line")
-    if labels[0] == "contradiction":
+    if groups == "premises":
+      premises.append([f[0].strip() for f in fields])
+    elif labels[0] == "contradiction":
       premises.append([f[0].strip() for f in fields])
       contradictions.append([f[1].strip() for f in fields])
   if not premises:
-    raise DataError(f"XNLI-MT {files[langs[0]]} (and the other languages): no contradiction "
-                    f"line")
-  return langs, premises, contradictions
+    raise DataError(f"XNLI-MT {files[langs[0]]} (and the other languages): no "
+                    f"{'line' if groups == 'premises' else 'contradiction line'}")
+  return langs, premises, (None if groups == "premises" else contradictions)
 
 
 def _stamp(files: Mapping[str, str]) -> tuple:
@@ -130,13 +146,14 @@ def _stamp(files: Mapping[str, str]) -> tuple:
 
 
 @functools.lru_cache(maxsize=2)
-def _read_cached(stamp: tuple):
-  return read_xnli_mt({l: p for l, p, _, _ in stamp})
+def _read_cached(stamp: tuple, groups: str):
+  return read_xnli_mt({l: p for l, p, _, _ in stamp}, groups)
 
 
-def xnli_mt_groups(directory: Optional[str], languages: Sequence[str] = XNLI_LANGUAGES):
+def xnli_mt_groups(directory: Optional[str], languages: Sequence[str] = XNLI_LANGUAGES,
+                   groups: str = "contradictions"):
   """`read_xnli_mt` of the files in `directory` (read once per process and file state)."""
-  return _read_cached(_stamp(xnli_mt_files(directory, languages)))
+  return _read_cached(_stamp(xnli_mt_files(directory, languages)), groups)
 
 
 @gin.configurable(module="tasks")
@@ -175,3 +192,41 @@ def xnli_mt_task(directory: Optional[str] = gin.REQUIRED, languages: Sequence[st
       f"xnli_mt.hard_negatives.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}"
       f"{suffix}", langs, premises, contradictions, vocabulary, num_views,
       shuffle_buffer_size, validation_percent, h)
+
+
+@gin.configurable(module="tasks")
+def mpcl_mixture(xnli_mt_directory: Optional[str] = None,
+                 xnli_languages: Sequence[str] = MPCL_LANGUAGES, corpora=gin.REQUIRED,
+                 vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
+                 alpha: float = 1.0, data_dir: Optional[str] = None,
+                 validation_percent: int = sources.VALIDATION_PERCENT,
+                 holdout: Sequence[str] = ()) -> str:
+  """MPCL's training groups: with `xnli_mt_directory` (XNLI-MT 1.0's multinli/ folder,
+  which the user supplies) the paper's (§3.1), one group per line of the training files,
+  its premise in `xnli_languages` (task `xnli_mt.views<V>.<languages>`); without it the
+  N-way corpora `corpora` of the data directory (`nway_mixture`: WMT newstest's multiway
+  years, with Czech in place of Chinese in mpcl.gin). `holdout`: dev sets whose
+  sentences' groups are dropped."""
+  if not xnli_mt_directory:
+    return nway_mixture(corpora, vocabulary, num_views, alpha, data_dir, validation_percent,
+                        holdout)
+  langs, premises, _ = xnli_mt_groups(xnli_mt_directory, xnli_languages, "premises")
+  if num_views > len(langs):
+    raise ConfigError(f"NUM_VIEWS={num_views} views of distinct languages, but the XNLI-MT "
+                      f"groups have {len(langs)} languages ({', '.join(langs)})")
+  h, suffix = held_out(holdout, data_dir, "tasks.mpcl_mixture")
+  return registration.register_nway_task(
+      f"xnli_mt.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}{suffix}", langs,
+      premises, vocabulary, num_views, validation_percent=validation_percent, holdout=h)
+
+
+@gin.configurable(module="tasks")
+def mpcl_mixture_text_files(xnli_mt_directory: Optional[str] = None,
+                            xnli_languages: Sequence[str] = MPCL_LANGUAGES,
+                            corpora=gin.REQUIRED, data_dir: Optional[str] = None) -> list[str]:
+  """Text for a vmx vocabulary of `mpcl_mixture`'s groups: the XNLI-MT text
+  `xnli_mt_text_files` writes (its contradiction lines' premises and hypotheses), else the
+  N-way corpora's."""
+  if xnli_mt_directory:
+    return xnli_mt_text_files(xnli_mt_directory, xnli_languages)
+  return nway_mixture_text_files(corpora, data_dir)

@@ -46,15 +46,6 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(skip)
 
 
-def load_benchmark(name: str):
-  """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 needs_data = pytest.mark.skipif(
     not DATA_DIR or not Path(DATA_DIR, "train").is_dir(),
     reason="real data not found: set VMX_DATA_DIR to a copy of shared/data "
@@ -118,7 +109,8 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
   from vmx import decoders, encoders
   from vmx.data import pipeline
   from vmx.models import VMSST, DualEncoder, DualEncoderModel, VMSSTModel
-  from vmx.training import checkpoints, optimizers, partitioning
+  from vmx.modeldir import checkpoints
+  from vmx.training import optimizers, partitioning
   from vmx.training.trainer import train
   gin.clear_config()
   enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,

@@ -1,4 +1,4 @@
-"""gcp-storage-emulator (in memory, one bucket) for tests/test_cloud_storage.py:
+"""gcp-storage-emulator (in memory, one bucket) for tests/test_storage.py:
 
   python tests/gcs_emulator.py PORT BUCKET
 

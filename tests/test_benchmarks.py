@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from conftest import DATA_DIR, load_benchmark, needs_data
+from benchmarks import gemm_bound, train_throughput
+from conftest import DATA_DIR, needs_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("layers,d,heads,d_ff,length,batch",
                          [(4, 256, 4, 1024, 32, 64), (2, 96, 3, 160, 7, 5)])
 def test_gemm_bound_flops_equal_model_flops(layers, d, heads, d_ff, length, batch):
-  bound, tput = load_benchmark("gemm_bound"), load_benchmark("train_throughput")
+  bound, tput = gemm_bound, train_throughput
   total = sum(count * bound.flops(a, b, form)
               for _, count, a, b, form in bound.products(layers, d, heads, d_ff, length, batch))
   enc = types.SimpleNamespace(emb_dim=d, mlp_dim=d_ff, num_heads=heads, head_dim=None, depth=layers)
@@ -33,7 +34,7 @@ def test_gemm_bound_runs_and_reports_every_kind():
       r["gemm_flops_per_step"]
 
 
-@pytest.mark.slow      # ~30 s of compiles; the equality itself is tests/test_sharding.py's
+@pytest.mark.slow      # ~30 s of compiles; the equality itself is tests/test_step.py's
 def test_grad_cache_benchmark_runs_and_keeps_the_loss():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "grad_cache.py"),
                         "--batches=16", "--chunk=8", "--steps=1", "--gin.NUM_LAYERS=1",

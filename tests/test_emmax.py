@@ -312,7 +312,8 @@ def phased_train(model_dir, toy_task, *, total=(4, 4), stop_at_step=None, queue_
                  text_task=None, em_parallel=False):
   from conftest import toy_text_task
   from vmx.data import pipeline
-  from vmx.training import checkpoints, optimizers, partitioning
+  from vmx.modeldir import checkpoints
+  from vmx.training import optimizers, partitioning
   from vmx.training.phases import Phase
   from vmx.training.trainer import train
   name, vp, _, _ = toy_task

@@ -356,3 +356,61 @@ def test_three_epochs_are_counted_from_the_training_mixture(toy_task, capsys):
     assert "ems_authors.gin" in capsys.readouterr().out      # 10k warm-up > the toy run
   finally:
     gin.clear_config()
+
+
+def test_training_skips_every_evaluation_dataset_the_user_supplies(tmp_path):
+  """EMS §4.2: training skips the sentences of every evaluation dataset, not only Tatoeba:
+  BUCC (the data directory's), and the ParaCrawl pools, MLDoc and Amazon files when their
+  directories are given; an undrawn ParaCrawl line and other text are kept. A training
+  source with that holdout drops the pairs, and ems.gin holds them all out."""
+  from conftest import write_lines
+  from tasks.parallel import held_out
+  from vmx.errors import ConfigError
+  from vmx.evaluation import heldout, paracrawl
+  data = tmp_path / "data"
+  write_lines(data / "eval/bucc2018/de-en/de-en.sample.de", ["de-1\tein bucc satz", "de-2\tx"])
+  write_lines(data / "eval/bucc2018/de-en/de-en.sample.en", ["en-1\ta bucc sentence"])
+  mldoc = tmp_path / "mldoc"
+  write_lines(mldoc / "en.train.tsv", ["an mldoc document\tCCAT"])
+  write_lines(mldoc / "de.test.tsv", ["ein mldoc dokument\tECAT"])
+  amazon = tmp_path / "amazon"
+  write_lines(amazon / "fr.dvd.dev.tsv", ["un avis\tpos"])
+  pc = tmp_path / "paracrawl"
+  n = paracrawl.N_CANDIDATES + 300
+  write_lines(pc / "ParaCrawl.de-en.de", [f"de {i}" for i in range(n)])
+  write_lines(pc / "ParaCrawl.de-en.en", [f"en {i}" for i in range(n)])
+  _, _, drawn, _ = paracrawl.draw(pc / "ParaCrawl.de-en.de", pc / "ParaCrawl.de-en.en")
+  undrawn = sorted(set(range(1, n + 1)) - set(drawn.tolist()))
+  assert len(undrawn) == 300
+  h, suffix = held_out(["bucc"], str(data), "tasks.parallel_mixture",
+                       {"mldoc": str(mldoc), "amazon_v1": str(amazon), "paracrawl": str(pc),
+                        "amazon_v2": None})
+  assert h.names == ["bucc", "paracrawl", "mldoc", "amazon_v1"]
+  assert suffix.startswith(".minus_bucc_paracrawl_mldoc_amazon_v1_")
+  for text in ("ein bucc satz", " a bucc sentence ", "an mldoc document", "ein mldoc dokument",
+               "un avis", f"de {drawn[0] - 1}", f"en {drawn[-1] - 1}"):
+    assert not h.keeps(["unrelated", text]), text
+  assert h.keeps([f"de {undrawn[0] - 1}", f"en {undrawn[0] - 1}"])
+  assert h.keeps(["CCAT", "de-1"])                     # labels and ids are not sentences
+  # the key changes with the user's files (another exclusion, another cache)
+  key = h.key
+  write_lines(mldoc / "en.dev.tsv", ["another mldoc document\tCCAT"])
+  assert heldout.EvaluationHeldOut(["bucc"], str(data), {"mldoc": str(mldoc)}).key != key
+  with pytest.raises(ConfigError, match="MLDOC_DIR"):
+    held_out(["mldoc"], str(data), "tasks.parallel_mixture")
+  with pytest.raises(ConfigError, match="no such directory"):
+    held_out([], str(data), "x", {"mldoc": str(tmp_path / "nope")})
+  assert held_out([], str(data), "x", {"mldoc": None}) == (None, "")
+  # the training source drops the pairs with a held-out sentence
+  from vmx.data import sources
+  src = write_lines(tmp_path / "train.de", ["ein bucc satz", "neu", "un avis"])
+  tgt = write_lines(tmp_path / "train.en", ["a", "new", "b"])
+  h2, _ = held_out(["bucc"], str(data), "t", {"amazon_v1": str(amazon)})
+  ds = sources.moses_source(str(src), str(tgt), validation_percent=0, holdout=h2)
+  kept = [ex["inputs"].numpy().decode() for ex in ds.get_dataset("train", shuffle=False)]
+  assert kept == ["neu"]
+  import gin
+  from vmx import experiment
+  experiment.parse_gin(["ems.gin"], ["MODEL_DIR='/tmp/unused'", f"MLDOC_DIR='{mldoc}'"], "")
+  assert gin.query_parameter("%HOLDOUT") == ["tatoeba", "bucc"]
+  gin.clear_config()

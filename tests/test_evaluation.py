@@ -329,14 +329,18 @@ def test_sts17_crosslingual_layout(tmp_path):
   assert "expected two tab-separated" in res["tracks_failed"]["track1.ar-ar"]
 
 
-def _semeval2017_release(tmp_path, bad_track3=False):
+def _semeval2017_release(tmp_path, bad_track3=False, extra_fields=False):
   """Both zips of the SemEval-2017 STS test release, with the quirks of the real files:
   English-first columns in track2 ar-en, track4b es-en and track6 tr-en; 500 input lines
   and 250 scores in track6; integer scores in track4b; padded Arabic fields with
   no-break spaces; a field starting with a double quote; a U+2028 inside a line; a gold
   zip with a directory
   entry, an input zip without. Sentences name their language ('xx:') and a vector angle
-  the encoder reads; returns (input zip, gold zip, {track: expected Spearman})."""
+  the encoder reads; returns (input zip, gold zip, {track: expected Spearman}).
+  `extra_fields`: as other copies of the release have them, lines of six tracks carry more
+  fields than the two sentences (a source, an id, a score, empty fields), one gold file
+  starts with a byte order mark and has a second field, another ends in blank lines, and
+  one input has Windows line ends."""
   import zipfile
   tracks = {"track1.ar-ar": ("ar", "ar"), "track2.ar-en": ("en", "ar"),
             "track3.es-es": ("es", "es"), "track4a.es-en": ("es", "en"),
@@ -357,11 +361,23 @@ def _semeval2017_release(tmp_path, bad_track3=False):
       lines[5] = lines[5] + "\u2028"
     if key.startswith("track6"):   # 250 more input lines, none of them scored
       lines += [f"{c1}:1.000000\t{c2}:{a:.6f}" for a in rng.uniform(0, 1.5, 250)]
+    if extra_fields:
+      extra = {"track1": lambda i, l: f"{l}\tsource-{i}", "track2": lambda i, l: f"{l}\t\t",
+               "track3": lambda i, l: f"{l}\t{i:04d}\tnews", "track4a": lambda i, l: f"{l}\t4.0",
+               "track5": lambda i, l: f"{l}\tMSRvid\t2017\t", "track6": lambda i, l: f"{l}\t \t{i}"}
+      add = extra.get(key.split(".")[0])
+      if add:
+        lines = [add(i, l) for i, l in enumerate(lines)]
     expected[key] = 100 * stats.spearmanr(np.cos(ang), [float(g) for g in gold])[0]
     if bad_track3 and key.startswith("track3"):
       gold[7] = "n/a"
-    inputs[f"STS.input.{key}.txt"] = "\n".join(lines) + "\n"
+    end = "\r\n" if extra_fields and key.startswith("track5") else "\n"
+    inputs[f"STS.input.{key}.txt"] = end.join(lines) + end
     golds[f"STS.gs.{key}.txt"] = "\n".join(gold) + "\n"
+    if extra_fields and key.startswith("track1"):
+      golds[f"STS.gs.{key}.txt"] = "\ufeff" + "\n".join(g + "\tgold" for g in gold) + "\n"
+    if extra_fields and key.startswith("track2"):
+      golds[f"STS.gs.{key}.txt"] += "\n\n"
   inp_zip, gs_zip = tmp_path / "Sts2017.eval.v1.1.zip", tmp_path / "Sts2017.gs.zip"
   with zipfile.ZipFile(inp_zip, "w") as z:
     z.writestr("STS2017.eval.v1.1/README.txt", "STS 2017 evaluation data")
@@ -418,6 +434,18 @@ def test_sts17_reads_the_semeval_release_as_distributed(tmp_path):
     assert rows["track2.ar-en"]["columns"] == ["eng", "ara"]
     assert rows["track4a.es-en"]["columns"] == ["spa", "eng"]
     assert [k for k, r in rows.items() if not r["mteb"]] == ["track4b.es-en"]
+  # a copy whose lines carry more fields than the two sentences: every track read, no pair
+  # missing, the same scores
+  (tmp_path / "extra").mkdir()
+  inp_zip, gs_zip, expected = _semeval2017_release(tmp_path / "extra", extra_fields=True)
+  enc = LangAngleEncoder()
+  res = sts.evaluate_sts17(common.as_encode_fn(enc), str(inp_zip), str(gs_zip))
+  rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
+  assert set(rows) == set(expected) and not res["tracks_failed"], res["tracks_failed"]
+  assert not enc.mismatched and not enc.unstripped
+  for key, want in expected.items():
+    assert rows[key]["spearman"] == pytest.approx(want, abs=1e-6), key
+    assert rows[key]["n"] == 250
   (tmp_path / "bad").mkdir()
   _, _, expected = _semeval2017_release(tmp_path / "bad", bad_track3=True)
   res = sts.evaluate_sts17(common.as_encode_fn(LangAngleEncoder()),
@@ -777,6 +805,29 @@ def test_mlp_probe_is_accurate_deterministic_per_seed_and_averaged(tmp_path):
   write_lines(tmp_path / "en.dev.tsv", ["c1 5\tlabel9"])
   with pytest.raises(DataError, match=r"en\.dev\.tsv: labels \['label9'\]"):
     transfer.evaluate(enc, dev_pattern=str(tmp_path / "{lang}.dev.tsv"), **kw)
+
+
+def test_mlp_probe_is_lasers_network_with_dropout_and_the_best_dev_epoch():
+  """LASER's MLDoc classifier (EMS §5.4): dropout 0.2, hidden 10 and 8 (tanh), Adam 1e-3,
+  batch 12, 500 epochs; the kept parameters are the best dev epoch's (their dev accuracy is
+  the recorded one); dropout is in the training (another rate, another network) and not in
+  prediction."""
+  assert transfer.MLP["dropout"] == 0.2 and transfer.MLP["epochs"] == 500
+  assert transfer.MLP["hidden"] == (10, 8) and transfer.MLP["batch_size"] == 12
+  rng = np.random.default_rng(0)
+  centres = rng.normal(size=(3, 6)) * 1.5
+  def data(n):
+    y = rng.integers(0, 3, n)
+    return (centres[y] + rng.normal(size=(n, 6))).astype(np.float32), [f"l{c}" for c in y]
+  x, y = data(100)
+  dx, dy = data(40)
+  p = transfer.MlpProbe(0, {"epochs": 30}).fit(x, y, dx, dy)
+  assert 1 <= p.best_epoch <= 30
+  assert 100 * np.mean(p.predict(dx) == np.asarray(dy)) == pytest.approx(p.dev_accuracy)
+  np.testing.assert_array_equal(p.predict(x), p.predict(x))        # no dropout at prediction
+  q = transfer.MlpProbe(0, {"epochs": 30, "dropout": 0.0}).fit(x, y, dx, dy)
+  assert not np.allclose(p.params[0][0], q.params[0][0])
+  assert [w.shape for w, _ in p.params] == [(6, 10), (10, 8), (8, 3)]
 
 
 def test_transfer_benchmark_both_directions(tmp_path):

@@ -107,7 +107,7 @@ _value = st.one_of(st.integers(-3, 10 ** 7).map(str), st.floats(allow_nan=True).
 def test_fuzz_gin_bindings(bindings):
   import gin
   from vmx import experiment, gin_utils
-  from vmx.training import checkpoints
+  from vmx.modeldir import checkpoints
   argv = [f"--gin.{k}={v}" for k, v in bindings]
   gin.clear_config()
   try:

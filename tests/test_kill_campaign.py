@@ -1,11 +1,11 @@
 """kill -9 at random moments (one during a checkpoint write), restart: the final parameters,
 optimizer state, RNG and data position equal an uninterrupted run's bit for bit
 (benchmarks/kill_campaign.py with 3 kills; the benchmark itself runs 10)."""
-from conftest import load_benchmark
+from benchmarks import kill_campaign
 
 
 def test_kill_restart_is_bitwise_equal_to_uninterrupted(tmp_path):
-  summary = load_benchmark("kill_campaign").run_campaign(tmp_path, kills=3, seed=0, steps=30)
+  summary = kill_campaign.run_campaign(tmp_path, kills=3, seed=0, steps=30)
   results = summary["results"]
   for r in results:
     assert r["killed"], r
@@ -22,7 +22,7 @@ def test_sigterm_saves_and_the_restart_resumes_there_bitwise(tmp_path):
   """The preemption campaign (benchmarks/kill_campaign.py --signal=SIGTERM, 3 signals):
   every signalled run saves at the next step boundary and exits 75; the restart resumes
   from exactly that step and ends bit for bit as the uninterrupted run."""
-  summary = load_benchmark("kill_campaign").run_campaign(tmp_path, kills=3, seed=1, steps=30,
+  summary = kill_campaign.run_campaign(tmp_path, kills=3, seed=1, steps=30,
                                                          sig="SIGTERM")
   for r in summary["results"]:
     assert r["killed"] and r["restart_ok"] and r["equal"], r

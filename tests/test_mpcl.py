@@ -15,18 +15,35 @@ def _np_log_softmax(x):
   return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _np_mpcl(views, t, rescale=False, anchors="first", positives="all"):
+def anchor_views(V, anchors, positives):
+  """The views that anchor a loss term: view 0 (MPCL), every view ('all'), or with one
+  positive each pair's first view 0, 2, 4, ... (+Single: every pair its own term)."""
+  if anchors == "all":
+    return range(V)
+  return range(0, V, 2) if positives == "one" else [0]
+
+
+def mpcl_loss(views, t, rescale=False, anchors="first", positives="all", **kw):
+  """The loss MPCLModel trains with for these settings."""
+  if positives == "one" and anchors == "first":
+    return mpcl.single_positive_pairs_infonce(views, t, rescale, kw.get("hard_negatives_GxHxD"))
+  return losses.multi_positive_infonce(views, t, rescale, anchors=anchors, positives=positives,
+                                       **kw)
+
+
+def _np_mpcl(views, t, rescale=False, anchors="first", positives="all", anchors_at=None):
+  """The loss by loops; `anchors_at`: these views anchor the terms (default: the settings')."""
   G, V, D = views.shape
   z = views / np.linalg.norm(views, axis=-1, keepdims=True)
   flat = z.reshape(G * V, D)
   out = []
   for g in range(G):
-    for v in ([0] if anchors == "first" else range(V)):
+    for v in (anchor_views(V, anchors, positives) if anchors_at is None else anchors_at):
       i = g * V + v
       if positives == "all":
         pos = [g * V + k for k in range(V) if k != v]
         excluded = [i]
-      else:
+      else:   # one positive (the partner view); the group's other views excluded
         pos = [g * V + (v ^ 1)]
         excluded = [g * V + k for k in range(V) if k != (v ^ 1)]
       others = [j for j in range(G * V) if j not in excluded]
@@ -50,16 +67,35 @@ def test_multi_positive_loss_matches_numpy(rescale):
 
 
 @pytest.mark.parametrize("anchors,positives", [("all", "all"), ("first", "one"), ("all", "one")])
-def test_controls_match_numpy(anchors, positives):
+@pytest.mark.parametrize("num_views", [4, 6])
+def test_controls_match_numpy(anchors, positives, num_views):
   rng = np.random.default_rng(2)
-  views = rng.normal(size=(5, 4, 8)).astype(np.float32)
+  views = rng.normal(size=(5, num_views, 8)).astype(np.float32)
   for rescale in (False, True):
-    loss, _ = losses.multi_positive_infonce(jnp.asarray(views), 0.05, rescale,
-                                            anchors=anchors, positives=positives)
+    loss, m = mpcl_loss(jnp.asarray(views), 0.05, rescale, anchors, positives)
     ref = _np_mpcl(views.astype(np.float64), 0.05, rescale, anchors, positives)
     assert float(loss) == pytest.approx(ref, rel=1e-4)
+    assert 0 <= float(m["positive_accuracy"]) <= 1
   with pytest.raises(ValueError, match="odd"):
-    losses.multi_positive_infonce(jnp.asarray(views[:, :3]), positives="one")
+    mpcl.single_positive_pairs_infonce(jnp.asarray(views[:, :3]))
+
+
+def test_single_gives_every_pair_of_a_group_its_own_term():
+  """+Single (§3.5): pulling the views of pair 2-3 (or 4-5) together lowers the loss, as it
+  does for pair 0-1; and the loss is the mean of the three pairs' own InfoNCE terms."""
+  rng = np.random.default_rng(5)
+  views = rng.normal(size=(4, 6, 8)).astype(np.float64)
+  base = float(mpcl.single_positive_pairs_infonce(jnp.asarray(views, jnp.float32), 0.05)[0])
+  for first in (0, 2, 4):
+    closer = views.copy()
+    closer[:, first + 1] = closer[:, first] + 0.05 * closer[:, first + 1]
+    got = float(mpcl.single_positive_pairs_infonce(jnp.asarray(closer, jnp.float32), 0.05)[0])
+    assert got < base - 0.1, first
+  per_pair = []
+  for first in (0, 2, 4):     # each pair alone: its anchor, its positive, the same denominator
+    order = [first, first + 1] + [k for k in range(6) if k not in (first, first + 1)]
+    per_pair.append(_np_mpcl(views[:, order], 0.05, False, "first", "one", anchors_at=[0]))
+  assert base == pytest.approx(np.mean(per_pair), rel=1e-4)
 
 
 def test_one_positive_is_single_positive_infonce_with_the_same_denominator():
@@ -108,6 +144,20 @@ def test_single_positive_warmup_then_mpcl():
   assert phases == [0.0, 0.0, 1.0]
   assert float(m["loss"].compute()) == pytest.approx(float(m["mpcl_loss"].compute()))
   assert int(state.flax_mutables["phase"]["updates"]) == 3
+
+
+def test_single_trains_on_every_pair_in_the_warm_up_too():
+  """+Single is single-positive throughout: its warm-up loss is the +Single loss of all
+  pairs, not Eq. 1 on views 0-1 alone (MPCL's warm-up)."""
+  model = _model(num_views=4, positives="one", single_positive_steps=5)
+  batch = _views_batch(v=4)
+  params = model.get_initial_variables(jax.random.PRNGKey(0), {"views": batch["views"].shape})
+  emb = model.embed_views(params["params"], batch)
+  warm, m = model.objective(emb, jnp.bool_(False))
+  want, _ = mpcl.single_positive_pairs_infonce(emb, model.temperature, model.rescale)
+  assert float(warm) == pytest.approx(float(want)) == pytest.approx(float(m["mpcl_loss"]))
+  first_pair, _ = losses.multi_positive_infonce(emb[:, :2], model.temperature, model.rescale)
+  assert abs(float(warm) - float(first_pair)) > 1e-3
 
 
 def test_model_rejects_bad_settings_and_embeds_left_tokens():

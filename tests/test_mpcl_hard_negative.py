@@ -13,6 +13,7 @@ from conftest import write_lines
 from vmx import encoders, losses
 from vmx.errors import ConfigError, DataError
 from vmx.models import dual_encoder, mpcl
+from test_mpcl import anchor_views, mpcl_loss
 
 
 # --- the loss ---
@@ -26,7 +27,7 @@ def _np_mpcl_hard(views, negs, t, rescale=False, anchors="first", positives="all
   flat, hn = unit(views).reshape(G * V, D), unit(negs).reshape(G * H, D)
   losses_, hits = [], []
   for g in range(G):
-    for v in ([0] if anchors == "first" else range(V)):
+    for v in anchor_views(V, anchors, positives):
       i = g * V + v
       if positives == "all":
         pos, excluded = [g * V + k for k in range(V) if k != v], [i]
@@ -52,15 +53,13 @@ def test_hard_negative_loss_matches_numpy(rescale, anchors, positives):
   for h in (1, 2):
     negs = rng.normal(size=(5, h, 8)).astype(np.float32)
     negs[1, 0] = views[1, 0] + 0.1 * negs[1, 0]     # one hard negative close to its anchor
-    loss, m = losses.multi_positive_infonce(jnp.asarray(views), 0.05, rescale, anchors=anchors,
-                                            positives=positives,
-                                            hard_negatives_GxHxD=jnp.asarray(negs))
+    loss, m = mpcl_loss(jnp.asarray(views), 0.05, rescale, anchors, positives,
+                        hard_negatives_GxHxD=jnp.asarray(negs))
     ref, hit = _np_mpcl_hard(views.astype(np.float64), negs.astype(np.float64), 0.05, rescale,
                              anchors, positives)
     assert float(loss) == pytest.approx(ref, rel=1e-4)
     assert float(m["hard_negative_accuracy"]) == pytest.approx(hit)
-    plain, _ = losses.multi_positive_infonce(jnp.asarray(views), 0.05, rescale, anchors=anchors,
-                                             positives=positives)
+    plain, _ = mpcl_loss(jnp.asarray(views), 0.05, rescale, anchors, positives)
     assert float(loss) > float(plain)             # more negatives in every denominator
 
 
@@ -242,7 +241,8 @@ def test_the_loss_reads_the_hard_negatives_and_its_gradients_are_finite():
 
 def _train(model_dir, name, vp, stop_at_step=None):
   from vmx.data import pipeline
-  from vmx.training import checkpoints, optimizers, partitioning
+  from vmx.modeldir import checkpoints
+  from vmx.training import optimizers, partitioning
   from vmx.training.trainer import train
   state, metrics = train(
       model=_model(hard_negatives=True, single_positive_steps=2),

@@ -48,8 +48,9 @@ def test_vmsst_sts17_means_and_score():
            for i, (p, v) in enumerate([("ar-ar", 50.0), ("es-es", 70.0), ("ar-en", 20.0),
                                         ("es-en", 25.0), ("tr-en", 40.0), ("en-en", 90.0),
                                         ("es-en", 35.0)])]   # es-en: tracks 4a and 4b
-  res = {"sts17": {"scores": {"test": sts17}}, "sts12-16": {"vmsst_pearson": 60.0}}
-  figs = {f["column"]: f for f in protocols._vmsst(res)}
+  res = {"sts17": {"scores": {"test": sts17}}, "sts12-16": {"vmsst_pearson": 60.0,
+                                                            "sbert_spearman": 55.0}}
+  figs = {f["column"]: f for f in protocols._vmsst(res) if f["table"] == "Table 1"}
   assert figs["XL (s.)"]["value"] == pytest.approx(60.0)
   assert figs["XL (d.)"]["value"] == pytest.approx(30.0)
   assert figs["XL Sem. Sim."]["value"] == pytest.approx(42.0)     # the five sets
@@ -84,6 +85,79 @@ def test_mpcl_sts17_takes_mteb_sets_and_emmax_flores_groups():
   assert eq16["value"] == 0.0 and eq16["variant"] == {"invariance_kl": 3.0}
   assert figs["isotropy PR (Eq. 18), FLORES head"]["variant"] == {"isotropy_pr": 5.0}
   assert len([c for c in figs if "FLORES" in c]) == 2 + 3 * 3
+
+
+def _bucc_row(pair, **f1):
+  row = {"hf_subset": pair, "threshold_split": "sample", "split": "sample"}
+  for scoring in ("cosine", "margin"):
+    for retrieval in ("forward", "backward", "intersect", "max"):
+      row[f"{scoring}_{retrieval}"] = {"f1": f1.get(f"{scoring}_{retrieval}", 0.0)}
+  return row
+
+
+def test_vmsst_bucc_spearman_tables_and_seen_languages():
+  """§6.2's BUCC (c.) keeps each sentence's highest-scoring English sentence (forward
+  retrieval), not the max strategy; Tables 2 and 10 are Spearman (Table 10 both); A.3's
+  Table 8 splits Tatoeba by the languages the model trained on; every figure names its
+  vector and its task."""
+  from vmx.evaluation import protocols
+  bucc = [_bucc_row("de-en", cosine_forward=40.0, cosine_max=10.0, margin_max=80.0),
+          _bucc_row("fr-en", cosine_forward=20.0, cosine_max=30.0, margin_max=60.0)]
+  sts17 = [{"hf_subset": f"track{i}.{p}", "pearson": v, "spearman": v + 10}
+           for i, (p, v) in enumerate([("ar-ar", 50.0), ("es-es", 70.0), ("ar-en", 20.0),
+                                        ("es-en", 25.0), ("tr-en", 40.0)])]
+  tat = [{"languages": [l, "eng"], "accuracy_xx2en": a, "accuracy_en2xx": a + 2,
+          "main_score": a + 1, "seen": l in ("deu", "fra")}
+         for l, a in (("deu", 60.0), ("fra", 40.0), ("xho", 10.0))]
+  vec = "mean of the last layer"
+  res = {"bucc": {"scores": {"test": bucc}, "vector": vec},
+         "sts17": {"scores": {"test": sts17}, "vector": vec},
+         "tatoeba": {"scores": {"test": tat}, "vector": vec},
+         "sts12-16": {"vmsst_pearson": 60.0, "sbert_spearman": 58.0, "vector": vec}}
+  report = protocols.report(protocols.PROTOCOLS["vmsst"], res, {}, None)
+  figs = {(f["table"], f["column"]): f for f in report["figures"]}
+  assert figs[("Table 1", "BUCC (c.)")]["value"] == pytest.approx(30.0)       # forward
+  assert "forward" in figs[("Table 1", "BUCC (c.)")]["metric"]
+  assert figs[("Table 1", "BUCC (m.)")]["value"] == pytest.approx(70.0)
+  assert figs[("Table 13", "Cosine, de-en")]["value"] == 40.0
+  assert figs[("Table 1", "Score")]["value"] == pytest.approx(
+      np.mean([60.0, 41.0, np.mean([61.0, 41.0, 11.0]), 50.0]))
+  assert figs[("Table 1", "XL Sem. Sim.")]["value"] == pytest.approx(41.0)    # Pearson
+  assert figs[("Table 2", "XL Sem. Sim.")]["value"] == pytest.approx(51.0)    # Spearman
+  assert figs[("Table 2", "XL (s.)")]["value"] == pytest.approx(70.0)
+  assert figs[("Table 10", "tr-en, Spearman")]["value"] == 50.0
+  assert figs[("Table 10", "tr-en, Pearson")]["value"] == 40.0
+  assert figs[("Table 8", "Tat. (seen)")]["value"] == pytest.approx(51.0)
+  assert figs[("Table 8", "Tat. (unseen)")]["value"] == pytest.approx(11.0)
+  assert figs[("Table 8", "Tat. (unseen)")]["languages"] == ["xho"]
+  assert all(f["vector"] == vec and f["task"] in res for f in report["figures"])
+  assert "Table 8" not in {m["table"] for m in report["missing"]}
+  for r in tat:                       # a model that does not say what it trained on
+    del r["seen"]
+  report = protocols.report(protocols.PROTOCOLS["vmsst"], res, {}, None)
+  assert "Table 8" not in {f["table"] for f in report["figures"]}
+  assert "Table 8" in {m["table"] for m in report["missing"]}
+
+
+def test_emmax_multists_is_table_2_spearman_over_its_pairs():
+  from vmx.evaluation import protocols
+  sts17 = [{"hf_subset": "track1.ar-ar", "spearman": 70.0, "mteb": True},
+           {"hf_subset": "track4a.es-en", "spearman": 30.0, "mteb": True},
+           {"hf_subset": "track4b.es-en", "spearman": 0.0, "mteb": False},
+           {"hf_subset": "track6.tr-en", "spearman": 50.0, "mteb": True}]
+  figs = {(f["table"], f["column"]): f for f in protocols._emmax(
+      {"sts17": {"scores": {"test": sts17}}})}
+  f = figs[("Table 2", "MultiSTS (zero-shot, Spearman)")]
+  assert f["value"] == pytest.approx(50.0) and f["task"] == "sts17"
+  assert set(f["pairs_missing"]) == {"ar-en", "en-de", "en-en", "es-es", "fr-en", "it-en",
+                                     "nl-en"}
+  report = protocols.report(protocols.PROTOCOLS["emmax"], {}, {},
+                            __import__("vmx.evaluation.harness").evaluation.harness.EvalConfig())
+  xrete = {m["benchmark"].split(" (")[0] for m in report["missing"]}
+  assert {"XNLI", "ANLI / AmericasNLI", "PAWS-X", "QE", "LAReQA", "Mewsli-X", "XCOPA",
+          "MultiEURLEX", "MultiARC", "MultiSTS"} <= xrete
+  assert any("launch/finetune.py --protocol=emmax --pawsx_dir" in m["layout"]
+             for m in report["missing"])
 
 
 # EMS Table 4, P@1 per language (mean of both directions), in protocols.EMS_SEEN58's order:
@@ -160,7 +234,7 @@ def test_ems_figures_and_optional_tasks():
   assert len(protocols.report(ems, {}, {}, given)["missing"]) == 2
   infoxlm = protocols.PROTOCOLS["infoxlm"]
   assert protocols.tasks_of([infoxlm], harness.EvalConfig(tatoeba_layers="all")) == [
-      "tatoeba", "tatoeba_layers"]
+      "tatoeba_vector", "tatoeba_layers"]
   assert "tatoeba_layers" not in protocols.tasks_of([infoxlm], bare)
   assert tatoeba.INFOXLM_PARALLEL14 == protocols.INFOXLM_PARALLEL14
 
@@ -232,6 +306,73 @@ def test_layer_figures_of_a_tiny_random_model(tmp_path):
     layerwise.layer_encoder(object(), 1)
 
 
+def _toy_tatoeba(tmp_path, langs, n=30):
+  """Tatoeba v1 files for `langs` under tmp_path and a 40-piece tokenizer of their words."""
+  from conftest import write_lines
+  from vmx.data import vocab
+  rng = np.random.default_rng(0)
+  words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu".split()
+  for lang in langs:
+    xs = [" ".join(rng.choice(words, 4)) for _ in range(n)]
+    d = tmp_path / "eval/tatoeba/v1"
+    write_lines(d / f"tatoeba.{lang}-eng.{lang}", [f"{x} {lang}" for x in xs])
+    write_lines(d / f"tatoeba.{lang}-eng.eng", [f"{x} eng" for x in xs])
+  text = write_lines(tmp_path / "text", [" ".join(rng.choice(words + list(langs) + ["eng"], 5))
+                                         for _ in range(200)])
+  return vocab.load_tokenizer(vocab.train_sentencepiece([str(text)], str(tmp_path / "v.model"),
+                                                        40))
+
+
+def test_infoxlm_tables_2_3_score_section_4_2s_vector_whatever_the_run_embeds(tmp_path):
+  """`--protocol=infoxlm` on an infoxlm_base.gin-shaped model (12 layers, XLCO on layer 8's
+  CLS, which is what it embeds): Tables 2 and 3 come from the mean of layer 7, each
+  direction over its 14 / 22 languages, and say so; a model without a layer 7 is scored
+  with its own vector, which the figures name, and the paper's vector is listed missing."""
+  import jax
+  from vmx import encoders
+  from vmx.evaluation import harness, layerwise, protocols, tatoeba
+  from vmx.inference import Encoder
+  from vmx.models.infoxlm import InfoXLM, InfoXLMModel
+  langs = ["deu", "ara", "fra", "nld", "ita"]          # 14: deu ara fra; 22: nld ita
+  tok = _toy_tatoeba(tmp_path, langs)
+
+  def make(num_layers, **kw):
+    enc = encoders.TransformerEncoder(vocab_size=40, num_layers=num_layers, emb_dim=16,
+                                      num_heads=2, mlp_dim=32, max_length=16)
+    model = InfoXLMModel(InfoXLM(enc, **kw), mask_id=1, random_low=3, queue_size=8)
+    params = model.get_initial_variables(jax.random.PRNGKey(0),
+                                         model.inference_shapes(16))["params"]
+    return Encoder(model, params, tok, langs + ["eng"], 16)
+
+  base = make(12, universal_layer=8)                   # infoxlm_base.gin: RETRIEVAL_LAYER None
+  cfg = harness.EvalConfig(data_dir=str(tmp_path), tatoeba_languages=langs, progress=False,
+                           plots=False)
+  res = harness.run(base, tasks=["tatoeba", "tatoeba_vector"], config=cfg)
+  assert res["tatoeba"]["vector"] == "layer 8, CLS"
+  assert res["tatoeba_vector"]["vector"] == "layer 7, mean"
+  report = protocols.report(protocols.PROTOCOLS["infoxlm"], res, {}, cfg)
+  figs = {(f["table"], f["column"]): f for f in report["figures"]}
+  want = tatoeba.evaluate(layerwise.layer_encoder(base, 7, "mean").encode, langs, str(tmp_path))
+  per = want["languages"]
+  for table, group, members in (("Table 2", "14 languages with parallel data",
+                                 ["deu", "ara", "fra"]),
+                                ("Table 3", "22 languages without", ["nld", "ita"])):
+    for d in ("xx2en", "en2xx"):
+      f = figs[(table, f"Tatoeba {group}, {d}")]
+      assert f["vector"] == "layer 7, mean" and f["n_languages"] == len(members)
+      assert f["value"] == pytest.approx(np.mean([per[l][d] for l in members]))
+  assert not any("Tables 2, 3" == m["table"] for m in report["missing"])
+  assert {m["table"] for m in report["missing"]} == {"Tables 1, 7, 10", "Table 4", "Fig. 1"}
+  assert "Tatoeba with" not in json.dumps(report["missing"])
+  shallow = make(2, pooling="mean")                    # no layer 7: its own vector, named
+  res = harness.run(shallow, tasks=["tatoeba_vector"], config=cfg)
+  report = protocols.report(protocols.PROTOCOLS["infoxlm"], res, {}, cfg)
+  assert {f["vector"] for f in report["figures"]} == {"mean of the last layer"}
+  gone = [m for m in report["missing"] if m["table"] == "Tables 2, 3"]
+  assert len(gone) == 1 and "layer 7, mean" in gone[0]["benchmark"]
+  assert "layers 1 .. 2" in gone[0]["layout"]
+
+
 @needs_data
 def test_every_protocol_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, toy_task):
   name, vp, _, _ = toy_task
@@ -254,6 +395,7 @@ def test_every_protocol_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, toy_task)
     assert all(f["value"] is not None and np.isfinite(f["value"]) or "Eq. 16" in f["column"]
                for f in r["figures"])
     assert r["missing"], proto                     # every paper uses data vmx lacks
+    assert all(f["vector"] and f["task"] for f in r["figures"]), proto   # each names its vector
   vmsst = json.loads((out / "protocol_vmsst.json").read_text())
   assert "STS17" in {m["benchmark"] for m in vmsst["missing"]}   # no --sts17_dir given
   assert "missing: Table 1, MKQA" in proc.stdout
@@ -263,3 +405,6 @@ def test_every_protocol_runs_end_to_end_on_a_tiny_checkpoint(tmp_path, toy_task)
   assert mUSE["n_languages"] == 4 and mUSE["group_size"] == 14       # ara deu fra jpn
   infoxlm = json.loads((out / "protocol_infoxlm.json").read_text())
   assert [f["column"] for f in infoxlm["figures"] if f["table"] == "Fig. 1"] == ["layer 1"]
+  # the toy model has no layer 7: Tables 2-3 name the vector they used, §4.2's is missing
+  assert "Tables 2, 3" in {m["table"] for m in infoxlm["missing"]}
+  assert "vector: " in proc.stdout

@@ -18,7 +18,7 @@ from vmx import experiment
 from vmx.data import readers
 from vmx.errors import CheckpointError, ConfigError, DataError, InputError, NonFiniteError
 from vmx.inference import Encoder
-from vmx.training import checkpoints
+from vmx.modeldir import checkpoints
 from vmx.training.metrics import read_rows
 
 

@@ -164,7 +164,7 @@ def test_an_interrupted_build_finishes_only_the_missing_shards(toy_task, tmp_pat
 
 def test_a_full_disk_is_one_error_and_leaves_nothing(toy_task, tmp_path, monkeypatch):
   """ENOSPC while a shard is written (monkeypatched; the real small filesystem is in
-  tests/test_nothing_lost.py): a DataError saying so, no temporary file, no manifest."""
+  tests/test_modeldir.py): a DataError saying so, no temporary file, no manifest."""
   import errno
   from vmx.data.token_cache import format as fmt
   from vmx.errors import DataError

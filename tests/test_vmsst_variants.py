@@ -61,7 +61,7 @@ def _step_batch(b, length):
 
 
 # At TINY sizes an mT5-initialized file is vmsst_tiny with the t5 encoder and decoder
-# families, which the fast tier steps (test_pretrained.py, from an imported mT5): the
+# families, which the fast tier steps (test_hf_import_export.py, from an imported mT5): the
 # fast tier checks these files' parameter trees and the slow tier steps them. A 6-layer
 # file is its 24-layer one (Adafactor, rsqrt) with unscanned encoders (the tiny file's)
 # and a rematerialized decoder: their builds are in the slow tier; so are the 24-layer

@@ -1,7 +1,6 @@
-"""The old import path of `vmx.modeldir.hf_export` (MODEL_DIR is owned by vmx/modeldir/): this
-name is that module itself, so code written against the old path keeps working."""
-import sys
+"""Deprecated: the old import path of `vmx.modeldir.hf_export` (every name there is
+reached from here, with one DeprecationWarning per process). Import
+`vmx.modeldir.hf_export` instead."""
+from vmx import _deprecated
 
-from vmx.modeldir import hf_export
-
-sys.modules[__name__] = hf_export
+__getattr__ = _deprecated.forward(__name__, "vmx.modeldir.hf_export")

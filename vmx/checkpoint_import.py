@@ -1,7 +1,6 @@
-"""The old import path of `vmx.modeldir.hf_import` (MODEL_DIR is owned by vmx/modeldir/): this
-name is that module itself, so code written against the old path keeps working."""
-import sys
+"""Deprecated: the old import path of `vmx.modeldir.hf_import` (every name there is
+reached from here, with one DeprecationWarning per process). Import
+`vmx.modeldir.hf_import` instead."""
+from vmx import _deprecated
 
-from vmx.modeldir import hf_import
-
-sys.modules[__name__] = hf_import
+__getattr__ = _deprecated.forward(__name__, "vmx.modeldir.hf_import")

@@ -9,7 +9,8 @@ on stderr, with the closest valid name where there is one, and exit with the err
 Errors that are not vmx's own are bugs and keep their traceback.
 
 `run_main` is where the host allocator is set up (vmx/host_memory.py), which must
-precede the runtime's threads: this module imports neither jax nor TensorFlow, and a
+precede the runtime's threads, and the quiet start (vmx/quiet.py: each Python warning
+kind printed once; not with --verbose): this module imports neither jax nor TensorFlow, and a
 launcher imports what needs them (vmx.experiment, the trainer) inside `main`.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import sys
 import traceback
 
-from vmx import host_memory
+from vmx import host_memory, quiet
 from vmx.errors import ConfigError, VmxError
 from vmx.gin_utils import GIN_ERRORS, one_line, with_suggestion
 
@@ -28,6 +29,7 @@ def run_main(main, argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
   verbose = "--verbose" in argv or os.environ.get("VMX_VERBOSE") == "1"
   argv = [a for a in argv if a != "--verbose"]
+  quiet.install(verbose)   # each Python warning kind once (TensorFlow's lines: import vmx)
   try:
     try:
       host_memory.configure()

@@ -6,8 +6,7 @@
 A model_dir holds `vmx_model.json` (model config, languages, max length),
 its vocabulary (`vocab.model`, SentencePiece, or an imported checkpoint's own tokenizer,
 `vmx_tokenizer.json`: vmx/data/vocab.py) and orbax checkpoints `checkpoint_<step>/`, each
-verified against its checksum manifest before use: vmx/modeldir/ reads and writes it
-(`read_model_info`, `write_model_info` and `restore_params` are re-exported here).
+verified against its checksum manifest before use: vmx/modeldir/ reads and writes it.
 The model says how it is initialised and how token ids become sentence vectors
 (`abstract_params`, `encode_tokens`: vmx/models/base.py); this module asks it.
 """
@@ -25,10 +24,8 @@ from vmx.data.languages import resolve as resolve_language
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
-from vmx.modeldir.checkpoints import (check_param_shapes, nonfinite_leaves,  # noqa: F401
-                                      restore_params)
-from vmx.modeldir.layout import (BEST_DIR, BEST_STEP, CHECKPOINT_PREFIX,  # noqa: F401
-                                 MODEL_INFO_FILE, read_model_info, write_model_info)
+from vmx.modeldir.checkpoints import restore_params
+from vmx.modeldir.layout import BEST_DIR, BEST_STEP, CHECKPOINT_PREFIX, read_model_info
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

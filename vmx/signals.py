@@ -30,7 +30,9 @@ from vmx.errors import Preempted
 _DOING = ["starting"]
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 NOTHING_SAVED = ("no training step had run, nothing needed saving; what was finished is "
-                 "kept (vocabulary, token cache shards, checkpoints)")
+                 "kept (vocabulary, token cache shards, checkpoints); rerun the same "
+                 "command to continue")
+_SAVED = [NOTHING_SAVED]
 
 
 @contextlib.contextmanager
@@ -47,13 +49,19 @@ def doing() -> str:
   return _DOING[-1]
 
 
+def saved(what: str):
+  """What a signal from now on would leave behind, for its message (the trainer says it
+  once its final checkpoint is written)."""
+  _SAVED[0] = what
+  _DOING[0] = "finishing"
+
+
 def _handler(signum, frame):
   del frame
   name = signal.Signals(signum).name
   for sig in _SIGNALS:   # a second signal: the default action, at once
     signal.signal(sig, _second)
-  raise Preempted(f"{name} while {doing()}: {NOTHING_SAVED}; rerun the same command to "
-                  f"continue")
+  raise Preempted(f"{name} while {doing()}: {_SAVED[0]}")
 
 
 def _second(signum, frame):

@@ -45,8 +45,6 @@ from flax.core import freeze, unfreeze
 from vmx.errors import ConfigError
 from vmx.models.base import BaseModel
 from vmx.modeldir import layout
-from vmx.modeldir.t5x_format import (T5X_LEGACY_FILE, T5X_STATE_DIR,  # noqa: F401 (old path)
-                                     is_t5x_checkpoint, read_t5x_params)
 
 # The logical axis names of t5x's standard_logical_axis_rules() (t5x/partitioning.py, with
 # its always-appended rules) and the rules of standard_logical_factor_rules()

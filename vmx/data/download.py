@@ -24,7 +24,7 @@ from typing import Optional
 
 from vmx import storage
 from vmx.errors import DataError
-from vmx.storage import cache_dir  # noqa: F401  (vmx.data.download.cache_dir, as before)
+from vmx.storage import cache_dir
 
 REGISTRY = Path(__file__).with_name("registry.tsv")
 

@@ -11,7 +11,8 @@
    "evaluation_time" (s), "model": {"name", "revision"}, "vmx_version",
    "mteb_version": null, "kg_co2_emissions": null,
    "scores": {split: [{"hf_subset", "languages", "main_score", ...metrics}]},
-   ...task-level aggregates}
+   "vector" (the sentence vector scored, vmx/evaluation/vectors.py), ...task-level
+   aggregates}
 
 plus `summary.md` (one row per task) and plots (`tatoeba_languages.png`,
 `geometry_projection.png`). A task whose data are missing or whose inputs are
@@ -32,8 +33,9 @@ from vmx import storage
 from vmx.data import devsets
 from vmx.errors import DataError
 from vmx.data.languages import resolve as resolve_language
+from vmx.errors import ConfigError
 from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
-from vmx.evaluation import flores, layerwise, paracrawl, plots
+from vmx.evaluation import flores, layerwise, paracrawl, plots, vectors
 
 VMX_VERSION = "0.1.0"
 
@@ -72,6 +74,9 @@ class EvalConfig:
   # all layers when the task is asked for by name
   tatoeba_layers: Union[None, str, Sequence[int]] = None
   tatoeba_layer_languages: Sequence[str] = tatoeba.INFOXLM_PARALLEL14
+  # task tatoeba_vector: Tatoeba with (layer, pooling) of the encoder, whatever vector the
+  # model embeds; default InfoXLM §4.2's, the mean of layer 7
+  tatoeba_vector: tuple = (7, "mean")
   dev_sets: Sequence[str] = devsets.DEFAULT_DEV_SETS   # vmx.data.devsets
   dev_max_sentences: Optional[int] = 1000
   dev_languages: Optional[Sequence[str]] = None    # file codes or ISO 639-3; default all
@@ -96,14 +101,41 @@ def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
     # (pes for fas: vmx.data.languages.resolve)
     langs = [l for l in available if resolve_language(l, langs) is not None]
   _record_tatoeba(ctx["files"], langs)
+  own = ctx.get("languages")
   res = tatoeba.evaluate(encode, langs, cfg.data_dir, english=cfg.tatoeba_english,
-                         progress=cfg.progress, own_languages=ctx.get("languages"))
+                         progress=cfg.progress, own_languages=own)
+  # `seen`: whether the model trained on the language (VMSST A.3's Table 8), where the
+  # model says which languages it trained on
   subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
               "accuracy_xx2en": r["xx2en"], "accuracy_en2xx": r["en2xx"], "xsim_error": r["xsim"],
-              "n": r["n"], "group": "head" if l in tatoeba.EMMAX_HEAD else "long_tail"}
+              "n": r["n"], "group": "head" if l in tatoeba.EMMAX_HEAD else "long_tail",
+              **({"seen": resolve_language(l, own) is not None} if own else {})}
              for l, r in res["languages"].items()]
   return {"scores": {"test": subsets}, "main_score": res["mean"]["mean"],
           "mean": res["mean"], "groups": res["groups"]}
+
+
+def _tatoeba_vector(encode, cfg: EvalConfig, ctx) -> dict:
+  """Tatoeba (as the `tatoeba` task) with the mean (or CLS) of one layer of the encoder,
+  `cfg.tatoeba_vector` = (layer, pooling), whatever vector the model embeds (InfoXLM §4.2:
+  the mean of layer 7, Tables 2-3). An encoder that cannot give it (not a vmx model, or
+  fewer layers) is scored with its own vector, and the result says so
+  (`vector_requested`, `vector_unavailable`)."""
+  layer, pooling = cfg.tatoeba_vector
+  wanted = f"layer {int(layer)}, {vectors.POOLING_NAMES.get(pooling, pooling)}"
+  encoder = ctx["encoder"]
+  try:
+    chosen = layerwise.layer_encoder(encoder, int(layer), pooling)
+    why = None
+  except ConfigError as e:
+    chosen, why = encoder, str(e)
+  out = _tatoeba(encode if why else common.as_encode_fn(
+      chosen, progress=None if cfg.progress else False), cfg, ctx)
+  out["vector"] = vectors.describe(chosen)
+  out["vector_requested"] = wanted
+  if why:
+    out["vector_unavailable"] = why
+  return out
 
 
 def _tatoeba_layers(encode, cfg: EvalConfig, ctx) -> dict:
@@ -119,17 +151,18 @@ def _tatoeba_layers(encode, cfg: EvalConfig, ctx) -> dict:
   _record_tatoeba(ctx["files"], langs)
   rows = []
   for k in layers:
-    enc_k = common.as_encode_fn(layerwise.layer_encoder(encoder, int(k)),
-                                progress=None if cfg.progress else False)
+    layer_enc = layerwise.layer_encoder(encoder, int(k))
+    enc_k = common.as_encode_fn(layer_enc, progress=None if cfg.progress else False)
     res = tatoeba.evaluate(enc_k, langs, cfg.data_dir, english=cfg.tatoeba_english)
     m = res["mean"]
     rows.append({"hf_subset": f"layer_{k}", "layer": int(k), "languages": langs,
+                 "vector": vectors.describe(layer_enc),
                  "main_score": m["xx2en"], "accuracy_xx2en": m["xx2en"],
                  "accuracy_en2xx": m["en2xx"], "accuracy_mean": m["mean"],
                  "n_languages": m["n_languages"]})
   best = max(rows, key=lambda r: r["main_score"])
   return {"scores": {"test": rows}, "main_score": best["main_score"], "best_layer": best["layer"],
-          "pooling": "mean", "direction": "xx2en"}
+          "pooling": "mean", "direction": "xx2en", "vector": "each layer's mean (per row)"}
 
 
 def _transfer_benchmark(name: str):
@@ -167,6 +200,7 @@ TASKS: dict[str, Callable] = {
         c.paracrawl_queries, c.paracrawl_candidates, c.paracrawl_seed, progress=c.progress,
         files=x["files"]),
     "tatoeba_layers": _tatoeba_layers,
+    "tatoeba_vector": _tatoeba_vector,
     "flores": lambda e, c, x: flores.evaluate(
         e, _required(c.flores_dir, "flores", "flores_dir"), c.flores_splits, c.flores_languages,
         progress=c.progress, files=x["files"], model_languages=x.get("id_languages")),
@@ -274,6 +308,7 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
     if "embeddings" in res:
       artifacts[name] = res.pop("embeddings")
     record = {"task_name": name, "main_score": res.pop("main_score"),
+              "vector": res.pop("vector", None) or vectors.describe(encoder),
               "higher_is_better": name not in LOWER_IS_BETTER,
               "dataset_revision": files.revision(),
               "evaluation_time": round(time.time() - t0, 3), "model": model,

@@ -45,7 +45,7 @@ def unscanned_params(params: dict) -> dict:
   return traverse_util.unflatten_dict(out)
 
 
-def _encoder_module(model) -> encoders.TransformerEncoder:
+def encoder_module(model) -> encoders.TransformerEncoder:
   enc = getattr(getattr(model, "module", None), "encoder", None)
   if not isinstance(enc, encoders.TransformerEncoder):
     raise ConfigError(f"per-layer evaluation reads the model module's `encoder` "
@@ -58,7 +58,7 @@ class LayerModel:
   of `model`'s encoder pooled by `pooling` (default the mean, as InfoXLM §4.2)."""
 
   def __init__(self, model, layer: int, pooling: str = "mean"):
-    enc = _encoder_module(model)
+    enc = encoder_module(model)
     if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= enc.depth:
       raise ConfigError(f"layer={layer!r}: the encoder has layers 1 .. {enc.depth}")
     self.model, self.layer, self.pooling = model, layer, pooling
@@ -66,11 +66,15 @@ class LayerModel:
                              remat_policy="none")
     self.uses_languages = model.uses_languages
 
-  def encode_tokens(self, params, tokens_BxL, lang_B):
-    if "encoder" not in params:
+  def check_params(self, params):
+    """ConfigError unless `params` keep the encoder at params['encoder']."""
+    if params is not None and "encoder" not in params:
       raise ConfigError(f"per-layer evaluation reads the encoder's parameters at "
                         f"params['encoder']; this {type(self.model).__name__} keeps them "
                         f"under {sorted(params)}")
+
+  def encode_tokens(self, params, tokens_BxL, lang_B):
+    self.check_params(params)
     # (traced under Encoder's jit: the per-layer views of the stacked arrays are slices)
     hidden, valid = self.encoder.apply({"params": unscanned_params(params["encoder"])},
                                        tokens_BxL,
@@ -81,7 +85,7 @@ class LayerModel:
 
 def num_layers(encoder) -> int:
   """How many layers `encoder` (a vmx Encoder) runs: the layers Fig. 1 can read."""
-  return _encoder_module(_model_of(encoder)).depth
+  return encoder_module(_model_of(encoder)).depth
 
 
 def _model_of(encoder):
@@ -95,7 +99,9 @@ def _model_of(encoder):
 def layer_encoder(encoder, layer: int, pooling: str = "mean"):
   """A vmx `Encoder` like `encoder` (same parameters, tokenizer, languages, max length,
   batch size) whose vectors are layer `layer` pooled with `pooling`."""
-  enc = type(encoder)(LayerModel(_model_of(encoder), layer, pooling), encoder.params,
+  layer_model = LayerModel(_model_of(encoder), layer, pooling)
+  layer_model.check_params(encoder.params)
+  enc = type(encoder)(layer_model, encoder.params,
                       encoder.tokenizer, encoder.languages, encoder.max_length,
                       encoder.batch_size)
   enc.name = f"{getattr(encoder, 'name', type(encoder).__name__)}@layer{layer}"

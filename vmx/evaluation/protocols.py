@@ -3,11 +3,16 @@
   python launch/eval.py --checkpoint_dir=DIR --protocol=vmsst      # or ems, infoxlm, emmax, mpcl
 
 A protocol runs the harness tasks its tables need and writes `protocol_<name>.json`:
-{"protocol", "paper", "figures": [{"table", "column", "value", "metric", "languages", ...}],
-"missing": [{"table", "benchmark", "layout"}], "tasks_failed": {...}}. Each figure follows
-the paper's conventions (direction, language group, correlation, scoring). A benchmark
-that the paper uses but vmx cannot read yet is listed under `missing`, with the file layout
-it would read; it is never silently skipped. Figures over fewer languages than the paper
+{"protocol", "paper", "figures": [{"table", "column", "value", "metric", "vector", "task",
+"languages", ...}], "missing": [{"table", "benchmark", "layout"}], "tasks_failed": {...}}.
+Each figure follows the paper's conventions (direction, language group, correlation,
+scoring) and names the sentence vector it was scored with (`vector`: "layer 7, mean", "CLS
+of the last layer", ...; vmx/evaluation/vectors.py) and the harness task it comes from. A
+benchmark that the paper uses but vmx cannot read yet, or whose data were not given, is
+listed under `missing`, with the file layout it would read; it is never silently skipped.
+The fine-tuned evaluations (InfoXLM's XNLI, EMMA-X's XNLI, ANLI and PAWS-X) are run by
+launch/finetune.py --protocol=..., which writes `protocol_<name>_finetuned.json` in the same
+form (vmx/finetune.py). Figures over fewer languages than the paper
 used say how many (`n_languages`). Compare a figure with the paper only at the paper's
 language set (`--languages=all`, the default for protocols).
 
@@ -32,6 +37,11 @@ INFOXLM_PARALLEL14 = tatoeba.INFOXLM_PARALLEL14
 INFOXLM_OTHER22 = tuple(l for l in tatoeba.XTREME36 if l not in INFOXLM_PARALLEL14)
 EMMAX_HEAD = tatoeba.EMMAX_HEAD
 VMSST_STS17 = {"xl_same": ("ar-ar", "es-es"), "xl_diff": ("ar-en", "es-en", "tr-en")}
+# EMMA-X Table 12's MultiSTS pairs (Reimers & Gurevych 2020's STS2017-extended, MTEB's
+# STS17): the SemEval-2017 release has six of them (es-en: track 4a); en-de, fr-en, it-en
+# and nl-en are STS2017-extended's translations, not in the release.
+EMMAX_MULTISTS = ("ar-ar", "ar-en", "en-de", "en-en", "es-en", "es-es", "fr-en", "it-en",
+                  "nl-en", "tr-en")
 
 # EMS (Mao et al.) Tatoeba groups, Tatoeba v1 codes. Table 4 lists the 58 languages EMS
 # trains on that Tatoeba has (Table 1's 61 less gu, my, yo: footnote 20), naming ms `max`,
@@ -102,27 +112,32 @@ class Protocol:
   missing: tuple = ()
   tatoeba_languages: Optional[Sequence[str]] = None   # None: every available language
   optional_tasks: dict = dataclasses.field(default_factory=dict)   # task -> (Missing, needs)
+  # what the results themselves show to be missing (results -> [Missing])
+  missing_from: Optional[Callable[[dict], list]] = None
 
 
 # ---------------------------------------------------------------------------- figure helpers
 
-def _tatoeba_rows(results) -> dict:
-  res = results.get("tatoeba")
+def _tatoeba_rows(results, task: str = "tatoeba") -> dict:
+  res = results.get(task)
   if not res:
     return {}
   return {r["languages"][0]: r for r in res["scores"]["test"]}
 
 
-def tatoeba_mean(results, languages: Optional[Sequence[str]], direction: str) -> Optional[dict]:
+def tatoeba_mean(results, languages: Optional[Sequence[str]], direction: str,
+                 task: str = "tatoeba") -> Optional[dict]:
   """Mean accuracy ×100 over `languages` (None: all evaluated) in `direction`
-  (`xx2en`, `en2xx` or `mean`, the mean of both); None if none of them was evaluated."""
-  rows = _tatoeba_rows(results)
+  (`xx2en`, `en2xx` or `mean`, the mean of both) of harness task `task`; None if none of
+  them was evaluated."""
+  rows = _tatoeba_rows(results, task)
   keys = [l for l in (languages or rows) if l in rows]
   if not keys:
     return None
   field = {"xx2en": "accuracy_xx2en", "en2xx": "accuracy_en2xx", "mean": "main_score"}[direction]
   value = common.mean([rows[l][field] for l in keys])
-  out = {"value": value, "metric": f"accuracy x100, {direction}", "n_languages": len(keys)}
+  out = {"value": value, "metric": f"accuracy x100, {direction}", "n_languages": len(keys),
+         "task": task}
   if languages is not None:
     out["languages_missing"] = sorted(set(languages) - set(rows))
   return out
@@ -132,14 +147,18 @@ def _figure(table, column, fig) -> list:
   return [] if fig is None else [{"table": table, "column": column, **fig}]
 
 
-def _bucc(results, scoring: str) -> Optional[dict]:
+def _bucc(results, scoring: str, retrieval: str = "max") -> Optional[dict]:
+  """BUCC F1 ×100 averaged over the pairs present, `scoring` cosine or margin, each
+  sentence's best candidate by `retrieval` (mining.RETRIEVALS: `forward` keeps each
+  source sentence's highest-scoring English sentence)."""
   res = results.get("bucc")
   if not res or not res["scores"]["test"]:
     return None
   rows = res["scores"]["test"]
-  return {"value": common.mean([r[f"{scoring}_max"]["f1"] for r in rows]),
-          "metric": f"F1 x100, {scoring} scoring, max retrieval, SAMPLE split",
-          "pairs": [r["hf_subset"] for r in rows]}
+  return {"value": common.mean([r[f"{scoring}_{retrieval}"]["f1"] for r in rows]),
+          "metric": f"F1 x100, {scoring} scoring, {retrieval} retrieval, "
+                    f"threshold on {rows[0]['threshold_split']}, {rows[0]['split']} split",
+          "pairs": [r["hf_subset"] for r in rows], "task": "bucc"}
 
 
 def _sts17(results, pairs: Optional[Sequence[str]], metric: str,
@@ -162,7 +181,7 @@ def _sts17(results, pairs: Optional[Sequence[str]], metric: str,
   return {"value": common.mean([common.mean([r[metric] for r in rows]) for rows in got.values()]),
           "metric": f"{metric} x100", "tracks": [r["hf_subset"] for rows in got.values()
                                                 for r in rows],
-          "pairs_missing": sorted(set(pairs or ()) - set(by_pair))}
+          "pairs_missing": sorted(set(pairs or ()) - set(by_pair)), "task": "sts17"}
 
 
 # ---------------------------------------------------------------------------- protocols
@@ -172,17 +191,35 @@ def _vmsst(results) -> list:
   sts = results.get("sts12-16")
   if sts:
     out.append({"table": "Table 1", "column": "Eng. Sem. Sim.", "value": sts["vmsst_pearson"],
-                "metric": "Pearson x100: mean over datasets per year, then over years (§6.2)"})
-  xl_s = _sts17(results, VMSST_STS17["xl_same"], "pearson")
-  xl_d = _sts17(results, VMSST_STS17["xl_diff"], "pearson")
-  xl = _sts17(results, VMSST_STS17["xl_same"] + VMSST_STS17["xl_diff"], "pearson")
-  out += _figure("Table 1", "XL Sem. Sim.", xl) + _figure("Table 1", "XL (s.)", xl_s) \
-      + _figure("Table 1", "XL (d.)", xl_d)
+                "metric": "Pearson x100: mean over datasets per year, then over years (§6.2)",
+                "task": "sts12-16"})
+    out.append({"table": "Table 9", "column": "Eng. STS, Spearman (SBERT's way)",
+                "value": sts["sbert_spearman"], "metric": "Spearman x100 on each year's "
+                "concatenation, 2013 SMT left out, mean over years (B.1)", "task": "sts12-16"})
+  xl = {}
+  for metric, table in (("pearson", "Table 1"), ("spearman", "Table 2")):
+    same = _sts17(results, VMSST_STS17["xl_same"], metric)
+    diff = _sts17(results, VMSST_STS17["xl_diff"], metric)
+    xl[metric] = _sts17(results, VMSST_STS17["xl_same"] + VMSST_STS17["xl_diff"], metric)
+    out += _figure(table, "XL Sem. Sim.", xl[metric]) + _figure(table, "XL (s.)", same) \
+        + _figure(table, "XL (d.)", diff)
+  for pair in VMSST_STS17["xl_same"] + VMSST_STS17["xl_diff"]:   # B.1's per-pair columns
+    for metric in ("pearson", "spearman"):
+      out += _figure("Table 10", f"{pair}, {metric.capitalize()}",
+                     _sts17(results, (pair,), metric))
   tat = tatoeba_mean(results, None, "mean")
   out += _figure("Table 1", "Tatoeba", tat)
-  c, m = _bucc(results, "cosine"), _bucc(results, "margin")
+  out += _vmsst_seen_unseen(results)
+  c, m = _bucc(results, "cosine", "forward"), _bucc(results, "margin")
   out += _figure("Table 1", "BUCC (c.)", c) + _figure("Table 1", "BUCC (m.)", m)
-  parts = {"english": sts and sts["vmsst_pearson"], "cross-lingual": xl and xl["value"],
+  bucc = results.get("bucc")
+  for r in (bucc["scores"]["test"] if bucc else ()):       # Table 13: per pair
+    for scoring, retrieval, label in (("cosine", "forward", "Cosine"), ("margin", "max", "Margin")):
+      out.append({"table": "Table 13", "column": f"{label}, {r['hf_subset']}",
+                  "value": r[f"{scoring}_{retrieval}"]["f1"], "task": "bucc",
+                  "metric": f"F1 x100, {scoring} scoring, {retrieval} retrieval"})
+  parts = {"english": sts and sts["vmsst_pearson"],
+           "cross-lingual": xl["pearson"] and xl["pearson"]["value"],
            "tatoeba": tat and tat["value"],
            "bucc": (c["value"] + m["value"]) / 2 if c and m else None}
   have = {k: v for k, v in parts.items() if v is not None}
@@ -190,7 +227,24 @@ def _vmsst(results) -> list:
     out.append({"table": "Table 1", "column": "Score", "value": common.mean(list(have.values())),
                 "metric": "mean of the six subtasks (§6.2); here of those vmx has",
                 "subtasks": sorted(have), "subtasks_missing": sorted(
-                    [k for k in parts if k not in have] + ["nq", "mkqa"])})
+                    [k for k in parts if k not in have] + ["nq", "mkqa"]),
+                "task": "tatoeba" if "tatoeba" in have else "bucc" if "bucc" in have else
+                        "sts12-16" if "english" in have else "sts17"})
+  return out
+
+
+def _vmsst_seen_unseen(results) -> list:
+  """A.3's Table 8: Tatoeba (both directions) over the languages the model trained on and
+  over the others; [] when the model does not say which languages it trained on."""
+  res = results.get("tatoeba")
+  rows = res["scores"]["test"] if res else []
+  if not rows or "seen" not in rows[0]:
+    return []
+  out = []
+  for column, seen in (("Tat. (seen)", True), ("Tat. (unseen)", False)):
+    langs = [r["languages"][0] for r in rows if r["seen"] is seen]
+    fig = tatoeba_mean(results, langs, "mean") if langs else None
+    out += _figure("Table 8", column, fig and {**fig, "languages": langs})
   return out
 
 
@@ -216,7 +270,7 @@ def _ems(results) -> list:
                           f"queries / {row['n_candidates']} candidates",
                 "xx2en": pc["p_at_1_xx2en"],
                 "pairs": [r["hf_subset"] for r in pc["scores"]["test"]],
-                "pairs_missing": pc["languages_missing"]})
+                "pairs_missing": pc["languages_missing"], "task": "paracrawl"})
   for task in EMS_TRANSFER:
     res = results.get(task)
     if not res:
@@ -225,27 +279,41 @@ def _ems(results) -> list:
     metric = f"accuracy x100, {res['probe']} probe, mean of {len(res['seeds'])} seeds"
     out.append({"table": bench.table, "column": f"{task} Avg. (both directions)",
                 "value": res["main_score"], "metric": metric,
-                "directions": len(res["scores"]["test"])})
+                "directions": len(res["scores"]["test"]), "task": task})
     if task == "mldoc":
       out.append({"table": "Table 13", "column": "MLDoc en->X Avg.", "value": res["en2xx"],
-                  "metric": metric})
+                  "metric": metric, "task": task})
       out.append({"table": "Table 13", "column": "MLDoc X->en Avg.", "value": res["xx2en"],
-                  "metric": metric})
+                  "metric": metric, "task": task})
   return out
 
 
 def _infoxlm(results) -> list:
+  """Tables 2 and 3 with §4.2's vector (the mean of layer 7: the `tatoeba_vector` task,
+  whatever vector the run embeds), the 14 languages with parallel data and the 22
+  without, each direction apart; Fig. 1 from `tatoeba_layers`."""
   out = []
   for table, group, langs in (("Table 2", "14 languages with parallel data", INFOXLM_PARALLEL14),
                               ("Table 3", "22 languages without", INFOXLM_OTHER22)):
     for d in ("xx2en", "en2xx"):
-      out += _figure(table, f"Tatoeba {group}, {d}", tatoeba_mean(results, langs, d))
+      out += _figure(table, f"Tatoeba {group}, {d}",
+                     tatoeba_mean(results, langs, d, task="tatoeba_vector"))
   layers = results.get("tatoeba_layers")
   for r in (layers["scores"]["test"] if layers else ()):
     out.append({"table": "Fig. 1", "column": f"layer {r['layer']}", "value": r["accuracy_xx2en"],
                 "metric": "Tatoeba accuracy x100, xx->en, mean-pooled hidden states of the layer",
-                "n_languages": r["n_languages"]})
+                "n_languages": r["n_languages"], "vector": r["vector"],
+                "task": "tatoeba_layers"})
   return out
+
+
+def _infoxlm_missing(results) -> list:
+  """Tables 2-3 scored with another vector than §4.2's (an encoder without a layer 7)."""
+  res = results.get("tatoeba_vector")
+  if res and res.get("vector_unavailable"):
+    return [Missing("Tables 2, 3", f"Tatoeba with §4.2's vector ({res['vector_requested']}); "
+                    f"the figures use {res['vector']}", res["vector_unavailable"])]
+  return []
 
 
 def _emmax(results) -> list:
@@ -255,9 +323,13 @@ def _emmax(results) -> list:
                                                                        "xx2en"))
   out += _figure("Table 3", "Tatoeba long-tail, xx->En", tatoeba_mean(results, tail, "xx2en")
                  if tail else None)
-  out += _figure("Table 5", "Tatoeba XTREME 36, xx->En",
-                 tatoeba_mean(results, tatoeba.XTREME36, "xx2en"))
-  out += _figure("Table 2", "BUCC F1 (cosine)", _bucc(results, "cosine"))
+  xtreme = tatoeba_mean(results, tatoeba.XTREME36, "xx2en")
+  out += _figure("Table 5", "Tatoeba XTREME 36, xx->En", xtreme)
+  # Tables 1 and 2 report BUCC and Tatoeba zero-shot (§5.2, following XTREME)
+  out += _figure("Tables 1, 2", "Tatoeba (XTREME's 36), xx->En", xtreme)
+  out += _figure("Tables 1, 2", "BUCC F1 (cosine)", _bucc(results, "cosine"))
+  out += _figure("Table 2", "MultiSTS (zero-shot, Spearman)",
+                 _sts17(results, EMMAX_MULTISTS, "spearman", mteb_only=True))
   fl = results.get("flores")
   if fl:
     for group, label in (("head", "FLORES head (A.1's 68)"), ("long_tail", "FLORES long-tail")):
@@ -265,15 +337,16 @@ def _emmax(results) -> list:
       if g["n_languages"]:
         out.append({"table": "Table 3", "column": f"{label}, xx->En", "value": g["xx2en"],
                     "metric": "accuracy x100, xx->En, cosine", "n_languages": g["n_languages"],
-                    "splits": fl["splits"], "n_sentences": fl["n_sentences"],
+                    "splits": fl["splits"], "n_sentences": fl["n_sentences"], "task": "flores",
                     **({"languages_missing": fl["head_missing"]} if group == "head" else {})})
     for group, geo_g in fl.get("geometry", {}).items():
-      out += _geometry_figures(geo_g, f", FLORES {group}", n_languages=geo_g["n_languages"])
+      out += _geometry_figures(geo_g, f", FLORES {group}", n_languages=geo_g["n_languages"],
+                               task="flores")
     return out
   geo = results.get("geometry")
   if geo:
     sub = geo["scores"]["test"][0]
-    out += _geometry_figures(sub, "", languages=sub["languages"])
+    out += _geometry_figures(sub, "", languages=sub["languages"], task="geometry")
   return out
 
 
@@ -306,7 +379,10 @@ def _mpcl(results) -> list:
   return out
 
 
-STS17_OPTIONAL = {"sts17": (Missing("Table 1", "STS17", STS17_LAYOUT), "sts17_dir")}
+def _sts17_optional(tables: str, benchmark: str = "STS17") -> dict:
+  return {"sts17": (Missing(tables, benchmark, STS17_LAYOUT), "sts17_dir")}
+
+
 EMS_OPTIONAL = {
     "paracrawl": (Missing("Table 9", "ParaCrawl sentence retrieval (2k queries, 200k "
                           "candidates)", paracrawl.LAYOUT), "paracrawl_dir"),
@@ -323,7 +399,42 @@ EMMAX_OPTIONAL = {
                        "and the geometry metrics on it",
                        "--flores_dir=DIR: FLORES-200's flores200_dataset/ with "
                        "<split>/<lang_Script>.<split> (vmx/evaluation/flores.py); without it "
-                       "Table 4 is computed on newstest2013"), "flores_dir")}
+                       "Table 4 is computed on newstest2013"), "flores_dir"),
+    **_sts17_optional("Table 2", "MultiSTS (zero-shot): STS17's SemEval-2017 pairs")}
+
+FINETUNE = ("launch/finetune.py --gin_file=finetune/<file>.gin --protocol={protocol} "
+            "--{flag}=DIR (vmx/finetune.py; the figures in "
+            "MODEL_DIR/protocol_{protocol}_finetuned.json)")
+# EMMA-X XRETE (Table 1: fine-tuned, translate-train-all, except BUCC and Tatoeba; Table 2:
+# zero-shot): what vmx runs elsewhere or cannot run, and why.
+EMMAX_XRETE_MISSING = (
+    Missing("Table 1", "XNLI (fine-tuned)", FINETUNE.format(protocol="emmax", flag="gin.XNLI_DIR")),
+    Missing("Table 1", "ANLI / AmericasNLI (fine-tuned)",
+            FINETUNE.format(protocol="emmax", flag="gin.ANLI_DIR")),
+    Missing("Table 1", "PAWS-X (fine-tuned)", FINETUNE.format(protocol="emmax", flag="gin.PAWSX_DIR")),
+    Missing("Table 1", "MultiSTS (fine-tuned on English NLI and STS, Siamese)",
+            "not built: a Siamese regression fine-tuning; Table 2's zero-shot MultiSTS is run"),
+    Missing("Tables 1, 2", "QE (WMT21 QE Task 1, Pearson)",
+            "not built: a regression head over source and translation"),
+    Missing("Tables 1, 2", "LAReQA (mAP@20)", "not built: XQuAD-R answer retrieval (Table 1 "
+            "fine-tuned on SQuAD); its pool in vmx's retrieval layout (queries.tsv, corpus.tsv, "
+            "qrels.tsv) is scored by --retrieval_dir, not mapped to this table"),
+    Missing("Tables 1, 2", "Mewsli-X (mAP@20)", "not built: entity retrieval (Table 1 "
+            "fine-tuned); as LAReQA, --retrieval_dir scores it in vmx's retrieval layout"),
+    Missing("Table 1", "XCOPA", "not built: multiple choice (premise, two alternatives)"),
+    Missing("Table 1", "MultiEURLEX", "not built: multi-label legal document classification"),
+    Missing("Table 1", "MultiARC", "not built: review rating, scored by MAE"))
+
+
+def _vmsst_missing(results) -> list:
+  res = results.get("tatoeba")
+  rows = res["scores"]["test"] if res else []
+  if rows and "seen" not in rows[0]:
+    return [Missing("Table 8", "Tatoeba, languages seen / unseen in training",
+                    "the encoder does not say which languages it trained on (a vmx model "
+                    "directory's vmx_model.json `languages` does)")]
+  return []
+
 
 PROTOCOLS = {
     "vmsst": Protocol(
@@ -333,35 +444,87 @@ PROTOCOLS = {
          Missing("Table 1", "MKQA (PAQ question retrieval)"),
          Missing("Table 1", "BUCC test split", "eval/bucc2018/<pair>/<pair>.test.{xx,en,gold}: "
                  "vmx reads the SAMPLE split it has")),
-        optional_tasks=dict(STS17_OPTIONAL)),
+        optional_tasks=_sts17_optional("Tables 1, 2, 10", "STS17 (XL Sem. Sim.)"),
+        missing_from=_vmsst_missing),
     "ems": Protocol(
         "ems", "Mao et al., EMS",
         ("tatoeba", "bucc"), _ems, optional_tasks=dict(EMS_OPTIONAL)),
     "infoxlm": Protocol(
         "infoxlm", "Chi et al., InfoXLM",
-        ("tatoeba",), _infoxlm,
-        (Missing("Table 1", "XNLI fine-tuning (cross-lingual transfer)",
-                 "eval/xnli/ holds the dev split only; vmx's xnli_transfer task is a linear "
-                 "probe, not fine-tuning"),
-         Missing("Table 1 / 4", "MLQA", "MLQA v1 (SQuAD format) per language pair"),
-         Missing("Tables 2, 3", "layer-7 mean retrieval vector, unless the run set it",
-                 "RETRIEVAL_LAYER = 7, RETRIEVAL_POOLING = 'mean' at training; otherwise the "
-                 "checkpoint's own vector is used here, and --tatoeba_layers=7 gives the "
-                 "layer-7 mean over --tatoeba_layer_languages")),
-        tatoeba_languages=tatoeba.XTREME36, optional_tasks=dict(INFOXLM_OPTIONAL)),
+        ("tatoeba_vector",), _infoxlm,
+        (Missing("Tables 1, 7, 10", "XNLI (fine-tuned, cross-lingual transfer)",
+                 FINETUNE.format(protocol="infoxlm", flag="gin.XNLI_DIR")),
+         Missing("Table 4", "MLQA (fine-tuned extractive QA)",
+                 "not built: a span-prediction head over SQuAD-format question-passage "
+                 "pairs (docs/departures.md)")),
+        tatoeba_languages=tatoeba.XTREME36, optional_tasks=dict(INFOXLM_OPTIONAL),
+        missing_from=_infoxlm_missing),
     "emmax": Protocol(
         "emmax", "Guo et al., EMMA-X",
-        ("tatoeba", "bucc", "geometry"), _emmax,
-        (Missing("Tables 1, 2", "XRETE's other tasks (XNLI, ANLI, MultiSTS, QE, LAReQA, "
-                 "Mewsli-X, XCOPA, MultiEURLEX, MultiARC, PAWS-X)"),),
+        ("tatoeba", "bucc", "geometry"), _emmax, EMMAX_XRETE_MISSING,
         optional_tasks=dict(EMMAX_OPTIONAL)),
     "mpcl": Protocol(
         "mpcl", "Zhao et al., MPCL",
         ("tatoeba", "bucc"), _mpcl,
         (Missing("Table 1", "STS22", "MTEB's STS22 per language pair"),
          Missing("Table 1", "MTOP domain classification", "MTEB's MTOPDomainClassification")),
-        tatoeba_languages=tatoeba.XTREME36, optional_tasks=dict(STS17_OPTIONAL)),
+        tatoeba_languages=tatoeba.XTREME36, optional_tasks=_sts17_optional("Table 1")),
 }
+
+
+# Fine-tuned figures (launch/finetune.py --protocol=...; vmx/finetune.py): for each paper,
+# each benchmark's (table of the average, table of the languages, the paper's setting).
+FINETUNED = {
+    "infoxlm": {"xnli": ("Tables 1, 7, 10", "Table 1",
+                         "cross-lingual transfer (English training data)")},
+    "emmax": {"xnli": ("Table 1", "Table 10", "translate-train-all"),
+              "anli": ("Table 1", "Table 11", "translate-train-all"),
+              "pawsx": ("Table 1", "Table 19", "translate-train-all")},
+}
+FINETUNED_MISSING = {
+    "infoxlm": (Missing("Table 4", "MLQA (fine-tuned extractive QA)",
+                        "not built: a span-prediction head over SQuAD-format question-passage "
+                        "pairs (docs/departures.md)"),),
+    "emmax": tuple(m for m in EMMAX_XRETE_MISSING if "fine-tuned" not in m.benchmark
+                   or m.benchmark.startswith("MultiSTS")),
+}
+
+
+def finetuned_report(protocol: str, results: dict) -> dict:
+  """The protocol JSON of one fine-tuning run (vmx/finetune.py's results): every language's
+  test accuracy in the paper's per-language table and their mean in its main table, each
+  with the vector and the setting; the paper's other fine-tuned benchmarks under
+  `missing`."""
+  tables = FINETUNED[protocol]
+  bench = results["benchmark"]
+  missing = [dataclasses.asdict(m) for m in FINETUNED_MISSING[protocol]]
+  missing += [dataclasses.asdict(Missing(t[0], f"{b} (fine-tuned)", FINETUNE.format(
+      protocol=protocol, flag=f"gin.{b.upper()}_DIR"))) for b, t in tables.items() if b != bench]
+  if bench not in tables:
+    return {"protocol": protocol, "paper": PROTOCOLS[protocol].paper, "figures": [],
+            "missing": missing, "tasks_failed": {}}
+  avg_table, lang_table, setting = tables[bench]
+  metric = (f"accuracy x100, test, fine-tuned: {results['setting']}, model "
+            f"{results['selected']}")
+  note = ({} if results["setting"].startswith(setting.split(" (")[0]) else
+          {"paper_setting": setting})
+  common_fields = {"metric": metric, "vector": results["vector"],
+                   "task": results["task_name"], **note}
+  figures = [{"table": lang_table, "column": f"{bench} {r['hf_subset']}", "value": r["accuracy"],
+              "n": r["n"], **common_fields} for r in results["scores"]["test"]]
+  figures.append({"table": avg_table, "column": f"{bench} Avg.", "value": results["main_score"],
+                  "n_languages": len(results["scores"]["test"]), **common_fields})
+  return {"protocol": protocol, "paper": PROTOCOLS[protocol].paper, "figures": figures,
+          "missing": missing, "tasks_failed": {}}
+
+
+def with_vector(figure: dict, results: dict) -> dict:
+  """The figure with the sentence vector it was scored with (`vector`, from its task's
+  result unless the figure names its own) and NaN (undefined) as null for the JSON."""
+  out = {k: (None if isinstance(v, float) and v != v else v) for k, v in figure.items()}
+  if "vector" not in out:
+    out["vector"] = results[figure["task"]]["vector"]
+  return out
 
 
 def resolve(names: Sequence[str]) -> list[Protocol]:
@@ -387,9 +550,10 @@ def report(protocol: Protocol, results: dict, errors: dict, cfg) -> dict:
   for task, (m, needs) in protocol.optional_tasks.items():
     if not getattr(cfg, needs, None):
       missing.append(dataclasses.asdict(m))
+  if protocol.missing_from is not None:
+    missing += [dataclasses.asdict(m) for m in protocol.missing_from(results)]
   failed = {t: str(e) for t, e in errors.items() if t in protocol.tasks
             or t in protocol.optional_tasks}
-  figures = [{k: (None if isinstance(v, float) and v != v else v) for k, v in f.items()}
-             for f in protocol.figures(results)]   # NaN (undefined) -> null in the JSON
+  figures = [with_vector(f, results) for f in protocol.figures(results)]
   return {"protocol": protocol.name, "paper": protocol.paper,
           "figures": figures, "missing": missing, "tasks_failed": failed}

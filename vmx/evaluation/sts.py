@@ -22,8 +22,14 @@
   - the Arabic fields have leading / trailing spaces and no-break spaces: each field is
     stripped (as MTEB's copy is); track4b's fields may start with a double quote, which
     is text (no CSV quoting);
-  - MTEB's STS17 has one es-en set, track4a (`mteb` in each track's row).
-  A track that cannot be read is reported in `tracks_failed`; the others are scored.
+  - MTEB's STS17 has one es-en set, track4a (`mteb` in each track's row);
+  - copies of the release differ in what else a line holds: more tab-separated fields
+    than the two sentences (a source, an id, a score of another copy, empty trailing
+    fields). A line's sentences are its first two non-empty fields; the others are not
+    used, and no error. The gold scores are read from the gs files only.
+  A track that cannot be read (no gold file, a scored line without two sentences, a gold
+  line that is not a number, input and gold of different lengths) is reported in
+  `tracks_failed`; the others are scored.
 """
 from __future__ import annotations
 
@@ -60,23 +66,28 @@ def read_senteval(input_path: Path, gs_path: Path, task="sts"):
 
 
 def scored_pairs(lines: Sequence[str], gold: Sequence[str], inp_where: str, gs_where: str,
-                 task: str, exact_fields: bool = False):
+                 task: str, sentences_in_fields: bool = False):
   """(sentences1, sentences2, scores) of the lines whose gold line holds a score (an empty
-  one: unscored, skipped); each sentence stripped. `exact_fields`: exactly two
-  tab-separated fields (else at least two). Errors name the file and line."""
+  one: unscored, skipped); each sentence stripped. The sentences are a line's first two
+  tab-separated fields; `sentences_in_fields`: its first two non-empty ones (a line may
+  hold more fields than the two sentences, which are not used). Errors name the file and
+  line."""
   if len(lines) != len(gold):
     raise DataError(f"task {task}: {inp_where} has {len(lines)} lines but {gs_where} has "
                     f"{len(gold)}")
   s1, s2, y = [], [], []
   for i, (line, g) in enumerate(zip(lines, gold), 1):
-    if not g.strip():
+    if not g.split("\t")[0].strip():
       continue
     parts = line.split("\t")
-    if len(parts) < 2 or (exact_fields and len(parts) != 2):
+    if sentences_in_fields:
+      parts = [p for p in parts if p.strip()]
+    if len(parts) < 2:
       raise DataError(f"task {task}: {inp_where}:{i}: expected two tab-separated sentences, "
-                      f"got {len(parts)} field{'s' * (len(parts) != 1)}")
-    try:
-      y.append(float(g.strip()))
+                      f"got {len(parts)} {'non-empty ' * sentences_in_fields}"
+                      f"field{'s' * (len(parts) != 1)}")
+    try:   # the score is the gold line's first field
+      y.append(float(g.split("\t")[0].strip()))
     except ValueError:
       raise DataError(f"task {task}: {gs_where}:{i}: not a score: {g[:40]!r}") from None
     s1.append(parts[0].strip())
@@ -197,8 +208,11 @@ def _zip_member(path: Path, member: str) -> bytes:
 
 def _sts17_lines(where: str, read) -> list[str]:
   """The file's lines, split at newlines only (a sentence may hold other line separators,
-  U+2028 or a form feed, which `str.splitlines` would split at)."""
+  U+2028 or a form feed, which `str.splitlines` would split at); a byte order mark, which
+  some copies have, is not text."""
   raw = read().split(b"\n")
+  if raw and raw[0].startswith(b"\xef\xbb\xbf"):
+    raw[0] = raw[0][3:]
   if raw and not raw[-1]:
     raw.pop()
   return [readers.decode_line(r, f"task sts17: {where}", i) for i, r in enumerate(raw, 1)]
@@ -208,10 +222,15 @@ def read_sts17_track(track: str, inp: tuple, gs: tuple):
   """(sentences of column 1, of column 2, gold scores) of one track, as distributed."""
   (inp_where, inp_read, _), (gs_where, gs_read, _) = inp, gs
   lines, gold = _sts17_lines(inp_where, inp_read), _sts17_lines(gs_where, gs_read)
+  # blank lines at the end of one file (some copies have them) pair with nothing
+  while len(lines) > len(gold) and not lines[-1].strip():
+    lines.pop()
+  while len(gold) > len(lines) and not gold[-1].strip():
+    gold.pop()
   scored = SEMEVAL2017_SCORED_PREFIX.get(track)
   if scored and len(lines) > len(gold) == scored:
     lines = lines[:scored]
-  s1, s2, y = scored_pairs(lines, gold, inp_where, gs_where, "sts17", exact_fields=True)
+  s1, s2, y = scored_pairs(lines, gold, inp_where, gs_where, "sts17", sentences_in_fields=True)
   if not len(y):
     raise DataError(f"task sts17: {gs_where}: no scored line")
   return s1, s2, y

@@ -10,7 +10,7 @@ normalized (CONTRASTIVE `DualEncoderModel` with one shared encoder and no projec
 other tools): `config.json` + `model.safetensors` (a `BertModel` / `XLMRobertaModel`),
 the tokenizer file, `modules.json` (Transformer -> Pooling -> Normalize),
 `sentence_bert_config.json` (max_seq_length) and `1_Pooling/config.json`. The embeddings
-equal vmx's `Encoder.encode` (tests/test_pretrained.py). Anything else (vmx's own
+equal vmx's `Encoder.encode` (tests/test_hf_import_export.py). Anything else (vmx's own
 SentencePiece vocabulary, language embeddings, projections, mT5, the tanh pooler) is a
 ConfigError naming what cannot be expressed; nothing is written then.
 """

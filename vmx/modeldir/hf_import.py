@@ -14,8 +14,8 @@ encoder-decoder checkpoint's decoder is kept too, in `decoder/checkpoint_0/param
 cross-attention: VMSST's and BITRANSLATION's decoders start from it (VMSST §6.5).
 `Encoder.from_checkpoint` opens the directory, and a training run starts from it with
 `INITIAL_CHECKPOINT_PATH` (vmx/training/initial_checkpoint.py).
-Part of vmx/modeldir/ (the MODEL_DIR layout: layout.py); `vmx.checkpoint_import` is
-this module under its old name.
+Part of vmx/modeldir/ (the MODEL_DIR layout: layout.py); the deprecated path
+`vmx.checkpoint_import` forwards here.
 
 Every tensor is accounted for before anything is written: unknown, missing or
 mis-shaped tensors give one `CheckpointError` that lists them.

@@ -14,10 +14,13 @@ Schedule: the first `single_positive_steps` updates use the single-positive loss
 views 0 and 1 only (their warm-up, 2000 steps in the paper), then MPCL; the update
 counter is model state (`flax_mutables['phase']`), checkpointed with the run. The
 learning-rate change between the phases is the schedule's `scale_at`
-(runs/train.gin: LR_SCALE_AT). The "+Single" control is the same data with V = 2
-(twice the groups for the same sentences a step), or, on the very same sentences,
-`positives='one'` (views paired 0-1, 2-3; the group's other views leave the
-denominator). `anchors='all'` makes every view an anchor in turn.
+(runs/train.gin: LR_SCALE_AT). The "+Single" control (§3.5: a group of six becomes three
+random language pairs, each sentence once) is, on the very same sentences,
+`positives='one'`: the views paired 0-1, 2-3, 4-5, every pair its own single-positive
+term anchored at its first view (`single_positive_pairs_infonce`; the group's other views
+leave the denominator), throughout training (its warm-up is the same loss); or the same
+data with V = 2 (twice the groups for the same sentences a step). `anchors='all'` makes
+every view an anchor in turn (with `positives='one'`: both views of every pair).
 
 `hard_negatives` (their "XLM-R w/ hard negative" variant, §3.5): each example also
 holds one hard negative, a contradiction hypothesis of the group's sentence in a random
@@ -40,6 +43,32 @@ from vmx import losses
 from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel
 from vmx.models.dual_encoder import DualEncoder
+
+
+def single_positive_pairs_infonce(views_GxVxD, temperature: float = 0.05, rescale: bool = False,
+                                  hard_negatives_GxHxD=None):
+  """MPCL's "+Single" loss (§3.5) on N-way groups: the V views of a group are V/2 pairs
+  (0-1, 2-3, ...), and EVERY pair is a single-positive InfoNCE term (their Eq. 1), anchored
+  at its first view with its second as the one positive. An anchor's denominator is every
+  sentence of the global batch except the other views of its own group (translations, not
+  negatives: the paper's pairs are separate examples, which rarely share a batch) and
+  itself; with hard negatives, all of the batch's join it as in MPCL. Returns (the mean over
+  the G * V / 2 anchors, metrics averaged over them).
+
+  It is `losses.multi_positive_infonce(positives='one')` with view 0 as the anchor, once
+  per pair on the group's views rotated so that the pair comes first: a rotation inside
+  every group permutes the batch's columns, which changes no anchor's denominator, range
+  or nearest sentence.
+  """
+  V = views_GxVxD.shape[1]
+  if V % 2:
+    raise ValueError(f"+Single pairs the views 0-1, 2-3, ...: V={V} is odd")
+  terms = [losses.multi_positive_infonce(jnp.roll(views_GxVxD, -2 * p, axis=1), temperature,
+                                         rescale, anchors="first", positives="one",
+                                         hard_negatives_GxHxD=hard_negatives_GxHxD)
+           for p in range(V // 2)]
+  metrics = {k: jnp.mean(jnp.stack([m[k] for _, m in terms])) for k in terms[0][1]}
+  return metrics["loss"], metrics
 
 
 class MPCLModel(SentenceEncoderModel):
@@ -106,15 +135,24 @@ class MPCLModel(SentenceEncoderModel):
     return self._encode_rows(params, self._views(batch), dropout_rng)
 
   def objective(self, emb_BxRxD, multi):
-    """(loss, metrics): MPCL when `multi` (a bool array), else single-positive on views 0, 1.
-    `emb_BxRxD`: the views' vectors, then (hard_negatives) the hard negative's."""
+    """(loss, metrics): the run's loss (MPCL, or +Single with `positives='one'`) when `multi`
+    (a bool array), else the warm-up's single-positive loss: Eq. 1 on views 0, 1 (MPCL), the
+    +Single loss itself (+Single trains with one positive throughout). `emb_BxRxD`: the
+    views' vectors, then (hard_negatives) the hard negative's."""
     emb_BxVxD = emb_BxRxD[:, :self.num_views]
     neg_BxHxD = emb_BxRxD[:, self.num_views:] if self.hard_negatives else None
-    mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale,
-                                           anchors=self.anchors, positives=self.positives,
-                                           hard_negatives_GxHxD=neg_BxHxD)
-    sp, sm = losses.multi_positive_infonce(emb_BxVxD[:, :2], self.temperature, self.rescale,
-                                           anchors=self.anchors, hard_negatives_GxHxD=neg_BxHxD)
+    if self.positives == "one" and self.anchors == "first":
+      mp, mm = single_positive_pairs_infonce(emb_BxVxD, self.temperature, self.rescale,
+                                             neg_BxHxD)
+    else:
+      mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale,
+                                             anchors=self.anchors, positives=self.positives,
+                                             hard_negatives_GxHxD=neg_BxHxD)
+    if self.positives == "one":
+      sp = mp
+    else:
+      sp, _ = losses.multi_positive_infonce(emb_BxVxD[:, :2], self.temperature, self.rescale,
+                                            anchors=self.anchors, hard_negatives_GxHxD=neg_BxHxD)
     loss = jnp.where(multi, mp, sp)
     extra = ({"hard_negative_accuracy": mm["hard_negative_accuracy"]} if self.hard_negatives
              else {})

@@ -17,6 +17,7 @@ import jax
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
+from vmx import signals
 from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import DataError, NonFiniteError, Preempted
@@ -248,11 +249,12 @@ class TrainingRun:
         self._close()
     finally:
       watch.uninstall()
+    kept = (f"saved {layout.step_dir(self.model_dir, end)}"
+            + ("; the run is complete" if end == self.total_steps else
+               "; rerun the same command to continue"))
+    signals.saved(kept)   # what a signal during the launcher's exit would leave
     if watch.signal is not None:   # during the last step's evaluation or the final save
-      raise Preempted(f"{watch.signal} during the final save: saved "
-                      f"{layout.step_dir(self.model_dir, end)}"
-                      + ("; the run is complete" if end == self.total_steps else
-                         "; rerun the same command to continue"))
+      raise Preempted(f"{watch.signal} during the final save: {kept}")
     return state, last
 
   def _steps(self, state, p, start, end, watch, last):

@@ -66,7 +66,7 @@ def test_family_hidden_states_equal_transformers(kind, scan, tmp_path):
   """Imported through launch's code path; padded batch; valid positions within 1e-4."""
   import jax
   from vmx import encoders
-  from vmx.checkpoint_import import convert, encoder_settings, read_hf_config, read_hf_tensors
+  from vmx.modeldir.hf_import import convert, encoder_settings, read_hf_config, read_hf_tensors
   from vmx.training.initial_checkpoint import assign
   m = tiny_hf_model(kind).eval()
   m.save_pretrained(tmp_path)
@@ -124,7 +124,7 @@ def test_mt5_decoder_logits_equal_transformers(scan, lm_head, kind, tmp_path):
   import jax
   from flax import traverse_util
   from vmx import decoders
-  from vmx.checkpoint_import import read_hf_config, read_hf_tensors
+  from vmx.modeldir.hf_import import read_hf_config, read_hf_tensors
   from vmx.modeldir.hf_import import convert_decoder, decoder_settings, decoder_shapes
   from vmx.training.initial_checkpoint import assign, flatten
   from safetensors.numpy import save_file
@@ -273,11 +273,12 @@ def test_run_from_imported_checkpoint_then_resume(tmp_path):
   import gin
   import tasks
   from conftest import write_lines
-  from vmx.checkpoint_import import import_checkpoint
+  from vmx.modeldir.hf_import import import_checkpoint
   from vmx.data import pipeline
   from vmx.data.vocab import TOKENIZER_SPEC
   from vmx.models import DualEncoder, DualEncoderModel
-  from vmx.training import checkpoints, initial_checkpoint, optimizers, partitioning
+  from vmx.modeldir import checkpoints
+  from vmx.training import initial_checkpoint, optimizers, partitioning
   from vmx.training.trainer import train
   from vmx import encoders
 
@@ -396,7 +397,7 @@ def test_vmsst_takes_the_imported_mt5_decoder(tmp_path):
   import jax
   from flax import traverse_util
   from vmx import decoders, encoders
-  from vmx.checkpoint_import import import_checkpoint
+  from vmx.modeldir.hf_import import import_checkpoint
   from vmx.inference import Encoder
   from vmx.models import VMSST, VMSSTModel
   from vmx.training import optimizers, partitioning
@@ -571,7 +572,7 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   (padding id 1 swapped with 0 in vmx, position offset, SentencePiece, CLS pooling)."""
   import shutil
   st = pytest.importorskip("sentence_transformers")
-  from vmx.checkpoint_import import _normalize_names, import_checkpoint, read_hf_tensors
+  from vmx.modeldir.hf_import import _normalize_names, import_checkpoint, read_hf_tensors
   from vmx.inference import Encoder
   sents = tatoeba_sentences(n=8)
   if kind == "minilm":

@@ -23,7 +23,8 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, load_benchmark
+from benchmarks import common
+from conftest import REPO
 
 pytest.importorskip("gcsfs", reason="gcsfs (test extra) is not installed")
 pytest.importorskip("gcp_storage_emulator",
@@ -90,13 +91,13 @@ print("RESULT " + json.dumps(out))
 
 def test_train_kill_resume_encode_on_gcs(gcs, tmp_path):
   url, gcs_env = gcs
-  kc = load_benchmark("kill_campaign")
+  kc = common
   gin_file = kc.write_task(tmp_path, steps=STEPS, checkpoint_period=PERIOD, keep=2)
   env = {**kc.train_env(None), **gcs_env}
   prefix = "runs/contrastive"
   remote = f"gs://{BUCKET}/{prefix}"
-  cmd = lambda model_dir: [sys.executable, "launch/train.py", f"--gin_file={gin_file}",  # noqa: E731
-                           f"--gin.MODEL_DIR={model_dir}", "--gin.LOG_PERIOD=5"]
+  cmd = lambda model_dir: common.train_command(gin_file, model_dir,  # noqa: E731
+                                              "--gin.LOG_PERIOD=5")
 
   # An uninterrupted local run: the reference.
   local = tmp_path / "local"

