@@ -38,6 +38,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,9 +81,14 @@ class Probe:
                             cwd=common.REPO), f
 
   def trained(self, name, *extra) -> Path:
+    """A run directory of 20 trained steps: one run of the probe's task, copied for each
+    case (a case may change its copy)."""
+    base = self.work / "_trained"
+    if not (base / "checkpoint_20").is_dir():
+      p = self.run(self.train_cmd(base, "--gin.train.stop_at_step=20", *extra))
+      assert p.returncode == 0, p.stderr[-2000:]
     d = self.work / name
-    p = self.run(self.train_cmd(d, "--gin.train.stop_at_step=20", *extra))
-    assert p.returncode == 0, p.stderr[-2000:]
+    shutil.copytree(base, d, ignore=shutil.ignore_patterns("vmx.lock"))
     return d
 
   @staticmethod

@@ -67,6 +67,7 @@ def main(argv):
   if args.gin_file or bindings or not args.check_cluster:
     from vmx import experiment  # lazy: jax/TF only after cli.run_main's host set-up
     experiment.parse_gin(args.gin_file, bindings, args.gin_search_paths)
+    experiment.check_paths()   # every input path the config names, before any long work
   if args.multihost or args.coordinator_address or args.check_cluster:
     from vmx.training import distributed  # lazy: jax, after cli.run_main's host set-up
     cluster = "single process"

@@ -38,8 +38,10 @@ def test_distillation_model_loss_is_both_sides_mse_plus_weighted_infonce():
   np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
   np.testing.assert_allclose(float(m["mse_pivot"]), np.mean((s_ - teacher) ** 2), rtol=1e-5)
   both = DistillationModel(DualEncoder(enc, projection_dims=(6,)), contrastive_weight=0.5)
+  tokens = {"left_tokens": jnp.arange(12).reshape(4, 3),    # 4 different sentences a side
+            "right_tokens": jnp.arange(12, 24).reshape(4, 3)}
   loss2, m2, _ = both.grad_cache_loss((jnp.asarray(t_), jnp.asarray(s_)),
-                                      {"teacher": jnp.asarray(teacher)})
+                                      {"teacher": jnp.asarray(teacher), **tokens})
   c, _ = losses.in_batch_softmax_loss(jnp.asarray(t_), jnp.asarray(s_), 0.05)
   np.testing.assert_allclose(float(loss2), ref + 0.5 * float(c), rtol=1e-5)
   assert "in_batch_accuracy" in m2
@@ -186,4 +188,4 @@ def test_sentence_length_ignores_the_teacher_vector():
   from vmx.data import pipeline
   from vmx.models import DistillationModel
   cfg = pipeline.DatasetConfig("unset", {"inputs": 8, "targets": 8, "teacher": 384}, 4)
-  assert pipeline.token_lengths(cfg, DistillationModel.FEATURE_CONVERTER_CLS) == [8, 8]
+  assert pipeline.token_lengths(cfg, DistillationModel(None).FEATURE_CONVERTER_CLS) == [8, 8]

@@ -124,10 +124,10 @@ def test_no_xtr_leaves_the_xtr_head_untrained():
   batch = _batch()
   model = _model(xtr_weight=0.0)
   params = _init(model, batch)
-  grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
+  grads = jax.grad(lambda p: model.compute_loss(p, batch, None, None)[0])(params)
   assert float(jnp.abs(grads["xtr_out"]["kernel"]).sum()) == 0.0
   assert float(jnp.abs(grads["sentence_encoder"]["final_norm"]["scale"]).sum()) > 0
-  grads = jax.grad(lambda p: _model().loss_fn(p, batch, None)[0])(params)
+  grads = jax.grad(lambda p: _model().compute_loss(p, batch, None, None)[0])(params)
   assert float(jnp.abs(grads["xtr_out"]["kernel"]).sum()) > 0
 
 
@@ -135,7 +135,8 @@ def test_inference_embedding_is_the_pooled_sentence_vector():
   batch = _batch()
   model = _model()
   params = _init(model, batch)
-  emb, aux = model.predict_batch_with_aux(params, batch)
+  emb = model.encode_tokens(params, batch["left_tokens"], batch["left_lang"])
+  aux = {"unnormalized": model.embed(params, batch["left_tokens"], batch["left_lang"])}
   out = model.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
                            batch["left_lang"], batch["right_lang"])
   np.testing.assert_allclose(aux["unnormalized"], out["u"], rtol=1e-6)
@@ -148,7 +149,7 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
   from conftest import assert_same_loss_and_grads_on_1_and_8_devices
   model = _model()
   assert_same_loss_and_grads_on_1_and_8_devices(
-      model, _batch(b=8), lambda p, b: model.loss_fn(p, b, None)[0])
+      model, _batch(b=8), lambda p, b: model.compute_loss(p, b, None, None)[0])
 
 
 @pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
@@ -170,7 +171,7 @@ def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
     state = tr.create_state(0)
     gb = part.global_batch(batch, tr.batch_shardings)
     if c == 1:
-      fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]))
+      fn = jax.jit(jax.value_and_grad(lambda p, b: model.compute_loss(p, b, None, None)[0]))
     else:
       fn = jax.jit(lambda p, b: (lambda r: (r[0], r[2]))(
           grad_cache.loss_and_grads(model, p, b, None, c)))

@@ -713,10 +713,15 @@ def test_eval_cli_bad_input_is_one_line(tmp_path):
   run = lambda *a: subprocess.run([sys.executable, str(REPO / "launch/eval.py"), *a],
                                   capture_output=True, text=True, cwd=REPO, timeout=300)
   p = run(f"--checkpoint_dir={tmp_path / 'nope'}")
-  assert p.returncode == 2 and "vmx_model.json: not found" in p.stderr, p.stderr[-2000:]
-  assert "Traceback" not in p.stderr
+  assert p.returncode == 2 and "nope: no such file or directory" in p.stderr, p.stderr[-2000:]
+  assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+  p = run(f"--checkpoint_dir={tmp_path}")
+  assert p.returncode == 2 and "not a vmx model_dir (no vmx_model.json)" in p.stderr
+  (tmp_path / "vmx_model.json").write_text("{}")
   p = run(f"--checkpoint_dir={tmp_path}", "--suite=nope")
   assert p.returncode == 2 and "unknown suite" in p.stderr
+  p = run(f"--checkpoint_dir={tmp_path}", "--protocol=infoxlm", "--tatoeba_vector=seven")
+  assert p.returncode == 2 and "--tatoeba_vector='seven': expected LAYER,POOLING" in p.stderr
 
 
 def test_geometry_eqs_16_to_18_on_a_hand_computed_example():

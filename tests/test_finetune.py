@@ -201,7 +201,6 @@ def test_pairs_are_joined_as_the_tokenizers_model_joins_them(tmp_path):
   import sentencepiece as spm
   from vmx.data import vocab
   from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
-  from vmx.finetune import encode_pairs
   sents = [l.split("\t")[0] for l in (Path(DATA_DIR or "/x") / "eval/xnli/dev-de.tsv")
            .read_text().splitlines()[:300]] if (Path(DATA_DIR or "/x") / "eval/xnli").is_dir() \
       else [f"satz nummer {i} mit worten" for i in range(300)]
@@ -209,7 +208,7 @@ def test_pairs_are_joined_as_the_tokenizers_model_joins_them(tmp_path):
   tok = vocab.load_tokenizer(vocab.train_sentencepiece([str(text)], str(tmp_path / "v.model"),
                                                        300))
   a, b = sents[:5], sents[5:10]
-  got = encode_pairs(tok, a, b, 64)
+  got = tok.encode_pairs(a, b, 64)
   for i in range(5):
     want = tok.sp.encode(a[i]) + [tok.sp.eos_id()] + tok.sp.encode(b[i])
     assert got[i][:len(want)].tolist() == want[:64] and not got[i][len(want):].any()
@@ -221,7 +220,7 @@ def test_pairs_are_joined_as_the_tokenizers_model_joins_them(tmp_path):
     else:
       z = z[:-1]
   assert len(tok.sp.encode(long_a)) > len(x)
-  assert encode_pairs(tok, [long_a], [short_b], 8)[0].tolist() == x + [tok.sp.eos_id()] + z
+  assert tok.encode_pairs([long_a], [short_b], 8)[0].tolist() == x + [tok.sp.eos_id()] + z
   transformers = pytest.importorskip("transformers")
   import shutil
   for kind, name, cls, ids in (
@@ -240,7 +239,7 @@ def test_pairs_are_joined_as_the_tokenizers_model_joins_them(tmp_path):
                                                 else 0}))
     hf = transformers.AutoTokenizer.from_pretrained(d)
     mine = HfTokenizer(str(d / TOKENIZER_SPEC))
-    got = encode_pairs(mine, a, b, 48)
+    got = mine.encode_pairs(a, b, 48)
     for i in range(5):
       want = hf(a[i], b[i], truncation="longest_first", max_length=48)["input_ids"]
       np.testing.assert_array_equal(mine.to_vmx_ids(got[i][:len(want)]), want, err_msg=kind)

@@ -24,8 +24,9 @@ def test_experiment_file_parses_and_exposes_macros(name):
     for m in REQUIRED_MACROS:
       gin.query_parameter(f"%{m}")
     assert gin.query_parameter("%TRAIN_STEPS") == 7
-    header = (REPO / "gin_configs" / name).read_text().splitlines()[:12]
-    text = "\n".join(header)
+    lines = (REPO / "gin_configs" / name).read_text().splitlines()
+    header = lines[:next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))]
+    text = "\n".join(header)   # the leading comment block
     for word in ("Command:", "Hardware:", "Time:", "Result:"):
       assert word in text, f"{name}: header lacks {word!r}"
   finally:

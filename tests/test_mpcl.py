@@ -25,8 +25,6 @@ def anchor_views(V, anchors, positives):
 
 def mpcl_loss(views, t, rescale=False, anchors="first", positives="all", **kw):
   """The loss MPCLModel trains with for these settings."""
-  if positives == "one" and anchors == "first":
-    return mpcl.single_positive_pairs_infonce(views, t, rescale, kw.get("hard_negatives_GxHxD"))
   return losses.multi_positive_infonce(views, t, rescale, anchors=anchors, positives=positives,
                                        **kw)
 
@@ -77,7 +75,7 @@ def test_controls_match_numpy(anchors, positives, num_views):
     assert float(loss) == pytest.approx(ref, rel=1e-4)
     assert 0 <= float(m["positive_accuracy"]) <= 1
   with pytest.raises(ValueError, match="odd"):
-    mpcl.single_positive_pairs_infonce(jnp.asarray(views[:, :3]))
+    losses.multi_positive_infonce(jnp.asarray(views[:, :3]), positives="one")
 
 
 def test_single_gives_every_pair_of_a_group_its_own_term():
@@ -85,11 +83,13 @@ def test_single_gives_every_pair_of_a_group_its_own_term():
   does for pair 0-1; and the loss is the mean of the three pairs' own InfoNCE terms."""
   rng = np.random.default_rng(5)
   views = rng.normal(size=(4, 6, 8)).astype(np.float64)
-  base = float(mpcl.single_positive_pairs_infonce(jnp.asarray(views, jnp.float32), 0.05)[0])
+  base = float(losses.multi_positive_infonce(jnp.asarray(views, jnp.float32), 0.05,
+                                              positives="one")[0])
   for first in (0, 2, 4):
     closer = views.copy()
     closer[:, first + 1] = closer[:, first] + 0.05 * closer[:, first + 1]
-    got = float(mpcl.single_positive_pairs_infonce(jnp.asarray(closer, jnp.float32), 0.05)[0])
+    got = float(losses.multi_positive_infonce(jnp.asarray(closer, jnp.float32), 0.05,
+                                                  positives="one")[0])
     assert got < base - 0.1, first
   per_pair = []
   for first in (0, 2, 4):     # each pair alone: its anchor, its positive, the same denominator
@@ -154,7 +154,8 @@ def test_single_trains_on_every_pair_in_the_warm_up_too():
   params = model.get_initial_variables(jax.random.PRNGKey(0), {"views": batch["views"].shape})
   emb = model.embed_views(params["params"], batch)
   warm, m = model.objective(emb, jnp.bool_(False))
-  want, _ = mpcl.single_positive_pairs_infonce(emb, model.temperature, model.rescale)
+  want, _ = losses.multi_positive_infonce(emb, model.temperature, model.rescale,
+                                          positives="one")
   assert float(warm) == pytest.approx(float(want)) == pytest.approx(float(m["mpcl_loss"]))
   first_pair, _ = losses.multi_positive_infonce(emb[:, :2], model.temperature, model.rescale)
   assert abs(float(warm) - float(first_pair)) > 1e-3
@@ -171,7 +172,7 @@ def test_model_rejects_bad_settings_and_embeds_left_tokens():
   batch = _views_batch()
   params = model.get_initial_variables(jax.random.PRNGKey(0), {"views": batch["views"].shape})
   views = batch["views"].reshape(4, 3, 8)
-  emb, _ = model.predict_batch_with_aux(params["params"], {"left_tokens": views[:, 1]})
+  emb = model.encode_tokens(params["params"], views[:, 1], None)
   all_views = model.embed_views(params["params"], batch)
   np.testing.assert_allclose(emb, losses.l2_normalize(all_views[:, 1]), rtol=1e-5, atol=1e-6)
   assert model.FEATURE_CONVERTER_CLS(pack=False).get_model_feature_lengths({"views": 8}) == \
@@ -184,7 +185,7 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
   model = _model()
   phase = {"phase": {"updates": jnp.ones((), jnp.int32)}}
   assert_same_loss_and_grads_on_1_and_8_devices(
-      model, _views_batch(b=8), lambda p, b: model.loss_fn(p, b, None, phase)[0])
+      model, _views_batch(b=8), lambda p, b: model.compute_loss(p, b, None, phase)[0])
 
 
 @pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
@@ -269,7 +270,9 @@ def test_real_nway_corpora_are_aligned():
 
 
 MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.gin",
-              "ablations/mpcl_single_pairs_tiny.gin", "mpcl_hard_negative.gin"]
+              "ablations/mpcl_single_pairs_tiny.gin", "mpcl_hard_negative.gin",
+              "mpcl_xlmr.gin", "mpcl_xlmr_single.gin", "mpcl_mbert.gin", "mpcl_mbert_single.gin",
+              "mpcl_labse.gin", "mpcl_msimcse.gin"]
 
 
 @pytest.mark.parametrize("name", MPCL_FILES)
@@ -284,6 +287,13 @@ def test_every_mpcl_file_builds_and_takes_a_step(name):
   assert model.positives == ("one" if "single" in name and "pairs" not in name else "all")
   assert model.hard_negatives == ("hard_negative" in name)   # §3.5's XLM-R w/ hard negative
   assert np.isfinite(float(metrics["loss"].compute()))
+  enc = model.module.encoder
+  if name.startswith(("mpcl_xlmr", "mpcl_mbert", "mpcl_labse", "mpcl_msimcse")):
+    assert enc.family == "bert"                         # an imported pretrained encoder
+    # §3.3: LM base models warm up on Eq. 1 for 2,000 steps; sentence embedding models not
+    warm = 0 if name in ("mpcl_labse.gin", "mpcl_msimcse.gin") else 2000
+    assert model.single_positive_steps == warm
+    assert model.module.pooling == ("pooler" if name == "mpcl_labse.gin" else "first")
 
 
 def test_learning_rate_scale_at_halves_after_the_warmup():

@@ -272,3 +272,39 @@ def test_tiny_training_with_hard_negatives_resumes_as_uninterrupted(xnli_task, t
   assert all(np.isfinite(r["train/loss"]) and 0 <= r["train/hard_negative_accuracy"] <= 1
              for r in train_rows)
 
+
+
+def test_mpcl_trains_on_xnli_mt_premises_when_supplied(xnli_task, tmp_path):
+  """§3.1: with XNLI-MT's folder, mpcl.gin's groups are every training line's premise in
+  the run's languages (not only the contradiction lines, no hard negative), drawn as
+  NUM_VIEWS distinct languages; without it, the newstest groups of the data directory."""
+  import gin
+  import tasks
+  from vmx import experiment
+  from vmx.data import pipeline
+  from vmx.errors import ConfigError
+  _, vp, _ = xnli_task
+  d = _xnli_mt(tmp_path, n=30)
+  langs, premises, none = tasks.xnli_mt_groups(str(d), LANGS, "premises")
+  assert none is None and len(premises) == 90          # every line: 30 premises x 3
+  name = tasks.mpcl_mixture(str(d), LANGS, {"wmt-newstest-multiway": ["de", "en"]}, vp, 3)
+  assert name.startswith("xnli_mt.views3.")
+  it = pipeline.train_iterator(pipeline.DatasetConfig(name, {"views": 8}, batch_size=8),
+                               _model().FEATURE_CONVERTER_CLS, seed=0, progress=False)
+  from vmx.data import vocab
+  tok = vocab.Tokenizer(vp)
+  for views in next(it)["views"].reshape(-1, 3, 8):
+    texts = [" ".join(tok.sp.decode([int(t) for t in r if t]).split()) for r in views]
+    assert len({t.split()[0] for t in texts}) == 1 and texts[0].startswith("p")
+    assert len({t.split()[1] for t in texts}) == 3
+  with pytest.raises(ConfigError, match="NUM_VIEWS=5 views of distinct languages"):
+    tasks.mpcl_mixture(str(d), LANGS, {}, vp, 5)
+  gin.clear_config()
+  experiment.parse_experiment(["mpcl.gin"], [f"XNLI_MT_DIR = '{d}'"])
+  try:
+    assert gin.query_parameter("tasks.mpcl_mixture.xnli_mt_directory").scopes == ["XNLI_MT_DIR"]
+    assert gin.query_parameter("%MIXTURE_OR_TASK_NAME").selector == "tasks.mpcl_mixture"
+    assert gin.query_parameter("%MPCL_LANGUAGES") == ["en", "de", "fr", "es", "ru", "zh"]
+    assert gin.query_parameter("%XNLI_MT_DIR") == str(d)
+  finally:
+    gin.clear_config()

@@ -35,7 +35,7 @@ def _loss_and_grads(num_devices, num_partitions=1, scan=False):
   tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part, shapes)
   state = tr.create_state(0)
   batch = part.global_batch(_batch(), tr.batch_shardings)
-  fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(p, b, None)[0]))
+  fn = jax.jit(jax.value_and_grad(lambda p, b: model.compute_loss(p, b, None, None)[0]))
   with part.context():
     loss, grads = fn(state.params, batch)
   return float(loss), jax.tree.map(np.asarray, grads), tr, state, batch
@@ -87,7 +87,8 @@ def test_scan_and_unrolled_layers_compute_the_same_function():
   stacked = jax.tree.map(lambda *xs: np.stack(xs), *[enc[f"layers_{i}"] for i in range(2)])
   ps = {**p, "encoder": {**{k: v for k, v in enc.items() if not k.startswith("layers_")},
                          "layers": stacked}}
-  np.testing.assert_allclose(unrolled.score_batch(p, b), scanned.score_batch(ps, b),
+  np.testing.assert_allclose(unrolled.encode_tokens(p, b["left_tokens"], b.get("left_lang")),
+                             scanned.encode_tokens(ps, b["left_tokens"], b.get("left_lang")),
                              rtol=1e-5, atol=1e-6)
 
 
@@ -163,7 +164,8 @@ def test_bfloat16_activations_match_float32_within_tolerance():
                                  {k: v.shape for k, v in batch.items()})["params"]))
   out = {}
   for name, m in (("f32", f32), ("bf16", bf16)):
-    loss, grads = jax.jit(jax.value_and_grad(lambda p, m=m: m.loss_fn(p, batch, None)[0]))(
+    loss, grads = jax.jit(jax.value_and_grad(
+        lambda p, m=m: m.compute_loss(p, batch, None, None)[0]))(
         params)
     assert loss.dtype == jnp.float32
     out[name] = (float(loss), np.concatenate([np.ravel(g) for g in jax.tree.leaves(grads)]))

@@ -181,8 +181,8 @@ def test_t5x_checkpoints_open_in_encoder(tmp_path):
   assert enc.revision == "checkpoint_5"
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, enc.params), params)
   v = enc.encode(["alpha beta", "gamma delta"])
-  direct = np.asarray(model.predict_batch(params, {"left_tokens": enc.tokenizer.encode(
-      ["alpha beta", "gamma delta"], 8)}))
+  direct = np.asarray(model.encode_tokens(params, enc.tokenizer.encode(
+      ["alpha beta", "gamma delta"], 8), None))
   np.testing.assert_allclose(v, direct, rtol=1e-5, atol=1e-6)
 
   # The legacy layout: the newest step is read.

@@ -52,9 +52,9 @@ def test_resume_equals_uninterrupted(tmp_path, toy_task, kind):
   v = enc.encode(["alpha beta", "GAMMA"], lang="xx")
   assert v.shape == (2, 16)
   np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-5)
-  direct = np.asarray(enc.model.predict_batch(
+  direct = np.asarray(enc.model.encode_tokens(
       jax.tree.map(np.asarray, resumed.params),
-      {"left_tokens": enc.tokenizer.encode(["alpha beta", "GAMMA"], 8)}))
+      enc.tokenizer.encode(["alpha beta", "GAMMA"], 8), None))
   np.testing.assert_allclose(v, direct, rtol=1e-5, atol=1e-6)
   if kind == "vmsst":  # the inference embedding is the semantic posterior's mean
     assert isinstance(enc.model, VMSSTModel)

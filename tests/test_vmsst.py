@@ -10,6 +10,12 @@ from vmx.models import VMSST, VMSSTModel
 B, L, V, D = 8, 10, 40, 16
 
 
+
+def _with_aux(out):
+  """compute_loss's (loss, metrics, flax_mutables) as (loss, (metrics, flax_mutables))."""
+  loss, metrics, mutables = out
+  return loss, (metrics, mutables)
+
 def _templates(**dec_kw):
   enc = encoders.TransformerEncoder(vocab_size=V, num_layers=1, emb_dim=D, num_heads=2,
                                     mlp_dim=32, max_length=L)
@@ -132,9 +138,9 @@ def test_objective_matches_numpy_elbo_and_annealing_state():
   params, mutables = v["params"], {"annealing": v["annealing"]}
   rng = jax.random.PRNGKey(3)
   for step in range(3):  # the annealing counter is state: +1 per training call
-    loss, (metrics, mutables) = model.loss_fn(params, batch, rng, mutables)
+    loss, metrics, mutables = model.compute_loss(params, batch, rng, mutables)
     assert int(mutables["annealing"]["updates"]) == step + 1
-    np.testing.assert_allclose(float(metrics["kl_weight"].compute()), step / 4, rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["kl_weight"]), step / 4, rtol=1e-6)
   # Recompute the step-2 objective in NumPy from the module's outputs (same rngs).
   d, z = jax.random.split(rng)
   out = jax.tree.map(np.asarray, model.module.apply(
@@ -162,17 +168,17 @@ def test_objective_matches_numpy_elbo_and_annealing_state():
   # The other reading of the contrastive weight: InfoNCE averaged over the pairs.
   mean_model = _model(model_kw=dict(elbo_weight=0.1, kl_anneal_steps=4, contrastive_weight=0.01,
                                     contrastive_temperature=0.1, contrastive_reduction="mean"))
-  mean_loss, _ = mean_model.loss_fn(params, batch, rng,
-                                    {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
+  mean_loss, _, _ = mean_model.compute_loss(params, batch, rng,
+                                          {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
   np.testing.assert_allclose(float(mean_loss), ref - 0.01 * c * (B - 1), rtol=1e-4)
   # §6.4's reading: the contrastive loss (mean) is the base, lambda weights the VMSST loss.
   paper = _model(model_kw=dict(elbo_weight=0.1, kl_anneal_steps=4, contrastive_weight=1.0,
                                vmsst_weight=0.0005, contrastive_temperature=0.1))
-  paper_loss, (pm, _) = paper.loss_fn(params, batch, rng,
-                                      {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
+  paper_loss, pm, _ = paper.compute_loss(params, batch, rng,
+                                         {"annealing": {"updates": jnp.asarray(2, jnp.int32)}})
   np.testing.assert_allclose(float(paper_loss), c + 0.0005 * (translation + 0.1 * elbo_terms),
                              rtol=1e-4)
-  np.testing.assert_allclose(float(pm["vmsst_loss"].compute()), translation + 0.1 * elbo_terms,
+  np.testing.assert_allclose(float(pm["vmsst_loss"]), translation + 0.1 * elbo_terms,
                              rtol=1e-4)
   # Translation passes condition on [0 ; mu_sem(other side)].
   cond_check = model.module.apply(
@@ -186,8 +192,8 @@ def test_gradients_reach_both_encoders_and_the_decoder():
   model = _model()
   batch = _batch()
   v = _init(model, batch)
-  grads = jax.grad(lambda p: model.loss_fn(p, batch, jax.random.PRNGKey(0),
-                                           {"annealing": v["annealing"]})[0])(v["params"])
+  grads = jax.grad(lambda p: model.compute_loss(p, batch, jax.random.PRNGKey(0),
+                                                {"annealing": v["annealing"]})[0])(v["params"])
   norms = {k: float(np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g))))
            for k, g in grads.items()}
   for k in ("semantic_encoder", "semantic_latent", "language_encoder_0", "language_latent_0",
@@ -202,8 +208,8 @@ def test_bitranslation_has_no_language_latents_and_bad_combinations_fail():
   batch = _batch()
   v = _init(model, batch)
   assert not any(k.startswith("language_") for k in v["params"])
-  loss, (m, _) = model.loss_fn(v["params"], batch, jax.random.PRNGKey(0),
-                               {"annealing": v["annealing"]})
+  loss, m, _ = model.compute_loss(v["params"], batch, jax.random.PRNGKey(0),
+                                  {"annealing": v["annealing"]})
   assert set(m) == {"loss", "translation_nll", "translation_nll_per_token", "in_batch_accuracy"}
   with pytest.raises(ValueError, match="language_latents=False"):
     _model(module_kw=dict(language_latents=False))  # elbo_weight 0.1 without latents
@@ -248,7 +254,7 @@ def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
     state = tr.create_state(0)
     gb = part.global_batch(jax.tree.map(np.asarray, batch), tr.batch_shardings)
     fn = jax.jit(jax.value_and_grad(
-        lambda p, b, m: model.loss_fn(p, b, jax.random.PRNGKey(5), m)[0]))
+        lambda p, b, m: model.compute_loss(p, b, jax.random.PRNGKey(5), m)[0]))
     with part.context():
       loss, grads = fn(state.params, gb, {"annealing": {"updates": jnp.ones((), jnp.int32)}})
     out.append((float(loss), jax.tree.map(np.asarray, grads)))
@@ -276,7 +282,8 @@ def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   tr1 = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part1,
                 {k: v.shape for k, v in batch.items()})
   params = tr1.create_state(0).params
-  fn = jax.value_and_grad(lambda p: model.loss_fn(p, batch, None, mutables), has_aux=True)
+  fn = jax.value_and_grad(lambda p: _with_aux(model.compute_loss(p, batch, None, mutables)),
+                          has_aux=True)
   (l1, (_, new1)), g1 = jax.jit(fn)(params)
   part = partitioning.Partitioner(num_devices=num_devices)
   tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,

@@ -9,6 +9,8 @@ above all of them; the static checks it runs are vmx/gin_utils.py's.
 """
 from __future__ import annotations
 
+import ast
+import re
 from typing import Sequence
 
 import gin
@@ -21,6 +23,36 @@ from vmx.gin_utils import parse_gin_files
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_flag: str = ""):
   """Parses files and bindings (errors -> ConfigError), with vmx's configurables known."""
   parse_gin_files(gin_files, bindings, search_paths_flag)
+
+
+# Bindings that name inputs which must exist before any long work starts (their names end
+# so); outputs (MODEL_DIR, cache roots) are created, a vocabulary path may be built.
+_INPUT_NAME = re.compile(r"(_file|_files|data_dir|_checkpoint_path|_sts17_dir|xnli_mt_dir)$",
+                         re.IGNORECASE)
+
+
+def check_paths():
+  """ConfigError naming the binding for the first input path of the parsed config that
+  does not exist (files, directories, an initial checkpoint without vmx_model.json)."""
+  from vmx import storage
+  from vmx.modeldir.run import parse_bindings
+  for binding, text in parse_bindings(gin.config_str()).items():
+    if not _INPUT_NAME.search(binding.rpartition(".")[2] or binding):
+      continue
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):   # a reference (%MACRO, @fn()): checked where it is bound
+      continue
+    paths = [value] if isinstance(value, str) else (
+        [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else [])
+    for p in paths:
+      if p and not storage.path(p).exists():
+        raise ConfigError(f"{binding} = {p!r}: no such file or directory")
+      if p and binding.lower().endswith("checkpoint_path") and not (
+          storage.path(p) / "vmx_model.json").exists():
+        raise ConfigError(f"{binding} = {p!r}: not a vmx model directory (no vmx_model.json; "
+                          f"launch/import_checkpoint.py makes one from a Hugging Face "
+                          f"checkpoint)")
 
 
 @gin.configurable

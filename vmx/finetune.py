@@ -9,7 +9,7 @@ every language zero-shot, §4.2 and App. D) and EMMA-X's fine-tuned XRETE classi
 tasks (XNLI, AmericasNLI, PAWS-X; Table 1 "translate-train-all": `train_languages` all of
 them). Sentence-pair classification benchmarks share one code path (`BENCHMARKS`): the
 pairs are read from the user's files, joined in the tokenizer's own pair format
-(`encode_pairs`) and classified by `vmx.models.classifier.ClassifierModel`, whose encoder
+(the tokenizer's `encode_pairs`) and classified by `vmx.models.classifier.ClassifierModel`, whose encoder
 starts from any vmx model directory, a finished run of any method or one written by
 launch/import_checkpoint.py (its encoder, wherever the method keeps it: `source_encoder`).
 
@@ -134,7 +134,10 @@ def read_pairs(bench: PairBenchmark, directory, split: str, lang: str,
   if not path.is_file():
     raise DataError(f"{bench.flag}={directory}: no {path.relative_to(Path(str(directory)))} "
                     f"({bench.layout()})")
-  text = path.read_bytes().decode("utf-8", errors="strict").lstrip("\ufeff")
+  try:
+    text = path.read_bytes().decode("utf-8").lstrip("\ufeff")
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text (byte {e.start})") from None
   lines = [l.rstrip("\r") for l in text.split("\n")]
   while lines and not lines[-1].strip():
     lines.pop()
@@ -173,52 +176,6 @@ def read_pairs(bench: PairBenchmark, directory, split: str, lang: str,
   if not y:
     raise DataError(f"{path}: no pair")
   return a, b, np.asarray(y, np.int32), skipped
-
-
-def encode_pairs(tokenizer, a: Sequence[str], b: Sequence[str], max_length: int,
-                 lang: Optional[str] = None) -> np.ndarray:
-  """[N, max_length] vmx ids of each pair joined as the tokenizer's model joins two
-  segments: an imported tokenizer's own pair template (Hugging Face `tokenizers`: its
-  post-processor; XLM-R's SentencePiece `<s> a </s></s> b </s>`; mT5's `a </s> b </s>`),
-  vmx's own SentencePiece `a </s> b` (its end-of-sentence id between them). Too long a
-  pair loses tokens from its longer text first (Hugging Face's `longest_first`)."""
-  kind = getattr(tokenizer, "kind", "vmx")
-  out = np.zeros((len(a), max_length), np.int32)
-  if kind in ("tokenizers", "wordpiece"):
-    tok = tokenizer.tok
-    tok.enable_truncation(max_length, strategy="longest_first")
-    try:
-      rows = [e.ids for e in tok.encode_batch(list(zip(a, b)))]
-    finally:
-      tok.no_truncation()
-    for i, row in enumerate(rows):
-      out[i, :len(row)] = tokenizer.to_vmx_ids(row)
-    return out
-  if kind == "vmx":
-    sp = tokenizer.sp
-    ids_a = sp.encode(tokenizer.pretokenize(a, lang))
-    ids_b = sp.encode(tokenizer.pretokenize(b, lang))
-    opening, middle, closing = [], [sp.eos_id()], []
-  elif kind == "fairseq_spm":     # XLM-R ids: <s>=0 </s>=2 <unk>=3, piece i -> i + 1
-    ids_a = [[i + 1 if i else 3 for i in r] for r in tokenizer.sp.encode(list(a))]
-    ids_b = [[i + 1 if i else 3 for i in r] for r in tokenizer.sp.encode(list(b))]
-    opening, middle, closing = [0], [2, 2], [2]
-  elif kind == "t5_spm":
-    eos = tokenizer.sp.eos_id()
-    ids_a, ids_b = tokenizer.sp.encode(list(a)), tokenizer.sp.encode(list(b))
-    opening, middle, closing = [], [eos], [eos]
-  else:
-    raise ConfigError(f"encode_pairs: a tokenizer of kind {kind!r}")
-  room = max_length - len(opening) - len(middle) - len(closing)
-  if room < 2:
-    raise ConfigError(f"max_length={max_length}: too short for a pair")
-  for i, (x, z) in enumerate(zip(ids_a, ids_b)):
-    x, z = list(x), list(z)
-    while len(x) + len(z) > room:    # the longer loses a token; a tie: the second (HF's)
-      (x if len(x) > len(z) else z).pop()
-    row = opening + x + middle + z + closing
-    out[i, :len(row)] = tokenizer.to_vmx_ids(row) if kind != "vmx" else row
-  return out
 
 
 def source_encoder(model):
@@ -410,7 +367,7 @@ def finetune(*, benchmark: str = gin.REQUIRED, data_dir: Optional[str] = gin.REQ
   train_files, tok_parts, lab_parts = [], [], []
   for lang in train_languages:
     a, b, y, _ = read_pairs(bench, data_dir, "train", lang, max_train_examples)
-    tok_parts.append(encode_pairs(tokenizer, a, b, max_length, iso3(lang)))
+    tok_parts.append(tokenizer.encode_pairs(a, b, max_length, iso3(lang)))
     lab_parts.append(y)
     train_files.append(bench.path(data_dir, "train", lang))
   tokens, labels = np.concatenate(tok_parts), np.concatenate(lab_parts)
@@ -418,11 +375,11 @@ def finetune(*, benchmark: str = gin.REQUIRED, data_dir: Optional[str] = gin.REQ
   for lang in langs:
     if bench.path(data_dir, "dev", lang).is_file():
       a, b, y, _ = read_pairs(bench, data_dir, "dev", lang)
-      dev[lang] = (encode_pairs(tokenizer, a, b, max_length, iso3(lang)), y)
+      dev[lang] = (tokenizer.encode_pairs(a, b, max_length, iso3(lang)), y)
   tests = {}
   for lang in langs:
     a, b, y, skipped = read_pairs(bench, data_dir, "test", lang)
-    tests[lang] = (encode_pairs(tokenizer, a, b, max_length, iso3(lang)), y, skipped)
+    tests[lang] = (tokenizer.encode_pairs(a, b, max_length, iso3(lang)), y, skipped)
   steps = total_steps or math.ceil(epochs * len(labels) / batch_size)
   check_range(positive_int(steps), "finetune", "total_steps", steps, "a positive number of steps")
   digest = _digest({"benchmark": bench.name, "files": _stamp(train_files),

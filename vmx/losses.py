@@ -29,13 +29,39 @@ def gather_global_batch(x_BxD: Array) -> Array:
   return nnp.with_sharding_constraint(x_BxD, (None, "embed"))
 
 
+_NEG = -1e30   # a logit that is no candidate
+
+
+def token_row_key(tokens_BxL: Array) -> Array:
+  """[B] uint32: a hash of each row of token ids (equal rows, equal keys; a collision of
+  two different rows has probability 2^-32), computed where the batch is, so that equal
+  sentences are recognized across devices, processes and GradCache chunks."""
+  length = tokens_BxL.shape[-1]
+  mult_L = (jnp.arange(1, length + 1, dtype=jnp.uint32) * jnp.uint32(0x9E3779B1)) | 1
+  return jnp.sum(tokens_BxL.astype(jnp.uint32) * mult_L, axis=-1, dtype=jnp.uint32)
+
+
+def duplicate_mask(key_B: Array) -> Array:
+  """[B, B] bool: entry (i, j) True where j != i and rows i and j have the same key (the
+  same sentence): j is no negative of i."""
+  same = key_B[:, None] == key_B[None, :]
+  return same & ~jnp.eye(key_B.shape[0], dtype=bool)
+
+
 def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float = 0.05,
-                          bidirectional: bool = True, normalize: bool = True):
+                          bidirectional: bool = True, normalize: bool = True,
+                          left_key_B: Optional[Array] = None,
+                          right_key_B: Optional[Array] = None):
   """In-batch InfoNCE over the global batch (CONTRASTIVE baseline, VMSST §6.3).
 
   sim[i, j] = cos(left_i, right_j) / temperature (dot product if not `normalize`).
   loss = mean_i -log softmax_j(sim)[i, i]                    (log p(t|s))
          averaged with mean_j -log softmax_i(sim)[j, j]      (log p(s|t)) if bidirectional.
+
+  False negatives masked (`token_row_key`s of the sentences): with `right_key_B`, a
+  target j != i whose sentence equals row i's target is left out of row i's softmax
+  (it is a translation of source i too); with `left_key_B`, a source i != j equal to
+  row j's source is left out of column j's.
 
   Returns (loss, metrics) with metrics: loss, accuracy (mean of row/column
   top-1 hits on the diagonal).
@@ -46,12 +72,16 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float 
   right_all_BxD = gather_global_batch(right_BxD.astype(jnp.float32))
   sim_BxB = jnp.einsum("id,jd->ij", left_BxD, right_all_BxD) / temperature
   labels = jnp.arange(sim_BxB.shape[0])
-  log_p_t_given_s = jax.nn.log_softmax(sim_BxB, axis=1)[labels, labels]
-  acc = (jnp.argmax(sim_BxB, axis=1) == labels).mean()
+  rows_BxB = (sim_BxB if right_key_B is None else
+              jnp.where(duplicate_mask(right_key_B), _NEG, sim_BxB))
+  log_p_t_given_s = jax.nn.log_softmax(rows_BxB, axis=1)[labels, labels]
+  acc = (jnp.argmax(rows_BxB, axis=1) == labels).mean()
   if bidirectional:
-    log_p_s_given_t = jax.nn.log_softmax(sim_BxB, axis=0)[labels, labels]
+    cols_BxB = (sim_BxB if left_key_B is None else
+                jnp.where(duplicate_mask(left_key_B), _NEG, sim_BxB))
+    log_p_s_given_t = jax.nn.log_softmax(cols_BxB, axis=0)[labels, labels]
     loss = -0.5 * (log_p_t_given_s.mean() + log_p_s_given_t.mean())
-    acc = 0.5 * (acc + (jnp.argmax(sim_BxB, axis=0) == labels).mean())
+    acc = 0.5 * (acc + (jnp.argmax(cols_BxB, axis=0) == labels).mean())
   else:
     loss = -log_p_t_given_s.mean()
   return loss, {"loss": loss, "in_batch_accuracy": acc}
@@ -137,7 +167,8 @@ POSITIVES = ("all", "one")
 def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
                            rescale: bool = False, normalize: bool = True,
                            anchors: str = "first", positives: str = "all",
-                           hard_negatives_GxHxD: Optional[Array] = None):
+                           hard_negatives_GxHxD: Optional[Array] = None,
+                           view_key_GxV: Optional[Array] = None):
   """MPCL's loss (Zhao et al., Eq. 2) over the GLOBAL batch.
 
   Group g holds V views: view 0 is the anchor h_g, views 1..V-1 its K = V-1
@@ -151,9 +182,12 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   Controls (the defaults are the paper's loss):
   * `anchors='all'`: every view of every group is an anchor in turn (G*V terms, the
     other views of its group its positives), not view 0 alone (G terms).
-  * `positives='one'`: each anchor's one positive is its partner view (0-1, 2-3, ...;
-    V even), and the group's other views leave its denominator (they are
-    translations, not negatives): the single-positive loss on the same sentences.
+  * `positives='one'` (MPCL's "+Single", §3.5, on the very same sentences): the views are
+    V/2 pairs (0-1, 2-3, ...; V even), and EVERY pair is a single-positive term, its
+    first view the anchor (with `anchors='all'`, both views), its partner the one
+    positive; the group's other views leave the anchor's denominator (translations,
+    not negatives: the paper's pairs are separate examples, which rarely share a
+    batch). G*V/2 terms (G*V with `anchors='all'`).
 
   `hard_negatives_GxHxD` (MPCL's "XLM-R w/ hard negative" variant, §3.5; H per group,
   the paper's 1): sentences of the batch that are nobody's positive and no anchor. All
@@ -162,6 +196,10 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
     loss_g = -log( sum_k exp(sim(h_g, h_g^k)) /
                    (sum_{j != h_g} exp(sim(h_g, h_j)) + sum_{n <= G*H} exp(sim(h_g, h_n^-))) ).
   None (or H = 0) is the loss above.
+
+  `view_key_GxV` (the views' `token_row_key`s): a sentence of another group equal to one
+  of the anchor's own group is left out of its denominator (a false negative: the same
+  sentence, or a translation of the anchor's).
 
   Returns (mean loss over anchors, metrics): loss, positive_accuracy (the anchor's
   nearest sentence in its denominator is one of its positives); with hard negatives also
@@ -181,11 +219,14 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   z = views_GxVxD.astype(jnp.float32)
   if normalize:
     z = l2_normalize(z.reshape(G * V, D)).reshape(G, V, D)
-  if anchors == "first":
-    anchors_AxD, anchor_idx = z[:, 0], jnp.arange(G) * V
+  if anchors == "all":
+    anchor_idx = jnp.arange(G * V)
+  elif positives == "one":   # every pair's first view: each pair its own term
+    anchor_idx = (jnp.arange(G)[:, None] * V + jnp.arange(0, V, 2)[None, :]).reshape(-1)
   else:
-    anchors_AxD, anchor_idx = z.reshape(G * V, D), jnp.arange(G * V)
-  anchors_AxD = nnp.with_sharding_constraint(anchors_AxD, ("batch", "embed"))
+    anchor_idx = jnp.arange(G) * V
+  anchors_AxD = nnp.with_sharding_constraint(z.reshape(G * V, D)[anchor_idx],
+                                             ("batch", "embed"))
   columns_NxD = z.reshape(G * V, D)
   H = 0 if hard_negatives_GxHxD is None else hard_negatives_GxHxD.shape[1]
   if hard_negatives_GxHxD is not None:   # columns G*V ... G*V + G*H - 1: group-major
@@ -203,6 +244,11 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
   else:
     is_pos = own & ((col % V)[None, :] == ((anchor_idx % V) ^ 1)[:, None])
     excluded = own & ~is_pos
+  if view_key_GxV is not None:   # another group's copy of a sentence of the anchor's group
+    key_N = view_key_GxV.reshape(G * V)
+    in_group_GxN = jnp.any(key_N[None, None, :] == view_key_GxV[:, :, None], axis=1)
+    in_group_GxN = jnp.pad(in_group_GxN, ((0, 0), (0, G * H)))   # (hard negatives: kept)
+    excluded = excluded | (in_group_GxN[anchor_idx // V] & ~own)
   sim = minmax_rescale(cos, ~excluded, temperature) if rescale else cos / temperature
   neg_inf = jnp.float32(-1e30)
   log_num = jax.nn.logsumexp(jnp.where(is_pos, sim, neg_inf), axis=1)
@@ -254,15 +300,19 @@ def queue_infonce(query_BxD: Array, key_BxD: Array, queue_KxD: Array, queue_vali
   return loss, {"loss": loss, "accuracy": acc}
 
 
-def paired_batch_infonce(left_BxD: Array, right_BxD: Array, temperature: float = 0.04):
+def paired_batch_infonce(left_BxD: Array, right_BxD: Array, temperature: float = 0.04,
+                         left_key_B: Optional[Array] = None,
+                         right_key_B: Optional[Array] = None):
   """InfoNCE over both sides of a batch of pairs (EMMA-X's Eq. 2 as its authors' code
   computes it): the 2B sentences z = [left; right] are all anchors; each one's
   translation is its positive and the other 2B - 2 sentences of either side its
   negatives, so sentences of one language are contrasted with each other too (a
   left -> right InfoNCE never does). Dot products / tau (normalize before):
     loss = mean_i -log exp(z_i.z_p(i) / t) / sum_{j != i} exp(z_i.z_j / t),
-  p(i) = (i + B) mod 2B. Returns (loss, metrics): loss, in_batch_accuracy (the
-  translation is the nearest of the 2B - 1 others)."""
+  p(i) = (i + B) mod 2B. With the sentences' `token_row_key`s, a sentence equal to
+  z_i or to its translation z_p(i) is no negative of z_i (it is left out). Returns (loss,
+  metrics): loss, in_batch_accuracy (the translation is the nearest of the 2B - 1
+  others)."""
   z = jnp.concatenate([left_BxD, right_BxD], axis=0).astype(jnp.float32)
   z_all = gather_global_batch(z)
   n = z_all.shape[0]
@@ -270,6 +320,11 @@ def paired_batch_infonce(left_BxD: Array, right_BxD: Array, temperature: float =
   idx = jnp.arange(n)
   sim = jnp.where(idx[:, None] == idx[None, :], jnp.float32(-1e30), sim)        # not itself
   partner = (idx + n // 2) % n
+  if left_key_B is not None and right_key_B is not None:
+    key = jnp.concatenate([left_key_B, right_key_B])
+    same = (key[None, :] == key[:, None]) | (key[None, :] == key[partner][:, None])
+    dup = same & (idx[None, :] != idx[:, None]) & (idx[None, :] != partner[:, None])
+    sim = jnp.where(dup, jnp.float32(-1e30), sim)
   log_p = jax.nn.log_softmax(sim, axis=1)[idx, partner]
   loss = -jnp.mean(log_p)
   acc = jnp.mean(jnp.argmax(sim, axis=1) == partner)

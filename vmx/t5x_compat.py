@@ -1,9 +1,14 @@
 """vmx models under t5x's own trainer (`t5x/train.py`), and t5x's checkpoints in vmx.
 
-vmx models have t5x's `BaseModel` interface already; t5x's trainer needs four more things,
-which this module supplies (`gin_configs/t5x/contrastive_tiny.gin` wires them):
+t5x's trainer takes a model with t5x's `BaseModel` interface; vmx models have vmx's
+contract (vmx/models/base.py: `compute_loss`, `embed`, `feature_converter`, hooks). This
+module is where the one becomes the other (`gin_configs/t5x/contrastive_tiny.gin` wires it):
 
-* `T5XModel(model, optimizer_def, ...)`: the vmx model plus `optimizer_def` (t5x's
+* `T5XModel(model, optimizer_def, ...)`: t5x's interface on a vmx model: `loss_fn` and
+  `eval_fn` (`compute_loss`, metrics as clu Averages; t5x's arity: flax_mutables passed
+  and returned for a model that keeps any, `HAS_MUTABLES`), `score_batch` (the cosine of
+  each pair's two sentence vectors) and `predict_batch_with_aux` (the L2-normalized
+  vectors of `{side}_tokens`), `FEATURE_CONVERTER_CLS`; plus `optimizer_def` (t5x's
   trainer reads the optimizer from the model) and a `<collection>_axes` entry for every
   flax_mutables collection (t5x shards the train state from `get_initial_variables`'
   `*_axes` collections; vmx's own trainer asks the model's `flax_mutables_axes` hook).
@@ -17,8 +22,8 @@ which this module supplies (`gin_configs/t5x/contrastive_tiny.gin` wires them):
 * `additional_axis_rules()`: the logical axes of vmx parameters that t5x's
   `standard_logical_axis_rules()` does not name (replicated), for
   `partitioning.standard_logical_axis_rules.additional_rules`.
-* `read_t5x_params(step_dir)`: the parameters of a t5x checkpoint (its Orbax or legacy
-  layout), without t5x: vmx/modeldir/t5x_format.py, re-exported here.
+t5x's checkpoints (Orbax or legacy layout) are read without t5x by
+vmx/modeldir/t5x_format.py, so `Encoder.from_checkpoint` opens a t5x run's directory.
 
 What t5x's trainer does not do: it calls none of vmx's trainer hooks (`after_update`,
 `derive_mutables`: InfoXLM's and EMMA-X's momentum encoders) and reads one task a step
@@ -37,13 +42,15 @@ from typing import Mapping, Optional, Sequence
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 from flax.linen import partitioning as nnp
 from flax.core import freeze, unfreeze
 
 from vmx.errors import ConfigError
-from vmx.models.base import BaseModel
+from vmx.losses import l2_normalize
+from vmx.models.base import BaseModel, averaged
 from vmx.modeldir import layout
 
 # The logical axis names of t5x's standard_logical_axis_rules() (t5x/partitioning.py, with
@@ -136,6 +143,9 @@ class T5XModel:
                         "T5XModel.max_length (what Encoder.from_checkpoint needs)")
     self.model, self.optimizer_def = model, optimizer_def
     self.module = model.module
+    # t5x passes flax_mutables to (and wants them back from) a model that keeps any: known
+    # once t5x has asked for the initial variables (before its first loss_fn)
+    self.HAS_MUTABLES = False
     if model_dir is not None and jax.process_index() == 0:
       layout.write_inference_files(model_dir, model, languages, max_length, vocabulary)
 
@@ -145,22 +155,41 @@ class T5XModel:
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     variables = dict(self.model.get_initial_variables(rng, input_shapes, input_types))
+    self.HAS_MUTABLES = any(k != "params" and not k.endswith("_axes") for k in variables)
     variables.update(mutables_axes_collections(self.model, variables))
     return variables
 
   def loss_fn(self, params, batch, dropout_rng, flax_mutables=None):
-    # t5x's arity (flax_mutables only for models with HAS_MUTABLES): vmx/models/base.py.
-    return self.model.loss_fn(params, batch, dropout_rng, flax_mutables)
+    """t5x's loss_fn on `compute_loss`: (loss, metrics), or (loss, (metrics, new
+    flax_mutables)) for a model that keeps flax_mutables (t5x's arity)."""
+    loss, metrics, new = self.model.compute_loss(params, batch, dropout_rng, flax_mutables)
+    if self.HAS_MUTABLES:
+      return loss, (averaged(metrics), new)
+    return loss, averaged(metrics)
 
   def eval_fn(self, params, batch, flax_mutables=None):
     del flax_mutables
-    return self.model.eval_fn(params, batch)
+    loss, metrics, _ = self.model.compute_loss(params, batch, None, None)
+    return loss, averaged(metrics)
 
   def score_batch(self, params, batch, return_intermediates: bool = False):
-    return self.model.score_batch(params, batch, return_intermediates)
+    """Cosine similarity of each (left, right) pair's sentence vectors: [B]."""
+    if "left_tokens" not in batch or "right_tokens" not in batch:
+      raise ConfigError(f"T5XModel.score_batch scores pairs (left_tokens, right_tokens); "
+                        f"this batch has {sorted(batch)}")
+    m = self.model
+    left = m.embed(params, batch["left_tokens"], batch.get("left_lang"), "left")
+    right = m.embed(params, batch["right_tokens"], batch.get("right_lang"), "right")
+    scores = jnp.sum(l2_normalize(left) * l2_normalize(right), axis=-1)
+    if return_intermediates:
+      return scores, {"left_encodings": left, "right_encodings": right}
+    return scores
 
-  def predict_batch_with_aux(self, params, batch, rng=None, **kwargs):
-    return self.model.predict_batch_with_aux(params, batch, rng=rng, **kwargs)
+  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
+    """L2-normalized sentence vectors [B, D] of `{side}_tokens`; aux: the raw vectors."""
+    del rng, kwargs
+    emb = self.model.embed(params, batch[f"{side}_tokens"], batch.get(f"{side}_lang"), side)
+    return l2_normalize(emb), {"unnormalized": emb}
 
   def predict_batch(self, params, batch, rng=None, **kwargs):
     return self.predict_batch_with_aux(params, batch, rng=rng, **kwargs)[0]

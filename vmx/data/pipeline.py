@@ -280,19 +280,19 @@ def _streams(cfg, feature_converter_cls, seed: int, progress: bool, orders: Mapp
   from vmx.data import stream  # grain: only for the index reader
   from vmx.data.token_cache import build
   multi = isinstance(feature_converter_cls, Mapping)
+  described = described_config(cfg, seed)
   out = {}
-  for i, (key, c) in enumerate(task_configs(cfg).items()):
+  for key, c in task_configs(cfg).items():
+    d = described[str(key)]
     converter = (feature_converter_cls[key] if multi else feature_converter_cls)(pack=False)
     tasks, rates, tables = build.open_tables(c, converter, progress)
     for t in tasks:
       _check_nway(t, converter)
     order = orders.get(key) or stream.Order.default(c.batch_size, c.slots, c.shuffle_window)
     out[key] = stream.Stream(
-        [t.name for t in tasks], rates, tables, c.batch_size,
-        c.seed if c.seed is not None else seed + i, c.shuffle, order,
+        [t.name for t in tasks], rates, tables, c.batch_size, d["seed"], c.shuffle, order,
         draw=[getattr(t.source, "draw_views", None) for t in tasks],
-        about={"mixture_or_task_name": c.mixture_or_task_name, "split": c.split,
-               "lengths": {k: int(v) for k, v in sorted(c.task_feature_lengths.items())}})
+        about={k: d[k] for k in ("mixture_or_task_name", "split", "lengths")})
   return out
 
 

@@ -221,7 +221,8 @@ class Stream:
     self._before = np.stack([counts_before(int(p), self.proportions) for p in self.phases])
     self._orders = {}   # (task, epoch) -> a whole-task permutation (tasks of one window)
     self.merged = None
-    local = all(not getattr(t, "remote", False) for t in self.tables)
+    self.remote = any(getattr(t, "remote", False) for t in self.tables)
+    local = not self.remote
     dtypes = {getattr(t, "dtype", None) for t in self.tables}
     nbytes = sum(len(t) * getattr(t, "row_bytes", 0) for t in self.tables)
     if (local and len(dtypes) == 1 and None not in dtypes and all(d is None for d in self.draw)
@@ -312,7 +313,7 @@ class Stream:
 
   def prefetch(self, step: int, rows_R):
     """Starts the remote reads of step `step`'s rows (nothing for local tables)."""
-    if self.merged is not None:
+    if not self.remote:
       return
     task_R, index_R = self.indices(step, rows_R)
     for t in np.unique(task_R).tolist():

@@ -341,6 +341,14 @@ class Tokenizer:
     """[n, max_length] ids, zero-padded; longer texts keep their first max_length ids."""
     return self.encode_counting(texts, max_length, lang)[0]
 
+  def encode_pairs(self, a: Iterable[str], b: Iterable[str], max_length: int,
+                   lang=None) -> np.ndarray:
+    """[N, max_length] ids of each pair joined as vmx's models read two segments:
+    `a </s> b` (the end-of-sentence id between them), zero-padded (`join_pairs`)."""
+    return join_pairs(self.sp.encode(self.pretokenize(a, lang)),
+                      self.sp.encode(self.pretokenize(b, lang)), [], [self.sp.eos_id()], [],
+                      max_length)
+
   def encode_counting(self, texts: Iterable[str], max_length: int,
                       lang=None) -> tuple[np.ndarray, int]:
     """(ids as in `encode`, how many texts were truncated)."""
@@ -352,6 +360,24 @@ class Tokenizer:
       row = row[:max_length]
       out[i, :len(row)] = row
     return out, cut
+
+
+def join_pairs(rows_a, rows_b, opening: list, middle: list, closing: list, max_length: int,
+               to_ids=lambda row: row) -> np.ndarray:
+  """[N, max_length] ids of `opening a middle b closing` for each pair of id rows, zero
+  padded; too long a pair loses tokens from its longer text first (Hugging Face's
+  `longest_first`; a tie: the second's)."""
+  room = max_length - len(opening) - len(middle) - len(closing)
+  if room < 2:
+    raise ConfigError(f"max_length={max_length}: too short for a pair")
+  out = np.zeros((len(rows_a), max_length), np.int32)
+  for i, (x, z) in enumerate(zip(rows_a, rows_b)):
+    x, z = list(x), list(z)
+    while len(x) + len(z) > room:
+      (x if len(x) > len(z) else z).pop()
+    row = opening + x + middle + z + closing
+    out[i, :len(row)] = to_ids(row)
+  return out
 
 
 def copy_vocabulary(src: str, model_dir: str) -> str:
@@ -484,6 +510,31 @@ class HfTokenizer:
       row = self.truncate(row, max_length)
       out[i, :len(row)] = self.to_vmx_ids(row)
     return out, cut
+
+  def encode_pairs(self, a: Iterable[str], b: Iterable[str], max_length: int,
+                   lang=None) -> np.ndarray:
+    """[N, max_length] vmx ids of each pair joined in the checkpoint's own pair template
+    (Hugging Face `tokenizers`: its post-processor; XLM-R's SentencePiece
+    `<s> a </s></s> b </s>`; mT5's `a </s> b </s>`), too long a pair cut `longest_first`."""
+    del lang   # (an imported tokenizer does not pre-tokenize by language)
+    a, b = list(a), list(b)
+    if self.kind in ("tokenizers", "wordpiece"):
+      self.tok.enable_truncation(max_length, strategy="longest_first")
+      try:
+        rows = [e.ids for e in self.tok.encode_batch(list(zip(a, b)))]
+      finally:
+        self.tok.no_truncation()
+      out = np.zeros((len(rows), max_length), np.int32)
+      for i, row in enumerate(rows):
+        out[i, :len(row)] = self.to_vmx_ids(row)
+      return out
+    if self.kind == "fairseq_spm":     # XLM-R ids: <s>=0 </s>=2 <unk>=3, piece i -> i + 1
+      shift = lambda rows: [[i + 1 if i else 3 for i in r] for r in rows]  # noqa: E731
+      return join_pairs(shift(self.sp.encode(a)), shift(self.sp.encode(b)), [0], [2, 2], [2],
+                        max_length, self.to_vmx_ids)
+    eos = self.sp.eos_id()             # t5_spm (mT5)
+    return join_pairs(self.sp.encode(a), self.sp.encode(b), [], [eos], [eos], max_length,
+                      self.to_vmx_ids)
 
   def decode(self, vmx_ids) -> str:
     ids = [int(i) for i in self.to_vmx_ids(vmx_ids) if i != self.pad_id]

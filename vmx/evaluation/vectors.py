@@ -36,7 +36,7 @@ def of_model(model) -> str:
   if hasattr(module, "retrieval_layer"):          # InfoXLM: the universal or a chosen layer
     layer = module.retrieval_layer or module.xlco_layer
     return name(layer, enc.num_layers, module.retrieval_pooling or module.pooling)
-  if hasattr(module, "semantic_head"):            # VMSST: the semantic Gaussian's mean
+  if hasattr(module, "latent_dim"):               # VMSST: the semantic Gaussian's mean
     return name(enc.depth, enc.num_layers, module.pooling,
                 "then the semantic Gaussian head's mean (mu_sem)")
   dims = tuple(getattr(module, "projection_dims", ()) or ())

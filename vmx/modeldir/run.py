@@ -157,7 +157,9 @@ FREE_BINDINGS = re.compile(
     r"train\.allow_config_change|ALLOW_DATA_CHANGE|train\.allow_data_change|"
     r".*DatasetConfig\.array_cache_dir|train\.fresh|BEST_METRIC|train\.best_metric|"
     r"train\.best_mode|EVAL_\w+|DEV_\w+|TatoebaEvalConfig\.\w+|HarnessEvalConfig\.\w+|"
-    r"train\.eval_cfg|learning_rate_schedule\.total_steps|steps_for_epochs\.epochs)$")
+    r"train\.eval_cfg|learning_rate_schedule\.total_steps|steps_for_epochs\.epochs|"
+    r"train\.prefetch_batches|"
+    r"finetune\.(stop_at_step|progress|eval_period|log_period|prefetch_batches))$")
 
 
 def _canonical(value) -> str:

@@ -1,28 +1,18 @@
-"""t5x-compatible model interface and (de)serialization of model configs.
+"""The model contract: what vmx's trainer, inference, export and import ask a model, and
+(de)serialization of model configs.
 
-A vmx model wraps a Flax linen module and exposes t5x's `BaseModel` methods:
-  loss_fn(params, batch, dropout_rng) -> (loss, metrics)
-  eval_fn(params, batch) -> (loss, metrics)
-  score_batch(params, batch, return_intermediates=False) -> scores [B]
-  predict_batch_with_aux(params, batch, rng=None) -> (predictions, aux)
+A vmx model wraps a Flax linen module. vmx's trainer (vmx/training/step.py) calls one
+contract for every model:
   get_initial_variables(rng, input_shapes, input_types=None) -> variables
-  FEATURE_CONVERTER_CLS
-Metrics are clu metric objects (t5x's convention).
-
-`SentenceEncoderModel` is the base of every vmx method: a method is its linen module,
-`embed` (the sentence vector used for retrieval) and `compute_loss` (its objective as
-a dict of scalars); scoring, prediction, metric wrapping and eval come from the base.
-
-vmx's trainer calls one contract for every model (vmx/training/step.py):
   compute_loss(params, batch, dropout_rng, flax_mutables)
       -> (loss, {name: scalar}, new_flax_mutables)
+  feature_converter()   what shapes the model's batches (vmx.data.feature_converters);
+                        `FEATURE_CONVERTER_CLS` resolves it, lazily, so that importing a
+                        model (for inference) never imports seqio/TensorFlow
 State not trained by gradients (momentum encoders, queues of past embeddings, step
-counters) lives in those `flax_mutables` of the train state (t5x's flax_mutables path):
-such models put it in `get_initial_variables` and return its new value; the others
-return what they were given. `HAS_MUTABLES = True` matters only to t5x's arity, which
-`loss_fn` (below: the one place that branches on it) follows: t5x passes flax_mutables
-to such models and expects `(loss, (metrics, new_flax_mutables))` back. Three trainer
-hooks (vmx/training/step.py), all optional:
+counters) lives in those `flax_mutables` of the train state: such models put it in
+`get_initial_variables` and return its new value; the others return what they were
+given. Trainer hooks, all optional:
   flax_mutables_axes(params_axes, flax_mutables)  logical axes of that state (default:
       replicated), so a queue is split along 'data' and a momentum encoder like the
       parameters it follows;
@@ -31,9 +21,10 @@ hooks (vmx/training/step.py), all optional:
       (1 - m) q`: the next step's keys come from it, no one-step lag);
   derive_mutables(params, flax_mutables)  state that follows from the starting
       parameters (`get_initial_variables` already makes it for fresh ones), redone when
-      a run starts from an initial checkpoint (the momentum encoder copies the import).
-and one start-up check, `validate_data(examples, batch_sizes)`: the model's demands on
-its data (a queue larger than the corpus) before anything is compiled.
+      a run starts from an initial checkpoint (the momentum encoder copies the import);
+  prefill_batches / prefill  model state filled before step 1 (InfoXLM's queue);
+  validate_data(examples, batch_sizes)  the model's demands on its data (a queue larger
+      than the corpus) before anything is compiled.
 A contrastive model whose loss is a function of per-example embeddings opts into
 GradCache (Gao et al. 2021; `train.grad_cache_chunks`, vmx/training/grad_cache.py) with
   grad_cache_embed(params, batch, dropout_rng) -> pytree of [b, ...] per-example arrays
@@ -41,28 +32,31 @@ GradCache (Gao et al. 2021; `train.grad_cache_chunks`, vmx/training/grad_cache.p
                                                       new_flax_mutables)
 so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batch (a
 model with flax_mutables takes and updates them in the loss only; the others return
-them unchanged).
-A chunk's batch also holds `batch[GRAD_CACHE_ROW]` [b], each example's row in the global
-batch, for an embedding that depends on it (VMSST alternates a choice by row).
-A model whose steps read several tasks at once makes `FEATURE_CONVERTER_CLS` a dict
-{task: converter class}; its batch features are then named `task/feature`
+them unchanged). A chunk's batch also holds `batch[GRAD_CACHE_ROW]` [b], each example's
+row in the global batch, for an embedding that depends on it (VMSST alternates a choice
+by row). A model whose steps read several tasks at once returns {task: converter} from
+`feature_converter()`; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
 
 What inference, export and import ask a model (so that they hard-code neither feature
 names nor model classes): `inference_shapes(max_length)` / `abstract_params(max_length)`
 (how it is initialised without data), `encode_tokens(params, tokens_BxL, lang_B)` (the
-retrieval vectors), `vocab_size` and `pooled_encoder()` (what a sentence-transformers
-export writes).
+retrieval vectors), `vocab_size` (the size of its token table) and `pooled_encoder()`
+(what a sentence-transformers export writes).
 
-`FEATURE_CONVERTER_CLS` is resolved lazily, so that importing a model (for
-inference) never imports seqio/TensorFlow.
+`SentenceEncoderModel` is the base of every vmx method: a method is its linen module,
+`embed` (the sentence vector used for retrieval) and `compute_loss` (its objective as a
+dict of scalars). t5x's own `BaseModel` interface (`loss_fn`, `eval_fn`, `score_batch`,
+`predict_batch_with_aux`, clu metrics, its flax_mutables arity) is the t5x adapter's
+(vmx/t5x_compat.py `T5XModel`), built on this contract.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import importlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -70,26 +64,26 @@ from clu import metrics as clu_metrics
 from flax import linen as nn
 
 from vmx.errors import ConfigError
-from vmx.losses import l2_normalize
+from vmx.losses import l2_normalize, token_row_key
 
 
 GRAD_CACHE_ROW = "grad_cache/row"   # see the module docstring (GradCache)
 
 
-class _LazyClass:
-  """Descriptor resolving 'module:Name' on first access (keeps seqio out of imports)."""
+FEATURE_CONVERTERS = "vmx.data.feature_converters"
 
-  def __init__(self, path: str):
-    self.path = path
 
-  def __get__(self, obj, owner):
-    mod, name = self.path.split(":")
-    return getattr(importlib.import_module(mod), name)
+def _converter(spec):
+  """A feature converter class (or functools.partial of it) of a spec: its name in
+  vmx.data.feature_converters, or (name, {keyword arguments})."""
+  name, kwargs = (spec, {}) if isinstance(spec, str) else spec
+  cls = getattr(importlib.import_module(FEATURE_CONVERTERS), name)
+  return functools.partial(cls, **kwargs) if kwargs else cls
 
 
 class BaseModel(abc.ABC):
-  FEATURE_CONVERTER_CLS: Any = None
-  HAS_MUTABLES = False
+  # The feature converter of the model's batches (see `feature_converter`).
+  FEATURE_CONVERTER = "PairFeatureConverter"
   # Whether the model reads language ids (then inference must be told the language).
   uses_languages = False
   # (regex, replacement) rules naming, for each parameter path of this model, the path
@@ -100,32 +94,30 @@ class BaseModel(abc.ABC):
   def __init__(self, module: nn.Module):
     self.module = module
 
+  # --- the trainer's contract (see the module docstring) ---
+
   @abc.abstractmethod
-  def loss_fn(self, params, batch: Mapping[str, jax.Array], dropout_rng, flax_mutables=None):
+  def get_initial_variables(self, rng, input_shapes: Mapping[str, tuple],
+                            input_types: Mapping[str, Any] | None = None):
     ...
 
   @abc.abstractmethod
   def compute_loss(self, params, batch: Mapping[str, jax.Array], dropout_rng, flax_mutables):
     """(loss, {name: scalar}, new flax_mutables): what vmx's trainer calls."""
 
-  def eval_fn(self, params, batch: Mapping[str, jax.Array]):
-    return self.loss_fn(params, batch, None)
+  def feature_converter(self):
+    """What shapes the model's batches: a converter's name in vmx.data.feature_converters,
+    or (name, {keyword arguments}); a model reading several tasks a step: {task: either}.
+    Default: the class's FEATURE_CONVERTER."""
+    return self.FEATURE_CONVERTER
 
-  @abc.abstractmethod
-  def score_batch(self, params, batch, return_intermediates: bool = False):
-    ...
-
-  @abc.abstractmethod
-  def predict_batch_with_aux(self, params, batch, rng=None, **kwargs):
-    ...
-
-  def predict_batch(self, params, batch, rng=None, **kwargs):
-    return self.predict_batch_with_aux(params, batch, rng=rng, **kwargs)[0]
-
-  @abc.abstractmethod
-  def get_initial_variables(self, rng, input_shapes: Mapping[str, tuple],
-                            input_types: Mapping[str, Any] | None = None):
-    ...
+  @property
+  def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's name; resolved on use)
+    """The converter class(es) of `feature_converter()`, imported now (seqio)."""
+    spec = self.feature_converter()
+    if isinstance(spec, Mapping):
+      return {k: _converter(v) for k, v in spec.items()}
+    return _converter(spec)
 
   def get_config(self) -> dict:
     """JSON-serializable description that `model_from_config` rebuilds."""
@@ -145,22 +137,9 @@ class BaseModel(abc.ABC):
         jax.random.PRNGKey(0), self.inference_shapes(max_length)))["params"]
 
   @property
-  def vocab_size(self):
-    """The smallest embedding table of the model's config (token ids must stay below it),
-    or None if it has none."""
-    sizes = []
-
-    def walk(cfg):
-      if isinstance(cfg, dict):
-        for k, v in cfg.items():
-          if k == "vocab_size" and isinstance(v, int):
-            sizes.append(v)
-          walk(v)
-      elif isinstance(cfg, list):
-        for v in cfg:
-          walk(v)
-    walk(self.get_config())
-    return min(sizes) if sizes else None
+  def vocab_size(self) -> Optional[int]:
+    """The size of the model's token table (token ids must stay below it), or None."""
+    return None
 
   def pooled_encoder(self):
     """(the TransformerEncoder, its pooling) whose pooled, L2-normalized output is this
@@ -223,7 +202,8 @@ class SentenceEncoderModel(BaseModel):
         -> (loss, {name: scalar}, new_flax_mutables)
         (dropout_rng None: evaluation; flax_mutables None: evaluation without train state)
     get_initial_variables(...)
-  and get t5x's loss_fn / eval_fn / score_batch / predict_batch_with_aux.
+  Every method's module holds its TransformerEncoder as `encoder` (VMSST's decoder and
+  EMS's XTR head share its token table): `vocab_size` is its table's.
   """
 
   @abc.abstractmethod
@@ -234,26 +214,22 @@ class SentenceEncoderModel(BaseModel):
   def compute_loss(self, params, batch, dropout_rng, flax_mutables):
     ...
 
-  def loss_fn(self, params, batch, dropout_rng, flax_mutables=None):
-    """t5x's loss_fn on `compute_loss`: (loss, metrics), or (loss, (metrics, new
-    flax_mutables)) for a model with HAS_MUTABLES (t5x's arity)."""
-    loss, metrics, new = self.compute_loss(params, batch, dropout_rng, flax_mutables)
-    if self.HAS_MUTABLES:
-      return loss, (averaged(metrics), new)
-    return loss, averaged(metrics)
+  @property
+  def vocab_size(self) -> int:
+    return self.module.encoder.vocab_size
 
-  def eval_fn(self, params, batch):
-    loss, metrics, _ = self.compute_loss(params, batch, None, None)
-    return loss, averaged(metrics)
+  # Whether in-batch negatives leave out copies of a pair's own sentences (false
+  # negatives: the same translation in another row); a model's switch, default on.
+  mask_duplicates: bool = True
 
-  def score_batch(self, params, batch, return_intermediates: bool = False):
-    """Cosine similarity of each (left, right) pair's sentence vectors: [B]."""
-    left = self.embed(params, batch["left_tokens"], batch.get("left_lang"), "left")
-    right = self.embed(params, batch["right_tokens"], batch.get("right_lang"), "right")
-    scores = jnp.sum(l2_normalize(left) * l2_normalize(right), axis=-1)
-    if return_intermediates:
-      return scores, {"left_encodings": left, "right_encodings": right}
-    return scores
+  def duplicate_keys(self, batch) -> dict:
+    """{"left_key_B", "right_key_B"}: each pair's sentences' `losses.token_row_key`, for a
+    loss that leaves out false negatives; {} when the model does not (or the batch has no
+    pairs)."""
+    if not self.mask_duplicates or "left_tokens" not in batch or "right_tokens" not in batch:
+      return {}
+    return {"left_key_B": token_row_key(batch["left_tokens"]),
+            "right_key_B": token_row_key(batch["right_tokens"])}
 
   def inference_shapes(self, max_length: int) -> dict:
     L = int(max_length)
@@ -262,12 +238,7 @@ class SentenceEncoderModel(BaseModel):
 
   def encode_tokens(self, params, tokens_BxL, lang_B):
     """L2-normalized sentence vectors [B, D] of token ids (what `Encoder` jits)."""
-    return self.predict_batch(params, {"left_tokens": tokens_BxL, "left_lang": lang_B})
-
-  def predict_batch_with_aux(self, params, batch, rng=None, side: str = "left", **kwargs):
-    """L2-normalized sentence vectors [B, D] of `{side}_tokens`; aux: the raw vectors."""
-    emb = self.embed(params, batch[f"{side}_tokens"], batch.get(f"{side}_lang"), side)
-    return l2_normalize(emb), {"unnormalized": emb}
+    return l2_normalize(self.embed(params, tokens_BxL, lang_B, "left"))
 
 
 # ----------------------------------------------------------------------------

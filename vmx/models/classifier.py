@@ -3,7 +3,7 @@
 
 The encoder (a `TransformerEncoder`, `encoder/...`, loaded from any vmx checkpoint or
 imported Hugging Face encoder by vmx/finetune.py) reads a sentence or a sentence pair
-joined into one sequence (vmx/finetune.py `encode_pairs`: the tokenizer's own pair format,
+joined into one sequence (the tokenizer's `encode_pairs`, vmx/data/vocab.py: its own pair format,
 `<s> a </s></s> b </s>` for XLM-R, `[CLS] a [SEP] b [SEP]` for BERT); its top layer is
 pooled (`pooling`: the CLS for pretrained encoders, the mean for vmx's own vocabularies)
 and a classification head maps it to the labels: dropout -> Dense(d) -> tanh -> dropout
@@ -64,7 +64,7 @@ def classification_loss(logits_BxC, labels_B):
 
 
 class ClassifierModel(SentenceEncoderModel):
-  """t5x-style model: cross-entropy of `SequenceClassifier`'s logits."""
+  """Cross-entropy of `SequenceClassifier`'s logits."""
   CONFIG_FIELDS = ("module",)
 
   def __init__(self, module: SequenceClassifier):

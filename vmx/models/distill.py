@@ -22,18 +22,17 @@ import jax.numpy as jnp
 
 from vmx import losses
 from vmx.errors import ConfigError
-from vmx.models.base import _LazyClass
 from vmx.models.dual_encoder import DualEncoderModel
 
 
 class DistillationModel(DualEncoderModel):
   """A dual-encoder student trained towards cached teacher embeddings (see module doc)."""
-  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:DistillFeatureConverter")
+  FEATURE_CONVERTER = "DistillFeatureConverter"
   CONFIG_FIELDS = ("module", "temperature", "bidirectional", "contrastive_weight")
 
   def __init__(self, module, temperature: float = 0.05, bidirectional: bool = True,
-               contrastive_weight: float = 0.0):
-    super().__init__(module, temperature, bidirectional)
+               contrastive_weight: float = 0.0, mask_duplicates: bool = True):
+    super().__init__(module, temperature, bidirectional, mask_duplicates=mask_duplicates)
     if not (isinstance(contrastive_weight, (int, float)) and contrastive_weight >= 0):
       raise ConfigError(f"DistillationModel.contrastive_weight={contrastive_weight!r}: "
                         f"expected a number >= 0")
@@ -56,7 +55,8 @@ class DistillationModel(DualEncoderModel):
                "teacher_cosine_translation": cos}
     if self.contrastive_weight:
       c_loss, c_metrics = losses.in_batch_softmax_loss(
-          translation_BxD, pivot_BxD, self.temperature, self.bidirectional)
+          translation_BxD, pivot_BxD, self.temperature, self.bidirectional,
+          **self.duplicate_keys(batch))
       loss = loss + self.contrastive_weight * c_loss
       metrics.update(contrastive_loss=c_loss, in_batch_accuracy=c_metrics["in_batch_accuracy"])
     metrics["loss"] = loss

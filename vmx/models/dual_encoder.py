@@ -17,7 +17,7 @@ from flax import linen as nn
 
 from vmx import encoders, losses
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel, _LazyClass
+from vmx.models.base import SentenceEncoderModel
 
 
 class DualEncoder(nn.Module):
@@ -49,20 +49,26 @@ class DualEncoder(nn.Module):
 
 
 class DualEncoderModel(SentenceEncoderModel):
-  """t5x-style model for dual encoders trained with in-batch InfoNCE.
+  """Dual encoders trained with in-batch InfoNCE.
 
   `normalize` (training only): cosine similarities / temperature (vmx's default), or
   False: raw dot products, exp(s . t) with temperature 1 as the VMSST paper writes the
-  CONTRASTIVE baseline (§6.3; ablations/contrastive_dot_product.gin)."""
-  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
+  CONTRASTIVE baseline (§6.3; ablations/contrastive_dot_product.gin).
+  `mask_duplicates` (training only, default on: the paper is silent): a pair whose
+  target sentence equals another pair's target is no negative of it (nor one whose
+  source equals another's source, the other way): the same translation is not pushed
+  away from itself (`duplicate_keys`, `losses.in_batch_softmax_loss`; docs/departures.md)."""
+  FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "temperature", "bidirectional")
 
   def __init__(self, module: DualEncoder, temperature: float = 0.05,
-               bidirectional: bool = True, normalize: bool = True):
+               bidirectional: bool = True, normalize: bool = True,
+               mask_duplicates: bool = True):
     super().__init__(module)
     self.temperature = temperature
     self.bidirectional = bidirectional
     self.normalize = normalize
+    self.mask_duplicates = mask_duplicates
 
   def pooled_encoder(self):
     if not self.module.share_encoders or self.module.projection_dims:
@@ -92,7 +98,8 @@ class DualEncoderModel(SentenceEncoderModel):
   def grad_cache_loss(self, embeddings, batch, flax_mutables=None):
     left, right = embeddings
     loss, metrics = losses.in_batch_softmax_loss(left, right, self.temperature,
-                                                 self.bidirectional, self.normalize)
+                                                 self.bidirectional, self.normalize,
+                                                 **self.duplicate_keys(batch))
     return loss, metrics, flax_mutables
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):

@@ -164,11 +164,10 @@ def _draw_excluding(rng, first_M, second_M, n: int):
 
 
 class EmmaXModel(SentenceEncoderModel):
-  """t5x-style model of one EMMA-X phase (`stage`); see the module docstring."""
+  """One EMMA-X phase (`stage`); see the module docstring."""
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"encoder/(.*)", r"encoder/\1"),)
   CONFIG_FIELDS = ("module", "stage", "temperature", "max_temperature", "queue_size",
                    "momentum", "rank_ema", "classifier_batch_size", "em_parallel")
-  HAS_MUTABLES = True
 
   def pooled_encoder(self):
     return self.module.encoder, self.module.pooling
@@ -177,8 +176,9 @@ class EmmaXModel(SentenceEncoderModel):
                max_temperature: float = 0.08, queue_size: int = 256, momentum: float = 0.999,
                rank_ema: float = 0.001, classifier_batch_size: int = 1024,
                em_parallel: bool = False, warmup_contrast: str = "both_sides",
-               e_step_candidates: str = "batch_and_queue"):
+               e_step_candidates: str = "batch_and_queue", mask_duplicates: bool = True):
     super().__init__(module)
+    self.mask_duplicates = mask_duplicates   # the warm-up's in-batch negatives (Eq. 2)
     if not isinstance(module.num_ranks, int) or module.num_ranks < 2:
       raise ConfigError(f"EmmaX.num_ranks={module.num_ranks!r}: EMMA-X needs N >= 2 semantic "
                         "ranks (translation ... unrelated); the paper uses 4 (NUM_RANKS)")
@@ -218,14 +218,12 @@ class EmmaXModel(SentenceEncoderModel):
   def num_ranks(self) -> int:
     return self.module.num_ranks
 
-  @property
-  def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data import feature_converters as fcs  # lazy: seqio (TensorFlow), kept off the inference path
+  def feature_converter(self):
     if self.stage == "warmup":
-      return fcs.PairFeatureConverter
+      return "PairFeatureConverter"
     if self.em_parallel:
-      return {"text": fcs.MonolingualFeatureConverter, "pairs": fcs.PairFeatureConverter}
-    return fcs.MonolingualFeatureConverter
+      return {"text": "MonolingualFeatureConverter", "pairs": "PairFeatureConverter"}
+    return "MonolingualFeatureConverter"
 
   def rank_temperatures(self) -> jnp.ndarray:
     """tau_1 < ... < tau_{N-1} of Eq. 7, linear from temperature to max_temperature."""
@@ -267,9 +265,10 @@ class EmmaXModel(SentenceEncoderModel):
     # sentences negatives, same-language ones included), or as printed: x -> y only.
     if self.warmup_contrast == "eq2":
       l_m, mm = losses.in_batch_softmax_loss(x, y, self.temperature, bidirectional=False,
-                                             normalize=False)
+                                             normalize=False, **self.duplicate_keys(batch))
     else:
-      l_m, mm = losses.paired_batch_infonce(x, y, self.temperature)
+      l_m, mm = losses.paired_batch_infonce(x, y, self.temperature,
+                                            **self.duplicate_keys(batch))
     # G: Eq. 4 on translations, random pairs and mixup examples (Eq. 3), anchors and
     # random sentences from both sides.
     z = jax.lax.stop_gradient(jnp.concatenate([x, y], axis=0))                   # [2B, D]

@@ -39,7 +39,7 @@ from flax import linen as nn
 
 from vmx import encoders, layers, losses
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel, _LazyClass
+from vmx.models.base import SentenceEncoderModel
 
 
 class EMS(nn.Module):
@@ -109,7 +109,7 @@ class EMS(nn.Module):
 
 
 class EMSModel(SentenceEncoderModel):
-  """t5x-style model: XTR + contrastive, summed per pair, averaged over the batch."""
+  """EMS: XTR + contrastive, summed per pair, averaged over the batch."""
   # An imported (or CONTRASTIVE) dual encoder's `encoder/...` fills the sentence encoder
   # and the token table; the XTR and contrastive heads start fresh.
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"token_embed/(.*)", r"encoder/token_embed/\1"),
@@ -117,12 +117,13 @@ class EMSModel(SentenceEncoderModel):
   # Where the sentence encoder's parameters and its (shared) token table are, for a run
   # that starts from this model's encoder (vmx/finetune.py source_encoder).
   ENCODER_PARAMS = ("sentence_encoder", "token_embed")
-  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
+  FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "temperature", "xtr_weight", "contrastive_weight")
 
   def __init__(self, module: EMS, temperature: float = 0.1, xtr_weight: float = 1.0,
-               contrastive_weight: float = 1.0):
+               contrastive_weight: float = 1.0, mask_duplicates: bool = True):
     super().__init__(module)
+    self.mask_duplicates = mask_duplicates   # (§3.3 is silent on repeated sentences)
     if xtr_weight <= 0 and contrastive_weight <= 0:
       raise ConfigError("EMSModel: xtr_weight and contrastive_weight are both 0: nothing to train")
     self.temperature = temperature
@@ -144,10 +145,10 @@ class EMSModel(SentenceEncoderModel):
 
   def objective(self, pairs, batch):
     """(loss, metrics) from `per_pair`'s terms: the EMS objective."""
-    del batch
     xtr = jnp.mean(pairs["xtr_xy"] + pairs["xtr_yx"])
     # in_batch_softmax_loss averages the two directions: x2 = their sum per pair.
-    ce, m = losses.in_batch_softmax_loss(pairs["z_u"], pairs["z_v"], self.temperature, True)
+    ce, m = losses.in_batch_softmax_loss(pairs["z_u"], pairs["z_v"], self.temperature, True,
+                                         **self.duplicate_keys(batch))
     contrastive = 2.0 * ce
     loss = self.xtr_weight * xtr + self.contrastive_weight * contrastive
     return loss, {"loss": loss, "xtr": xtr, "contrastive": contrastive,

@@ -170,14 +170,13 @@ def key_params(params, xlco_layer: int):
 
 
 class InfoXLMModel(SentenceEncoderModel):
-  """t5x-style model: MMLM + TLM + XLCO with a momentum key encoder and a queue."""
+  """InfoXLM: MMLM + TLM + XLCO with a momentum key encoder and a queue."""
   # An imported XLM-R (or any dual encoder's `encoder/...`) fills the encoder; the MLM
   # head (an XLM-R MLM checkpoint's lm_head is not imported) and the projection start fresh.
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"encoder/(.*)", r"encoder/\1"),)
   CONFIG_FIELDS = ("module", "mask_id", "special_ids", "random_low", "mmlm_weight",
                    "tlm_weight", "xlco_weight", "temperature", "queue_size", "momentum",
                    "momentum_schedule", "mixup", "joined_drops_first", "normalize")
-  HAS_MUTABLES = True
 
   def __init__(self, module: InfoXLM, mask_id: int = 1, special_ids: Sequence[int] = (),
                random_low: int = 1, mmlm_weight: float = 1.0, tlm_weight: float = 1.0,
@@ -185,8 +184,10 @@ class InfoXLMModel(SentenceEncoderModel):
                momentum: float = 0.9999, momentum_schedule: str = "constant",
                mixup: bool = True, joined_drops_first: bool = False, normalize: bool = False,
                prefill_queue: bool = True, xlco_start: int = 0,
-               mixup_partner: str = "other_pair", uniform_init: Optional[float] = None):
+               mixup_partner: str = "other_pair", uniform_init: Optional[float] = None,
+               mask_duplicates: bool = True):
     super().__init__(module)
+    self.mask_duplicates = mask_duplicates   # in-batch XLCO negatives (the queue's: kept)
     vocab = module.encoder.vocab_size
     if not 0 < mask_id < vocab:
       raise ConfigError(f"InfoXLMModel.mask_id={mask_id}: not an id of the {vocab}-row "
@@ -239,12 +240,10 @@ class InfoXLMModel(SentenceEncoderModel):
     w = {"mmlm": self.mmlm_weight, "tlm": self.tlm_weight, "xlco": self.xlco_weight}
     return tuple(t for t in TASKS if w[t])
 
-  @property
-  def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data import feature_converters as fcs  # lazy: seqio (TensorFlow), kept off the inference path
-    cls = {"mmlm": fcs.MonolingualFeatureConverter, "tlm": fcs.PairFeatureConverter,
-           "xlco": fcs.PairFeatureConverter}
-    return {t: cls[t] for t in self.tasks}
+  def feature_converter(self):
+    kinds = {"mmlm": "MonolingualFeatureConverter", "tlm": "PairFeatureConverter",
+             "xlco": "PairFeatureConverter"}
+    return {t: kinds[t] for t in self.tasks}
 
   # --- pieces of the objective ---
 
@@ -328,7 +327,10 @@ class InfoXLMModel(SentenceEncoderModel):
         k = jax.lax.stop_gradient(self._unit(self.module.apply(
             {"params": params}, k_in, method=InfoXLM.xlco_vector)))
         l, mm = losses.in_batch_softmax_loss(q, k, self.temperature, bidirectional=False,
-                                             normalize=False)
+                                             normalize=False, **self.duplicate_keys(
+                                                 {k_: batch[f"xlco/{k_}"]
+                                                  for k_ in ("left_tokens", "right_tokens")
+                                                  if f"xlco/{k_}" in batch}))
         active = jnp.float32(1.0)
         acc = mm["in_batch_accuracy"]
       else:

@@ -17,7 +17,7 @@ learning-rate change between the phases is the schedule's `scale_at`
 (runs/train.gin: LR_SCALE_AT). The "+Single" control (§3.5: a group of six becomes three
 random language pairs, each sentence once) is, on the very same sentences,
 `positives='one'`: the views paired 0-1, 2-3, 4-5, every pair its own single-positive
-term anchored at its first view (`single_positive_pairs_infonce`; the group's other views
+term anchored at its first view (`losses.multi_positive_infonce`; the group's other views
 leave the denominator), throughout training (its warm-up is the same loss); or the same
 data with V = 2 (twice the groups for the same sentences a step). `anchors='all'` makes
 every view an anchor in turn (with `positives='one'`: both views of every pair).
@@ -35,7 +35,6 @@ each example, concatenated; with hard negatives also `hard_negative` [B, L]
 """
 from __future__ import annotations
 
-import functools
 
 import jax.numpy as jnp
 
@@ -45,42 +44,17 @@ from vmx.models.base import SentenceEncoderModel
 from vmx.models.dual_encoder import DualEncoder
 
 
-def single_positive_pairs_infonce(views_GxVxD, temperature: float = 0.05, rescale: bool = False,
-                                  hard_negatives_GxHxD=None):
-  """MPCL's "+Single" loss (§3.5) on N-way groups: the V views of a group are V/2 pairs
-  (0-1, 2-3, ...), and EVERY pair is a single-positive InfoNCE term (their Eq. 1), anchored
-  at its first view with its second as the one positive. An anchor's denominator is every
-  sentence of the global batch except the other views of its own group (translations, not
-  negatives: the paper's pairs are separate examples, which rarely share a batch) and
-  itself; with hard negatives, all of the batch's join it as in MPCL. Returns (the mean over
-  the G * V / 2 anchors, metrics averaged over them).
-
-  It is `losses.multi_positive_infonce(positives='one')` with view 0 as the anchor, once
-  per pair on the group's views rotated so that the pair comes first: a rotation inside
-  every group permutes the batch's columns, which changes no anchor's denominator, range
-  or nearest sentence.
-  """
-  V = views_GxVxD.shape[1]
-  if V % 2:
-    raise ValueError(f"+Single pairs the views 0-1, 2-3, ...: V={V} is odd")
-  terms = [losses.multi_positive_infonce(jnp.roll(views_GxVxD, -2 * p, axis=1), temperature,
-                                         rescale, anchors="first", positives="one",
-                                         hard_negatives_GxHxD=hard_negatives_GxHxD)
-           for p in range(V // 2)]
-  metrics = {k: jnp.mean(jnp.stack([m[k] for _, m in terms])) for k in terms[0][1]}
-  return metrics["loss"], metrics
-
-
 class MPCLModel(SentenceEncoderModel):
-  """t5x-style model: multi-positive InfoNCE over N-way groups."""
+  """MPCL: multi-positive InfoNCE over N-way groups."""
   CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps",
                    "anchors", "positives", "hard_negatives")
-  HAS_MUTABLES = True
 
   def __init__(self, module: DualEncoder, num_views: int = 4, temperature: float = 0.05,
                rescale: bool = True, single_positive_steps: int = 0, anchors: str = "first",
-               positives: str = "all", hard_negatives: bool = False):
+               positives: str = "all", hard_negatives: bool = False,
+               mask_duplicates: bool = True):
     super().__init__(module)
+    self.mask_duplicates = mask_duplicates   # a group's sentence in another group (§3 silent)
     if num_views < 2:
       raise ConfigError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
     if anchors not in losses.ANCHORS:
@@ -99,12 +73,9 @@ class MPCLModel(SentenceEncoderModel):
     self.anchors, self.positives = anchors, positives
     self.hard_negatives = bool(hard_negatives)
 
-  @property
-  def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's attribute name)
-    from vmx.data import feature_converters  # lazy: seqio (TensorFlow), kept off the inference path
-    cls = (feature_converters.MultiViewHardNegativeFeatureConverter if self.hard_negatives
-           else feature_converters.MultiViewFeatureConverter)
-    return functools.partial(cls, num_views=self.num_views)
+  def feature_converter(self):
+    return ("MultiViewHardNegativeFeatureConverter" if self.hard_negatives
+            else "MultiViewFeatureConverter", {"num_views": self.num_views})
 
   def _views(self, batch):
     b, n = batch["views"].shape
@@ -134,25 +105,31 @@ class MPCLModel(SentenceEncoderModel):
     """[B, V, D] sentence vectors of every view."""
     return self._encode_rows(params, self._views(batch), dropout_rng)
 
-  def objective(self, emb_BxRxD, multi):
+  def view_keys(self, batch):
+    """[B, V] `losses.token_row_key` of every view (None: duplicates not masked)."""
+    if not self.mask_duplicates:
+      return None
+    return losses.token_row_key(self._views(batch))
+
+  def objective(self, emb_BxRxD, multi, view_key_BxV=None):
     """(loss, metrics): the run's loss (MPCL, or +Single with `positives='one'`) when `multi`
     (a bool array), else the warm-up's single-positive loss: Eq. 1 on views 0, 1 (MPCL), the
     +Single loss itself (+Single trains with one positive throughout). `emb_BxRxD`: the
-    views' vectors, then (hard_negatives) the hard negative's."""
+    views' vectors, then (hard_negatives) the hard negative's; `view_key_BxV`: the views'
+    keys (another group's copy of a sentence of the anchor's group is no negative)."""
     emb_BxVxD = emb_BxRxD[:, :self.num_views]
     neg_BxHxD = emb_BxRxD[:, self.num_views:] if self.hard_negatives else None
-    if self.positives == "one" and self.anchors == "first":
-      mp, mm = single_positive_pairs_infonce(emb_BxVxD, self.temperature, self.rescale,
-                                             neg_BxHxD)
-    else:
-      mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale,
-                                             anchors=self.anchors, positives=self.positives,
-                                             hard_negatives_GxHxD=neg_BxHxD)
+    mp, mm = losses.multi_positive_infonce(emb_BxVxD, self.temperature, self.rescale,
+                                           anchors=self.anchors, positives=self.positives,
+                                           hard_negatives_GxHxD=neg_BxHxD,
+                                           view_key_GxV=view_key_BxV)
     if self.positives == "one":
       sp = mp
     else:
-      sp, _ = losses.multi_positive_infonce(emb_BxVxD[:, :2], self.temperature, self.rescale,
-                                            anchors=self.anchors, hard_negatives_GxHxD=neg_BxHxD)
+      sp, _ = losses.multi_positive_infonce(
+          emb_BxVxD[:, :2], self.temperature, self.rescale, anchors=self.anchors,
+          hard_negatives_GxHxD=neg_BxHxD,
+          view_key_GxV=None if view_key_BxV is None else view_key_BxV[:, :2])
     loss = jnp.where(multi, mp, sp)
     extra = ({"hard_negative_accuracy": mm["hard_negative_accuracy"]} if self.hard_negatives
              else {})
@@ -162,7 +139,8 @@ class MPCLModel(SentenceEncoderModel):
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables):
     if flax_mutables is None:   # evaluation: the MPCL loss
-      loss, m = self.objective(self._encode_rows(params, self._rows(batch)), jnp.bool_(True))
+      loss, m = self.objective(self._encode_rows(params, self._rows(batch)), jnp.bool_(True),
+                               self.view_keys(batch))
       return loss, m, None
     return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
                                 flax_mutables)
@@ -174,19 +152,10 @@ class MPCLModel(SentenceEncoderModel):
     return self._encode_rows(params, self._rows(batch), dropout_rng)
 
   def grad_cache_loss(self, emb_BxRxD, batch, flax_mutables):
-    del batch
     updates = flax_mutables["phase"]["updates"]
-    loss, m = self.objective(emb_BxRxD, updates >= self.single_positive_steps)
+    loss, m = self.objective(emb_BxRxD, updates >= self.single_positive_steps,
+                             self.view_keys(batch))
     return loss, m, {**flax_mutables, "phase": {"updates": updates + 1}}
-
-  def score_batch(self, params, batch, return_intermediates: bool = False):
-    """Cosine similarity of each example's anchor with each positive: [B, V - 1]
-    (pair batches: left with right, [B])."""
-    if "views" not in batch:
-      return super().score_batch(params, batch, return_intermediates)
-    emb = losses.l2_normalize(self.embed_views(params, batch))
-    scores = jnp.einsum("bd,bkd->bk", emb[:, 0], emb[:, 1:])
-    return (scores, {"embeddings": emb}) if return_intermediates else scores
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     return self.module.apply({"params": params}, tokens_BxL, None, True, side,

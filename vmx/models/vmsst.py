@@ -71,7 +71,7 @@ are plausible):
 BITRANSLATION (§6.3) is `language_latents=False` with `elbo_weight=0`: translation
 terms only, decoder conditioned on mu_sem alone, no KL.
 
-Inference embedding: mu_sem of the semantic encoder (`predict_batch_with_aux`).
+Inference embedding: mu_sem of the semantic encoder (`embed`).
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ from flax import linen as nn
 
 from vmx import decoders, encoders, layers, losses
 from vmx.errors import ConfigError
-from vmx.models.base import GRAD_CACHE_ROW, SentenceEncoderModel, _LazyClass
+from vmx.models.base import GRAD_CACHE_ROW, SentenceEncoderModel
 
 Array = jax.Array
 CONTRASTIVE_REDUCTIONS = ("sum", "mean")
@@ -259,11 +259,11 @@ class VMSST(nn.Module):
 
 
 class VMSSTModel(SentenceEncoderModel):
-  """t5x-style model for VMSST, VMSST-CONTRASTIVE, BITRANSLATION and the ablations.
+  """VMSST, VMSST-CONTRASTIVE, BITRANSLATION and the ablations.
 
   The KL annealing step is model state: `flax_mutables['annealing']['updates']`
-  (checkpointed with the train state, +1 per training loss_fn call), t5x's
-  flax_mutables path. `eval_fn` uses the fully annealed weight.
+  (checkpointed with the train state, +1 per training `compute_loss` call).
+  Evaluation (`flax_mutables` None) uses the fully annealed weight.
   """
   # An imported (or CONTRASTIVE) dual encoder's `encoder/...` fills the semantic and the
   # language encoders and the shared token table. The decoder(s) start fresh, or from an
@@ -278,17 +278,17 @@ class VMSSTModel(SentenceEncoderModel):
   # The semantic encoder (the retrieval vector's) and the shared token table, for a run
   # that starts from this model's encoder (vmx/finetune.py source_encoder).
   ENCODER_PARAMS = ("semantic_encoder", "token_embed")
-  FEATURE_CONVERTER_CLS = _LazyClass("vmx.data.feature_converters:PairFeatureConverter")
+  FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
                    "contrastive_weight", "contrastive_temperature", "contrastive_reduction",
                    "vmsst_weight")
-  HAS_MUTABLES = True
 
   def __init__(self, module: VMSST, elbo_weight: float = 0.1, kl_weight: float = 1.0,
                kl_anneal_steps: int = 1_000_000, contrastive_weight: float = 0.0,
                contrastive_temperature: float = 0.05, contrastive_reduction: str = "mean",
-               vmsst_weight: float = 1.0):
+               vmsst_weight: float = 1.0, mask_duplicates: bool = True):
     super().__init__(module)
+    self.mask_duplicates = mask_duplicates   # VMSST-CONTRASTIVE's InfoNCE (§6.4 is silent)
     if vmsst_weight <= 0:
       raise ConfigError(f"vmsst_weight={vmsst_weight}: must be > 0 (the decoder and the "
                         f"language encoders learn only from the VMSST loss); for a "
@@ -358,7 +358,8 @@ class VMSSTModel(SentenceEncoderModel):
     # In-batch retrieval accuracy of the semantic means: logged for every variant (it
     # tracks what Tatoeba measures); a loss term only for VMSST-CONTRASTIVE.
     c, cm = losses.in_batch_softmax_loss(pairs["sem_left"], pairs["sem_right"],
-                                         self.contrastive_temperature)
+                                         self.contrastive_temperature,
+                                         **self.duplicate_keys(batch))
     m["in_batch_accuracy"] = cm["in_batch_accuracy"]
     if self.contrastive_weight:
       if self.contrastive_reduction == "sum":

@@ -265,10 +265,12 @@ class Table:
     f = self._sums_files[shard]
     n = self._num_blocks(shard) * fmt.DIGEST_BYTES
     data = self.blocks.read(f, 0, n, self.rebuild)
-    if len(data) != n or fmt.sums_sha256(data) != self._shards[shard]["sums_sha256"]:
-      raise DataError(f"{f}: {'short' if len(data) != n else 'its digests do not match the '}"
-                      f"{'' if len(data) != n else 'manifest sha256'}: the token cache is "
-                      f"damaged; {self.rebuild}")
+    if len(data) != n:
+      raise DataError(f"{f}: {len(data)} bytes, expected {n}: the token cache is truncated; "
+                      f"{self.rebuild}")
+    if fmt.sums_sha256(data) != self._shards[shard]["sums_sha256"]:
+      raise DataError(f"{f}: its digests do not match the manifest's sha256: the token "
+                      f"cache is damaged; {self.rebuild}")
     return data
 
   # -- local ------------------------------------------------------------------------------
