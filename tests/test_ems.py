@@ -152,7 +152,8 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
       model, _batch(b=8), lambda p, b: model.compute_loss(p, b, None, None)[0])
 
 
-@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+@pytest.mark.parametrize("num_devices,chunks", [pytest.param(1, 4, marks=pytest.mark.slow),
+                                                (8, 2)])
 def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   """GradCache on EMS (train.grad_cache_chunks): per-pair XTR terms and contrastive
   vectors as the cached "embeddings" give the whole-batch loss and gradients, and the

@@ -5,14 +5,13 @@ gcloud, and lint of the shell scripts and the Dockerfile."""
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, free_port
 
 CLUSTER_VARS = re.compile(r"^(SLURM_|OMPI_|PMI_|TPU_|MEGASCALE_|JAX_COORDINATOR|"
                           r"JOB_COMPLETION_INDEX)")
@@ -23,12 +22,6 @@ def _clean_env(**extra):
   env = {k: v for k, v in os.environ.items() if not CLUSTER_VARS.match(k)}
   env.update(VMX_HOST_MALLOC="off", **extra)
   return env
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _stub(directory: Path, name: str, body: str) -> None:
@@ -95,7 +88,7 @@ exit $rc
       VMX_VENV=str(tmp_path / "no_venv"), TASK_LOGS=str(tmp_path),
       GIN_FILE="contrastive_tiny.gin", MODEL_DIR=str(tmp_path / "run"),
       SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
-      SLURM_SUBMIT_DIR=str(REPO), JAX_COORDINATOR_PORT=str(_free_port()),
+      SLURM_SUBMIT_DIR=str(REPO), JAX_COORDINATOR_PORT=str(free_port()),
       XLA_FLAGS="--xla_force_host_platform_device_count=2")
   proc = subprocess.run(["bash", "launch/slurm_gpu.sbatch", "--check_cluster"],
                         capture_output=True, text=True, cwd=REPO, env=env, timeout=300)

@@ -169,6 +169,43 @@ def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, t
   _same_params(toy_train(d, name, vp, total_steps=8, period=100), whole)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_signal_whose_exception_python_dropped_is_saved_at_the_first_step(
+    tmp_path, toy_task, monkeypatch):
+  """The start-up handler (vmx/signals.py) ran inside a garbage-collector callback (JAX
+  registers one), where Python prints its exception as "Exception ignored" and drops it:
+  the signal is kept: the next activity boundary raises it again, and the loop saves at
+  its first step boundary and ends Preempted."""
+  import gc
+  from vmx import signals
+  from vmx.errors import Interrupted
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path / "first", name, vp, total_steps=1, period=100)   # the cache is built
+  for attr, value in (("_PENDING", []), ("_DOING", ["starting"]),
+                      ("_SAVED", [signals.NOTHING_SAVED])):
+    monkeypatch.setattr(signals, attr, value)
+  old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+  def callback(phase, info):
+    del info
+    if phase == "start" and callback in gc.callbacks:
+      gc.callbacks.remove(callback)
+      signals._handler(signal.SIGTERM, None)   # as Python runs it when SIGTERM comes here
+  try:
+    signals.install()
+    gc.callbacks.append(callback)
+    gc.collect()
+    assert signals.pending() == "SIGTERM"        # the process goes on, the signal is kept
+    with pytest.raises(Interrupted, match="SIGTERM while starting: no training step"):
+      with signals.activity("building"):
+        pass
+    with pytest.raises(Preempted, match=r"SIGTERM at step 1: saved .*checkpoint_1"):
+      toy_train(tmp_path / "run", name, vp, total_steps=8, period=100)
+  finally:
+    for s, h in old.items():
+      signal.signal(s, h)
+
+
 def test_a_store_that_stops_answering_mid_run_saves_and_the_resume_is_bit_exact(
     tmp_path, toy_task, monkeypatch):
   """The next batch cannot be read (a remote token cache that no longer answers, after

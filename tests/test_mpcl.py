@@ -188,7 +188,8 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
       model, _views_batch(b=8), lambda p, b: model.compute_loss(p, b, None, phase)[0])
 
 
-@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+@pytest.mark.parametrize("num_devices,chunks", [pytest.param(1, 4, marks=pytest.mark.slow),
+                                                (8, 2)])
 def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
   """GradCache on MPCL (train.grad_cache_chunks): the same losses and parameters as the
   whole-batch steps across the warm-up -> MPCL switch (the update counter advances once a
@@ -275,7 +276,15 @@ MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.
               "mpcl_labse.gin", "mpcl_msimcse.gin"]
 
 
-@pytest.mark.parametrize("name", MPCL_FILES)
+# The fast tier steps one file per distinct code path (from scratch +Multiple / +Single,
+# random pairs, an XLM-R backbone, LaBSE's pooled CLS, hard negatives); the slow tier the
+# rest, which differ from these only in sizes, checkpoints and learning rates.
+SLOW_MPCL_FILES = ("mpcl.gin", "mpcl_single.gin", "mpcl_xlmr_single.gin", "mpcl_mbert.gin",
+                   "mpcl_mbert_single.gin", "mpcl_msimcse.gin")
+
+
+@pytest.mark.parametrize("name", [pytest.param(f, marks=pytest.mark.slow)
+                                  if f in SLOW_MPCL_FILES else f for f in MPCL_FILES])
 def test_every_mpcl_file_builds_and_takes_a_step(name):
   from conftest import build_and_step
   model, _, metrics = build_and_step(

@@ -6,7 +6,6 @@ and a run on 1 device resumed on 2 sees the same batches."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import REPO, needs_data
+from conftest import REPO, free_port, needs_data
 
 STEPS = 8
 ARGS = ["--gin_file=contrastive_tiny.gin", f"--gin.TRAIN_STEPS={STEPS}", "--gin.BATCH_SIZE=16",
@@ -27,12 +26,6 @@ def _env(devices):
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   env.setdefault("VMX_HOST_MALLOC", "off")
   return env
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _params(model_dir):
@@ -52,7 +45,7 @@ def test_two_processes_equal_one(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
 
   two = tmp_path / "two"
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={two}",
        f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
@@ -71,7 +64,7 @@ def test_two_processes_equal_one(tmp_path):
 
   # elastic: 2 processes stopped at step 4, resumed as 1 process with 2 devices
   elastic = tmp_path / "elastic"
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen(
       [sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={elastic}",
        "--gin.train.stop_at_step=4", f"--coordinator_address=127.0.0.1:{port}",
@@ -95,7 +88,7 @@ def test_two_processes_equal_one(tmp_path):
 
 
 def _two_processes(model_dir, args, log_dir, name):
-  port = _free_port()
+  port = free_port()
   logs = [open(log_dir / f"{name}{i}.log", "w") for i in range(2)]
   procs = [subprocess.Popen(
       [sys.executable, "launch/train.py", *args, f"--gin.MODEL_DIR={model_dir}",

@@ -92,7 +92,8 @@ def test_scan_and_unrolled_layers_compute_the_same_function():
                              rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("scan,policy", [(True, "full"), (False, "dots")])
+@pytest.mark.parametrize("scan,policy", [(True, "full"),
+                                         pytest.param(False, "dots", marks=pytest.mark.slow)])
 def test_remat_with_dropout_gives_the_same_loss_and_grads(scan, policy):
   """Gradient checkpointing changes memory, not math, also with dropout on (the
   `deterministic` flag must stay static under remat)."""
@@ -176,7 +177,8 @@ def test_bfloat16_activations_match_float32_within_tolerance():
   assert cos > 0.99, cos
 
 
-@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+@pytest.mark.parametrize("num_devices,chunks", [pytest.param(1, 4, marks=pytest.mark.slow),
+                                                (8, 2)])
 def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   """GradCache (train.grad_cache_chunks): the same loss, gradients and trained parameters
   as the whole-batch step, on 1 device and with the chunks split over 8."""

@@ -14,7 +14,6 @@ reads EPATH_USE_TF once per process); the test itself asks the emulator's JSON A
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,19 +23,12 @@ import urllib.request
 import pytest
 
 from benchmarks import common
-from conftest import REPO
+from conftest import GCS_BUCKET as BUCKET, REPO
 
 pytest.importorskip("gcsfs", reason="gcsfs (test extra) is not installed")
 pytest.importorskip("gcp_storage_emulator",
                     reason="gcp-storage-emulator (test extra) is not installed")
-BUCKET = "vmx-test"
 STEPS, PERIOD = 60, 20
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

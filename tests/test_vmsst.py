@@ -263,7 +263,8 @@ def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
                out[0][1], out[1][1])
 
 
-@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
+@pytest.mark.parametrize("num_devices,chunks", [pytest.param(1, 4, marks=pytest.mark.slow),
+                                                (8, 2)])
 def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   """GradCache on VMSST-CONTRASTIVE (per-pair NLL / KL terms and semantic means as the
   cached values): the whole-batch loss, gradients and KL-annealing update, on 1 device and

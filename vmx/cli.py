@@ -20,7 +20,7 @@ import sys
 import traceback
 
 from vmx import host_memory, quiet
-from vmx.errors import ConfigError, VmxError
+from vmx.errors import ConfigError, Interrupted, VmxError
 from vmx.gin_utils import GIN_ERRORS, one_line, with_suggestion
 
 
@@ -46,3 +46,8 @@ def run_main(main, argv=None):
     # (a preemption that saved is not an error: `preempted: ...`, vmx/training/preemption.py)
     print(f"{getattr(e, 'prefix', 'error')}: {with_suggestion(msg)}", file=sys.stderr)
     sys.exit(getattr(e, "exit_code", 2))
+  except Interrupted as e:   # a signal outside the training loop (vmx/signals.py)
+    if verbose:
+      traceback.print_exc()
+    print(f"{e.prefix}: {one_line(e)}", file=sys.stderr)
+    sys.exit(e.exit_code)

@@ -43,3 +43,13 @@ class Preempted(VmxError):
   vmx/training/preemption.py). Not an error: `preempted: ...`, exit 75."""
   exit_code = EXIT_PREEMPTED
   prefix = "preempted"
+
+
+class Interrupted(BaseException):
+  """What the process-wide signal handler (vmx/signals.py) raises in the main thread,
+  wherever that thread is: a BaseException, as KeyboardInterrupt is, so that no `except
+  Exception` on the way (a retry loop, a fallback, a library's own) takes the signal for a
+  failure and carries on. `cli.run_main` ends with it as with `Preempted`: one
+  `preempted:` line, exit 75."""
+  exit_code = EXIT_PREEMPTED
+  prefix = "preempted"

@@ -4,8 +4,9 @@ status 75 (EX_TEMPFAIL: rerun the same command to continue), and one `preempted:
 saying what it was doing and what was saved.
 
 - Before the training loop (parsing, building the vocabulary or the token cache,
-  restoring, compiling), `install()`'s handler raises `Preempted` at once in the main
-  thread. Nothing half-written is ever used: every file vmx writes appears whole (a
+  restoring, compiling), `install()`'s handler raises `Interrupted` at once in the main
+  thread (a BaseException, so no `except Exception` on the way swallows it; the
+  launcher exits with it as with `Preempted`). Nothing half-written is ever used: every file vmx writes appears whole (a
   temporary name and a rename, or one upload), the unfinished one is removed on the way
   out, and what was finished (the vocabulary, the cache's finished shards, checkpoints)
   is kept, so the rerun continues where this one stopped. A long call into C (training
@@ -13,6 +14,10 @@ saying what it was doing and what was saved.
 - In the training loop and its final save, the trainer's `PreemptionWatch`
   (vmx/training/preemption.py) takes over: the signal is noted, the step finishes and a
   checkpoint is saved, then `Preempted` says which.
+- A signal whose exception Python could not deliver (the handler ran inside a
+  garbage-collector callback, e.g. JAX's, where an exception is printed as "Exception
+  ignored" and dropped) is kept (`pending`): the next `activity` boundary raises it again,
+  and the training loop saves at its first step boundary as for a signal in the loop.
 - A second signal ends the process at once.
 
 `activity(what)` names what the process is doing, for the message. Several processes
@@ -25,7 +30,7 @@ import os
 import signal
 import threading
 
-from vmx.errors import Preempted
+from vmx.errors import Interrupted
 
 _DOING = ["starting"]
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -33,16 +38,20 @@ NOTHING_SAVED = ("no training step had run, nothing needed saving; what was fini
                  "kept (vocabulary, token cache shards, checkpoints); rerun the same "
                  "command to continue")
 _SAVED = [NOTHING_SAVED]
+_PENDING: list = []   # the signal taken, once one is
 
 
 @contextlib.contextmanager
 def activity(what: str):
-  """Names what the process does meanwhile (the `preempted:` line says it)."""
+  """Names what the process does meanwhile (the `preempted:` line says it); a signal whose
+  exception was swallowed (`pending`) is raised again on the way in and out."""
+  check()
   _DOING.append(what)
   try:
     yield
   finally:
     _DOING.pop()
+  check()
 
 
 def doing() -> str:
@@ -59,9 +68,25 @@ def saved(what: str):
 def _handler(signum, frame):
   del frame
   name = signal.Signals(signum).name
+  _PENDING[:] = _PENDING or [name]
   for sig in _SIGNALS:   # a second signal: the default action, at once
     signal.signal(sig, _second)
-  raise Preempted(f"{name} while {doing()}: {_SAVED[0]}")
+  check()
+
+
+def pending():
+  """The name of a signal the handler took ('SIGTERM'), None before one. Its exception
+  normally ends the process; while the process still runs, the exception was taken where
+  none can propagate: the handler ran inside a garbage-collector callback or a `__del__`
+  (Python prints "Exception ignored in ..." and goes on), so the next `activity` boundary
+  and the training loop's `PreemptionWatch` act on it instead."""
+  return _PENDING[0] if _PENDING else None
+
+
+def check():
+  """Raises `Interrupted` if a signal was taken (`pending`)."""
+  if _PENDING:
+    raise Interrupted(f"{_PENDING[0]} while {doing()}: {_SAVED[0]}")
 
 
 def _second(signum, frame):

@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import common, knn, mining
 
@@ -125,11 +126,11 @@ def evaluate(encode: common.EncodeFn, pairs: Optional[Sequence[str]] = None,
       (s_ids, s_txt), (t_ids, t_txt), gold = _split_data(files, pair, split)
       s_u, s_map = _unify(s_ids, s_txt)
       t_u, t_map = _unify(t_ids, t_txt)
-      nn = knn.topk(mining.normalize(encode(s_u, common.iso3(src))),
+      nn = knn.topk(mining.normalize(encode(s_u, iso3(src))),
                     mining.normalize(encode(t_u, "eng")), k=min(k, len(s_u), len(t_u)),
                     progress=progress)
       mined[split] = (nn, s_map, t_map, gold)
-    row = {"hf_subset": pair, "languages": [common.iso3(src), "eng"],
+    row = {"hf_subset": pair, "languages": [iso3(src), "eng"],
            "threshold_split": fit, "split": report}
     for scoring, margin in SCORINGS.items():
       scored = {sp: mining.score_candidates(m[0], margin) for sp, m in mined.items()}

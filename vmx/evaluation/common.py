@@ -16,7 +16,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from vmx.data import download, readers
-from vmx.data.languages import iso3  # noqa: F401  (the evaluation modules call common.iso3)
 from vmx.errors import DataError
 
 EncodeFn = Callable[[list, str], np.ndarray]

@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 from scipy.special import logsumexp
 
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import common, mining
 
@@ -162,7 +163,7 @@ def load_nway(files: common.DataFiles, paths: dict, n: Optional[int] = None):
   texts = {}
   for lang, rel in paths.items():
     lines = common.read_lines(files.path(rel), files.task)
-    texts[common.iso3(lang)] = lines[:n] if n else lines
+    texts[iso3(lang)] = lines[:n] if n else lines
   lens = {l: len(t) for l, t in texts.items()}
   if len(set(lens.values())) != 1:
     raise DataError(f"task {files.task}: N-way files differ in length: {lens} ({paths})")

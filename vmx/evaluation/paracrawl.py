@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from vmx.data import readers
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import common, knn, mining
 
@@ -154,10 +155,10 @@ def evaluate(encode: common.EncodeFn, directory, languages: Optional[Sequence[st
                       f"file ({LAYOUT})")
     xx_path, en_path = (files.path(str(p)) for p in found)
     xx, en, lines, n_lines = draw(xx_path, en_path, n_queries, n_candidates, seed, task)
-    xx_emb, en_emb = encode(xx, common.iso3(lang)), encode(en, "eng")
+    xx_emb, en_emb = encode(xx, iso3(lang)), encode(en, "eng")
     en2xx = p_at_1(en_emb[:n_queries], xx_emb, k)
     xx2en = p_at_1(xx_emb[:n_queries], en_emb, k)
-    subsets.append({"hf_subset": f"{lang}-en", "languages": [common.iso3(lang), "eng"],
+    subsets.append({"hf_subset": f"{lang}-en", "languages": [iso3(lang), "eng"],
                     "main_score": en2xx, "p_at_1_en2xx": en2xx, "p_at_1_xx2en": xx2en,
                     "p_at_1_mean": (en2xx + xx2en) / 2, "n_queries": n_queries,
                     "n_candidates": n_candidates, "n_lines": n_lines,

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import common, knn, mining
 
@@ -49,7 +50,7 @@ def read_collection(path: Path, task="retrieval"):
     seen[parts[0]] = i
     ids.append(parts[0])
     texts.append(parts[1])
-    langs.append(common.iso3(parts[2]) if len(parts) > 2 and parts[2] else "eng")
+    langs.append(iso3(parts[2]) if len(parts) > 2 and parts[2] else "eng")
   return ids, texts, langs
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from scipy import stats
 
 from vmx.data import download, readers
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import common, mining
 
@@ -261,7 +262,7 @@ def evaluate_sts17(encode, directory: str, gs_directory: Optional[str] = None,
     except DataError as e:
       failed[key] = str(e)
       continue
-    c1, c2 = (common.iso3(l) for l in SEMEVAL2017_COLUMNS.get(track, (l1, l2)))
+    c1, c2 = (iso3(l) for l in SEMEVAL2017_COLUMNS.get(track, (l1, l2)))
     c = correlations(_predict(encode, s1, s2, c1, c2), y)
     subsets.append({"hf_subset": key, "languages": sorted({c1, c2}), "columns": [c1, c2],
                     "mteb": track not in SEMEVAL2017_NOT_IN_MTEB,

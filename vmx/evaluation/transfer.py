@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import common
 
@@ -241,7 +242,7 @@ def evaluate(encode, test_pattern: str = XNLI_PATTERN, languages: Sequence[str] 
   def feats(pattern, lang, rows=slice(None)):
     entry = load(pattern, lang)
     if entry[2] is None:
-      entry[2] = features(encode, entry[0], common.iso3(lang))
+      entry[2] = features(encode, entry[0], iso3(lang))
     return entry[2][rows], entry[1][rows]
 
   if train_pattern:
@@ -274,7 +275,7 @@ def evaluate(encode, test_pattern: str = XNLI_PATTERN, languages: Sequence[str] 
                       f"in the training labels {known}")
     per_seed = [100 * float(np.mean(p.predict(x) == np.asarray(y))) for p in probes]
     acc = common.mean(per_seed)
-    subsets.append({"hf_subset": f"{source}-{lang}", "languages": [common.iso3(lang)],
+    subsets.append({"hf_subset": f"{source}-{lang}", "languages": [iso3(lang)],
                     "main_score": acc, "accuracy": acc, "accuracy_per_seed": per_seed,
                     "n": len(y), "zero_shot": lang != source})
   targets = [s["accuracy"] for s in subsets if s["zero_shot"]]

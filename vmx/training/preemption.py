@@ -20,6 +20,7 @@ from typing import Optional
 import jax
 from jax.experimental import multihost_utils
 
+from vmx import signals
 
 
 class PreemptionWatch:
@@ -27,7 +28,9 @@ class PreemptionWatch:
   ones; `requested(step)` is asked after every step."""
 
   def __init__(self):
-    self.signal: Optional[str] = None
+    # A signal taken before the loop whose exception was dropped (vmx/signals.py, pending):
+    # acted on at the first step boundary, as one that arrives in the loop.
+    self.signal: Optional[str] = signals.pending()
     self._old = {}
     self._multi = jax.process_count() > 1 and jax.distributed.is_initialized()
 
