@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from conftest import write_lines
+from vmx.data.languages import iso3
 from vmx.errors import DataError
 from vmx.evaluation import (bucc, common, geometry, harness, knn, mining, retrieval, sts,
                             tatoeba, transfer)
@@ -403,7 +404,7 @@ class LangAngleEncoder:
       if s != s.strip():
         self.unstripped.append(s)
       code, a = s.lstrip('"').split(":")
-      if common.iso3(code) != lang:
+      if iso3(code) != lang:
         self.mismatched.append((s, lang))
       out.append([math.cos(float(a)), math.sin(float(a))])
     return np.array(out, np.float32)
