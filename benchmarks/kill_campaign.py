@@ -49,8 +49,9 @@ status 1 if any final state differs, a kill did not land or a restart failed.
 Expected result: 10 of 10 equal (`"equal": 10`), 3 or more during a checkpoint write (5 of
 10 when measured: random kills also land in writes, which take ~half of the training part);
 7 minutes on 2 CPU cores shared with another test run (each run 15-25 s, mostly start-up).
-tests/test_kill_campaign.py runs 2 kills and 4 SIGTERMs (30 steps) in CI, in one work dir: a
-second campaign there reuses the first's reference run (`reference.json`) and compilation cache.
+tests/test_kill_campaign.py runs 2 kills and 4 SIGTERMs (30 steps) in CI, in one work dir:
+a second campaign there reuses the first's reference run (`reference.json`) and
+compilation cache.
 
 By default the runs share a JAX persistent compilation cache in the work dir, filled first
 by a 1-step warm-up run (so the reference's timing, the window of the random kills, is that

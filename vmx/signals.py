@@ -6,10 +6,11 @@ saying what it was doing and what was saved.
 - Before the training loop (parsing, building the vocabulary or the token cache,
   restoring, compiling), `install()`'s handler raises `Interrupted` at once in the main
   thread (a BaseException, so no `except Exception` on the way swallows it; the
-  launcher exits with it as with `Preempted`). Nothing half-written is ever used: every file vmx writes appears whole (a
-  temporary name and a rename, or one upload), the unfinished one is removed on the way
-  out, and what was finished (the vocabulary, the cache's finished shards, checkpoints)
-  is kept, so the rerun continues where this one stopped. A long call into C (training
+  launcher exits with it as with `Preempted`). Nothing half-written is ever used: every
+  file vmx writes appears whole (a temporary name and a rename, or one upload), the
+  unfinished one is removed on the way out, and what was finished (the vocabulary, the
+  cache's finished shards, checkpoints) is kept, so the rerun continues where this one
+  stopped. A long call into C (training
   a SentencePiece model) takes the signal when it returns.
 - In the training loop and its final save, the trainer's `PreemptionWatch`
   (vmx/training/preemption.py) takes over: the signal is noted, the step finishes and a
