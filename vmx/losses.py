@@ -29,7 +29,7 @@ def gather_global_batch(x_BxD: Array) -> Array:
   return nnp.with_sharding_constraint(x_BxD, (None, "embed"))
 
 
-_NEG = -1e30   # a logit that is no candidate
+_NEG = -1e30   # a logit that is no candidate (finite: no NaN gradients)
 
 
 def token_row_key(tokens_BxL: Array) -> Array:
@@ -250,7 +250,7 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
     in_group_GxN = jnp.pad(in_group_GxN, ((0, 0), (0, G * H)))   # (hard negatives: kept)
     excluded = excluded | (in_group_GxN[anchor_idx // V] & ~own)
   sim = minmax_rescale(cos, ~excluded, temperature) if rescale else cos / temperature
-  neg_inf = jnp.float32(-1e30)
+  neg_inf = _NEG
   log_num = jax.nn.logsumexp(jnp.where(is_pos, sim, neg_inf), axis=1)
   log_den = jax.nn.logsumexp(jnp.where(excluded, neg_inf, sim), axis=1)
   loss = jnp.mean(log_den - log_num)
@@ -293,7 +293,7 @@ def queue_infonce(query_BxD: Array, key_BxD: Array, queue_KxD: Array, queue_vali
   q = nnp.with_sharding_constraint(query_BxD.astype(jnp.float32), ("batch", "embed"))
   pos_B = jnp.sum(q * key_BxD.astype(jnp.float32), axis=-1) / temperature
   neg_BxK = jnp.einsum("bd,kd->bk", q, queue_KxD.astype(jnp.float32)) / temperature
-  neg_BxK = jnp.where(queue_valid_K[None, :], neg_BxK, jnp.float32(-1e30))  # finite: no NaN grads
+  neg_BxK = jnp.where(queue_valid_K[None, :], neg_BxK, _NEG)  # finite: no NaN grads
   log_den = jnp.logaddexp(pos_B, jax.nn.logsumexp(neg_BxK, axis=1))
   loss = jnp.mean(log_den - pos_B)
   acc = jnp.mean(pos_B > jnp.max(neg_BxK, axis=1))
@@ -318,13 +318,13 @@ def paired_batch_infonce(left_BxD: Array, right_BxD: Array, temperature: float =
   n = z_all.shape[0]
   sim = jnp.einsum("id,jd->ij", z, z_all) / temperature                        # [2B, 2B]
   idx = jnp.arange(n)
-  sim = jnp.where(idx[:, None] == idx[None, :], jnp.float32(-1e30), sim)        # not itself
+  sim = jnp.where(idx[:, None] == idx[None, :], _NEG, sim)        # not itself
   partner = (idx + n // 2) % n
   if left_key_B is not None and right_key_B is not None:
     key = jnp.concatenate([left_key_B, right_key_B])
     same = (key[None, :] == key[:, None]) | (key[None, :] == key[partner][:, None])
     dup = same & (idx[None, :] != idx[:, None]) & (idx[None, :] != partner[:, None])
-    sim = jnp.where(dup, jnp.float32(-1e30), sim)
+    sim = jnp.where(dup, _NEG, sim)
   log_p = jax.nn.log_softmax(sim, axis=1)[idx, partner]
   loss = -jnp.mean(log_p)
   acc = jnp.mean(jnp.argmax(sim, axis=1) == partner)
@@ -408,7 +408,7 @@ def ranking_infonce_loss(sim_BxK: Array, ranks_BxK: Array, valid_BxK: Array,
   `ranks_BxK` are 0-based targets (not differentiated); `valid_BxK` drops pairs (empty
   queue slots, an anchor's own key). Returns (loss, metrics)."""
   sim = sim_BxK.astype(jnp.float32)
-  neg_inf = jnp.float32(-1e30)
+  neg_inf = _NEG
   total = jnp.zeros((), jnp.float32)
   for r in range(temperatures_T.shape[0]):
     logits = sim / temperatures_T[r]

@@ -35,7 +35,6 @@ each example, concatenated; with hard negatives also `hard_negative` [B, L]
 """
 from __future__ import annotations
 
-
 import jax.numpy as jnp
 
 from vmx import losses
