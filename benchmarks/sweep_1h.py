@@ -55,6 +55,7 @@ SETTINGS = {  # name -> bindings on top of contrastive_small_1h.gin
     "recipe temperature 0.1": {**RECIPE, "TEMPERATURE": 0.1},
     "recipe temperature 0.03": {**RECIPE, "TEMPERATURE": 0.03},
     "recipe alpha 0.7": {**RECIPE, "ALPHA": 0.7},
+    "recipe alpha 1.0": {**RECIPE, "ALPHA": 1.0},
     "recipe 3 layers": {**RECIPE, "NUM_LAYERS": 3},
     "recipe d 192": {**RECIPE, "EMB_DIM": 192, "NUM_HEADS": 6, "MLP_DIM": 768},
     "recipe batch 256": {**RECIPE, "BATCH_SIZE": 256},
