@@ -250,18 +250,17 @@ def multi_positive_infonce(views_GxVxD: Array, temperature: float = 0.05,
     in_group_GxN = jnp.pad(in_group_GxN, ((0, 0), (0, G * H)))   # (hard negatives: kept)
     excluded = excluded | (in_group_GxN[anchor_idx // V] & ~own)
   sim = minmax_rescale(cos, ~excluded, temperature) if rescale else cos / temperature
-  neg_inf = _NEG
-  log_num = jax.nn.logsumexp(jnp.where(is_pos, sim, neg_inf), axis=1)
-  log_den = jax.nn.logsumexp(jnp.where(excluded, neg_inf, sim), axis=1)
+  log_num = jax.nn.logsumexp(jnp.where(is_pos, sim, _NEG), axis=1)
+  log_den = jax.nn.logsumexp(jnp.where(excluded, _NEG, sim), axis=1)
   loss = jnp.mean(log_den - log_num)
-  nearest = jnp.argmax(jnp.where(excluded, neg_inf, sim), axis=1)
+  nearest = jnp.argmax(jnp.where(excluded, _NEG, sim), axis=1)
   acc = jnp.mean(jnp.take_along_axis(is_pos, nearest[:, None], axis=1))
   metrics = {"loss": loss, "positive_accuracy": acc}
   if H:
     own_neg = ~is_view[None, :] & (((col - G * V) // H)[None, :] == (anchor_idx // V)[:, None])
-    best_pos = jnp.max(jnp.where(is_pos, sim, neg_inf), axis=1)
+    best_pos = jnp.max(jnp.where(is_pos, sim, _NEG), axis=1)
     metrics["hard_negative_accuracy"] = jnp.mean(
-        best_pos > jnp.max(jnp.where(own_neg, sim, neg_inf), axis=1))
+        best_pos > jnp.max(jnp.where(own_neg, sim, _NEG), axis=1))
   return loss, metrics
 
 
@@ -318,7 +317,7 @@ def paired_batch_infonce(left_BxD: Array, right_BxD: Array, temperature: float =
   n = z_all.shape[0]
   sim = jnp.einsum("id,jd->ij", z, z_all) / temperature                        # [2B, 2B]
   idx = jnp.arange(n)
-  sim = jnp.where(idx[:, None] == idx[None, :], _NEG, sim)        # not itself
+  sim = jnp.where(idx[:, None] == idx[None, :], _NEG, sim)          # not itself
   partner = (idx + n // 2) % n
   if left_key_B is not None and right_key_B is not None:
     key = jnp.concatenate([left_key_B, right_key_B])
@@ -408,14 +407,13 @@ def ranking_infonce_loss(sim_BxK: Array, ranks_BxK: Array, valid_BxK: Array,
   `ranks_BxK` are 0-based targets (not differentiated); `valid_BxK` drops pairs (empty
   queue slots, an anchor's own key). Returns (loss, metrics)."""
   sim = sim_BxK.astype(jnp.float32)
-  neg_inf = _NEG
   total = jnp.zeros((), jnp.float32)
   for r in range(temperatures_T.shape[0]):
     logits = sim / temperatures_T[r]
     pos = valid_BxK & (ranks_BxK == r)
     den = valid_BxK & (ranks_BxK >= r)
-    log_num = jax.nn.logsumexp(jnp.where(pos, logits, neg_inf), axis=1)
-    log_den = jax.nn.logsumexp(jnp.where(den, logits, neg_inf), axis=1)
+    log_num = jax.nn.logsumexp(jnp.where(pos, logits, _NEG), axis=1)
+    log_den = jax.nn.logsumexp(jnp.where(den, logits, _NEG), axis=1)
     has = jnp.any(pos, axis=1)
     term = jnp.where(has, log_den - log_num, 0.0)
     total = total + term.sum() / jnp.maximum(has.sum(), 1)
