@@ -1,22 +1,27 @@
 #!/usr/bin/env python
 """The sweep behind contrastive_small_1h.gin: settings compared at one wall-clock budget
-on the dev sets only (never a test set).
+on the dev sets and Tatoeba (the data the project selects on; never a held-out test set).
 
   VMX_DATA_DIR=../shared/data python benchmarks/sweep_1h.py --out=/tmp/vmx/sweep \
-      [--minutes=6] [--round=2 | --only="recipe,recipe lr 4e-3"]
+      [--minutes=6] [--round=3 | --only="recipe,recipe lr 4e-3"]
 
 Every setting is contrastive_small_1h.gin with its own bindings on top: in round 1
 (2026-11-24) on top of the sweep's base (`SMALL`: Adam 1e-3, alpha 0.3), in round 2
-(2026-11-26, the default) on top of the recipe as round 2 found it (`RECIPE`: alpha
-0.5). Each is trained for as many steps as fit `--minutes` of training on this machine:
-a 40-step calibration run per distinct shape (layers, width, length, batch) measures
-steps/s, then the run gets steps = minutes x 60 x steps/s (so the learning-rate schedule
-ends with the budget).
+(2026-11-26) on top of the recipe as it was then (`RECIPE`: alpha 0.5), in round 3
+(2026-11-26, the default) on top of the recipe round 2 chose (alpha 0.7). Each is
+trained for as many steps as fit `--minutes` of training on this machine: a 40-step
+calibration run per distinct shape (layers, width, length, batch) measures steps/s, then
+the run gets steps = minutes x 60 x steps/s (so the learning-rate schedule ends with the
+budget).
 The final checkpoint is scored with the harness's `dev` task (newstest2013 and the
 first 1,000 TICO-19 sentences, both held out from training; the first 1,000 sentences
-of each) and the table printed: setting, steps, dev mean, newstest2013, tico19, wall
-time. Run on an otherwise idle machine: the calibration decides the steps. A run whose
-model_dir already holds the final checkpoint is not retrained (train.py resumes).
+of each) and with Tatoeba over its 112 languages (`launch/eval.py --tasks=tatoeba`, ~1
+min; kept in the run's eval/ and not redone): its mean, and its mean over the 98 languages
+outside multilingual USE's 16 (`tatoeba.USE16`), the languages the recipe is for. The
+table printed: setting, steps, dev mean, newstest2013, tico19, Tatoeba, Tatoeba outside
+USE, wall time (training). Run on an otherwise idle machine: the calibration decides the
+steps. A run whose model_dir already holds the final checkpoint is not retrained
+(train.py resumes).
 Extra --gin.X=V flags apply to every run.
 """
 import argparse
@@ -30,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
+from vmx.evaluation.tatoeba import USE16  # noqa: E402
 BASE = "contrastive_small_1h.gin"
 SHAPE_KEYS = ("NUM_LAYERS", "EMB_DIM", "MLP_DIM", "NUM_HEADS", "MAX_LENGTH", "BATCH_SIZE",
               "VOCAB_SIZE")
@@ -59,8 +65,16 @@ SETTINGS = {  # name -> bindings on top of contrastive_small_1h.gin
     "recipe 3 layers": {**RECIPE, "NUM_LAYERS": 3},
     "recipe d 192": {**RECIPE, "EMB_DIM": 192, "NUM_HEADS": 6, "MLP_DIM": 768},
     "recipe batch 256": {**RECIPE, "BATCH_SIZE": 256},
+    # Round 3 (issue 45): on top of the recipe round 2 chose (α 0.7; its base is round 2's
+    # "recipe alpha 0.7" run), scored on Tatoeba outside USE as well as on the dev sets.
+    "recipe alpha 0.7 temperature 0.03": {**RECIPE, "ALPHA": 0.7, "TEMPERATURE": 0.03},
+    "recipe alpha 0.7 lr 3e-3": {**RECIPE, "ALPHA": 0.7, "LEARNING_RATE": 3e-3},
+    "recipe alpha 0.7 d 192": {**RECIPE, "ALPHA": 0.7, "EMB_DIM": 192, "NUM_HEADS": 6,
+                               "MLP_DIM": 768},
 }
-ROUND2 = [n for n in SETTINGS if n.startswith("recipe")]
+ROUND3 = ["recipe alpha 0.7"] + [n for n in SETTINGS if n.startswith("recipe alpha 0.7 ")]
+ROUND2 = [n for n in SETTINGS if n.startswith("recipe") and n not in ROUND3[1:]]
+ROUND1 = [n for n in SETTINGS if not n.startswith("recipe")]
 
 
 def flags(bindings: dict) -> list[str]:
@@ -76,13 +90,30 @@ def metrics(model_dir: Path) -> list[dict]:
   return common.metrics_rows(model_dir)
 
 
+def tatoeba_scores(model_dir: Path, step: int) -> tuple[float, float]:
+  """(Tatoeba mean over its 112 languages, mean over those outside USE16) of a checkpoint:
+  launch/eval.py's result file, evaluated first where it is not there yet."""
+  out = model_dir / "eval" / f"checkpoint_{step}" / "tatoeba.json"
+  if not out.exists():
+    run([sys.executable, "launch/eval.py", f"--checkpoint_dir={model_dir}", f"--step={step}",
+         "--tasks=tatoeba", "--languages=all", "--no_progress", "--no_plots"])
+  res = json.loads(out.read_text())
+  outside = [r["main_score"] for r in res["scores"]["test"] if r["languages"][0] not in USE16]
+  return res["main_score"], sum(outside) / len(outside)
+
+
 def steps_per_sec(out: Path, bindings: dict, extra) -> float:
+  """Steps/s of `bindings`' shape (SHAPE_KEYS) from a 40-step run of that shape alone
+  (the other bindings do not change the speed); an earlier calibration of the shape under
+  `out` is read, not rerun."""
   shape = {k: bindings[k] for k in SHAPE_KEYS if k in bindings}
   d = out / ("calibrate_" + "_".join(f"{k.lower()}{v}" for k, v in sorted(shape.items())))
-  run(common.train_command(BASE, d, *flags(bindings), "--gin.TRAIN_STEPS=40",
-                           "--gin.LOG_PERIOD=20", "--gin.EVAL_PERIOD=0",
-                           "--gin.BEST_METRIC=None", "--gin.CHECKPOINT_PERIOD=40", *extra))
-  rows = [r for r in metrics(d) if "train/steps_per_sec" in r]
+  rows = [r for r in metrics(d) if "train/steps_per_sec" in r] if d.exists() else []
+  if not rows or rows[-1]["step"] < 40:
+    run(common.train_command(BASE, d, *flags(shape), "--gin.TRAIN_STEPS=40",
+                             "--gin.LOG_PERIOD=20", "--gin.EVAL_PERIOD=0",
+                             "--gin.BEST_METRIC=None", "--gin.CHECKPOINT_PERIOD=40", *extra))
+    rows = [r for r in metrics(d) if "train/steps_per_sec" in r]
   return rows[-1]["train/steps_per_sec"]     # steps 21-40: compiled, buffers filled
 
 
@@ -92,12 +123,13 @@ def main():
   p.add_argument("--out", default="/tmp/vmx/sweep")
   p.add_argument("--minutes", type=float, default=6.0, help="training budget per setting")
   p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(SETTINGS))
-  p.add_argument("--round", type=int, choices=(1, 2), default=2,
+  p.add_argument("--round", type=int, choices=(1, 2, 3), default=3,
                  help="without --only: the settings of round 1 (2026-11-24, on top of the "
-                      "sweep's base) or round 2 (2026-11-26, on top of the recipe)")
+                      "sweep's base), round 2 (2026-11-26, on top of the recipe at α 0.5) or "
+                      "round 3 (2026-11-26, on top of the recipe at α 0.7)")
   args, extra = p.parse_known_args()
   names = [n.strip() for n in args.only.split(",") if n.strip()] or (
-      ROUND2 if args.round == 2 else [n for n in SETTINGS if n not in ROUND2])
+      {1: ROUND1, 2: ROUND2, 3: ROUND3}[args.round])
   for n in names:
     if n not in SETTINGS:
       raise SystemExit(f"error: --only: unknown setting {n!r}; expected some of {list(SETTINGS)}")
@@ -116,15 +148,19 @@ def main():
                              f"--gin.EVAL_PERIOD={steps}", f"--gin.CHECKPOINT_PERIOD={steps}",
                              *extra))
     last = [r for r in metrics(d) if "dev/main_score" in r][-1]
-    results[name] = {"steps": steps, "steps_per_sec": speeds[key], "wall_s": time.time() - t,
+    wall = time.time() - t
+    tatoeba, outside = tatoeba_scores(d, steps)
+    results[name] = {"steps": steps, "steps_per_sec": speeds[key], "wall_s": wall,
                      "dev": last["dev/main_score"], "newstest2013": last["dev/newstest2013"],
-                     "tico19": last["dev/tico19"]}
+                     "tico19": last["dev/tico19"], "tatoeba": tatoeba,
+                     "tatoeba_outside_use": outside}
   print(f"\n| setting ({args.minutes:g} min of training each) | steps | steps/s | **dev mean** "
-        f"| newstest2013 | tico19 | wall |")
-  print("|---|---|---|---|---|---|---|")
+        f"| newstest2013 | tico19 | Tatoeba | Tatoeba outside USE | wall |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for name, r in results.items():
     print(f"| {name} | {r['steps']} | {r['steps_per_sec']:.2f} | **{r['dev']:.2f}** | "
-          f"{r['newstest2013']:.2f} | {r['tico19']:.2f} | {r['wall_s'] / 60:.1f} min |")
+          f"{r['newstest2013']:.2f} | {r['tico19']:.2f} | {r['tatoeba']:.2f} | "
+          f"{r['tatoeba_outside_use']:.2f} | {r['wall_s'] / 60:.1f} min |")
   print(json.dumps(results))
 
 

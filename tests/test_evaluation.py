@@ -633,6 +633,9 @@ def test_tatoeba_xsim_and_head_tail_groups(tmp_path):
   assert res["languages"]["deu"]["mean"] == pytest.approx(100.0)
   assert res["languages"]["deu"]["xsim"] == pytest.approx(0.0)
   assert res["groups"]["head"]["n_languages"] == 2 and res["groups"]["long_tail"]["n_languages"] == 1
+  # multilingual USE has German, not Persian: pes and xyz are outside its 16
+  assert res["groups"]["outside_use"]["n_languages"] == 2
+  assert len(tatoeba.USE16) == 14 and set(tatoeba.USE16) <= set(tatoeba.EMMAX_HEAD)
   # a model trained on `fas` (tatoeba-challenge's code) knows Tatoeba's `pes`
   assert res["groups"]["own"]["n_languages"] == 2
   assert tatoeba.available_languages(str(tmp_path)) == ["deu", "pes", "xyz"]

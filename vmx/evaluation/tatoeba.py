@@ -9,8 +9,10 @@ the ratio margin (k = 4; `mining.xsim_errors`). Results are ×100.
 Averages: `mean` over every language evaluated (all 112 of Tatoeba v1 with
 `--languages=all`: VMSST's and LASER's figure; `n_languages` says how many), and groups:
 `xtreme36` (XTREME's 36 languages, its Tatoeba figure), `head` / `long_tail` (EMMA-X's
-split: A.1's head list of 42 codes, XTREME's 36 plus en az lt pl uk ro, and the rest)
-and `own` (the model's training languages, when given, under their code or another:
+split: A.1's head list of 42 codes, XTREME's 36 plus en az lt pl uk ro, and the rest),
+`outside_use` (the languages outside multilingual USE's 16, Yang et al. 2020, "Multilingual
+Universal Sentence Encoder for Semantic Retrieval", §2: the long tail a small model has to
+win on) and `own` (the model's training languages, when given, under their code or another:
 `pes` counts for a model trained on `fas`, vmx.data.languages.resolve). A group's mean
 is over its languages that were evaluated; compare figures only at equal `n_languages`.
 """
@@ -41,6 +43,10 @@ EMMAX_HEAD = tuple(sorted(set(XTREME36) | {"aze", "lit", "pol", "ukr", "ron"}))
 # languages of its Fig. 1 (accuracy per layer, xx->en).
 INFOXLM_PARALLEL14 = ("ara", "bul", "deu", "ell", "spa", "fra", "hin", "rus", "swh", "tha",
                       "tur", "urd", "vie", "cmn")
+# The 15 non-English languages of multilingual USE (Yang et al. 2020, §2: ar, zh-cn, zh-tw,
+# nl, fr, de, it, ja, ko, pl, pt, es, th, tr, ru), as Tatoeba v1 codes (both Chinese: cmn).
+USE16 = ("ara", "cmn", "deu", "fra", "ita", "jpn", "kor", "nld", "pol", "por", "rus", "spa",
+         "tha", "tur")
 METRICS = ("xx2en", "en2xx", "mean", "xsim")
 
 
@@ -85,7 +91,8 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
              english: str = "eng", progress: bool = False, margin: str = "ratio",
              own_languages: Optional[Sequence[str]] = None) -> dict:
   """{"languages": {xx: {xx2en, en2xx, mean, xsim, n}}, "mean": {...}, "groups":
-  {"head": {...}, "long_tail": {...}}, "seconds": t}.
+  {"xtreme36": ..., "head": ..., "long_tail": ..., "outside_use": ..., ["own": ...]},
+  "seconds": t}.
 
   `encode(sentences, lang)` returns one vector per sentence; `english` is the
   language code the encoder knows English by.
@@ -100,7 +107,8 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
     per[lang] = score_language(encode(xx, lang), encode(en, english), margin)
   mean = group_means(per, list(per))
   groups = {"xtreme36": group_means(per, XTREME36), "head": group_means(per, EMMAX_HEAD),
-            "long_tail": group_means(per, [l for l in per if l not in EMMAX_HEAD])}
+            "long_tail": group_means(per, [l for l in per if l not in EMMAX_HEAD]),
+            "outside_use": group_means(per, [l for l in per if l not in USE16])}
   if own_languages:
     groups["own"] = group_means(per, [l for l in per if resolve(l, own_languages)])
   return {"languages": per, "mean": mean, "groups": groups, "seconds": time.time() - t0}
