@@ -17,7 +17,7 @@ The final checkpoint is scored with the harness's `dev` task (newstest2013 and t
 first 1,000 TICO-19 sentences, both held out from training; the first 1,000 sentences
 of each) and with Tatoeba over its 112 languages (`launch/eval.py --tasks=tatoeba`, ~1
 min; kept in the run's eval/ and not redone): its mean, and its mean over the 98 languages
-outside multilingual USE's 16 (`tatoeba.USE16`), the languages the recipe is for. The
+outside multilingual USE's 16 (its `outside_use` group), the languages the recipe is for. The
 table printed: setting, steps, dev mean, newstest2013, tico19, Tatoeba, Tatoeba outside
 USE, wall time (training). Run on an otherwise idle machine: the calibration decides the
 steps. A run whose model_dir already holds the final checkpoint is not retrained
@@ -35,7 +35,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
-from vmx.evaluation.tatoeba import USE16  # noqa: E402
 BASE = "contrastive_small_1h.gin"
 SHAPE_KEYS = ("NUM_LAYERS", "EMB_DIM", "MLP_DIM", "NUM_HEADS", "MAX_LENGTH", "BATCH_SIZE",
               "VOCAB_SIZE")
@@ -91,15 +90,15 @@ def metrics(model_dir: Path) -> list[dict]:
 
 
 def tatoeba_scores(model_dir: Path, step: int) -> tuple[float, float]:
-  """(Tatoeba mean over its 112 languages, mean over those outside USE16) of a checkpoint:
-  launch/eval.py's result file, evaluated first where it is not there yet."""
+  """(Tatoeba mean over its 112 languages, its `outside_use` group's mean) of a checkpoint:
+  launch/eval.py's result file, evaluated first where it is not there yet (or predates the
+  group)."""
   out = model_dir / "eval" / f"checkpoint_{step}" / "tatoeba.json"
-  if not out.exists():
+  if not out.exists() or "outside_use" not in json.loads(out.read_text())["groups"]:
     run([sys.executable, "launch/eval.py", f"--checkpoint_dir={model_dir}", f"--step={step}",
          "--tasks=tatoeba", "--languages=all", "--no_progress", "--no_plots"])
   res = json.loads(out.read_text())
-  outside = [r["main_score"] for r in res["scores"]["test"] if r["languages"][0] not in USE16]
-  return res["main_score"], sum(outside) / len(outside)
+  return res["main_score"], res["groups"]["outside_use"]["mean"]
 
 
 def steps_per_sec(out: Path, bindings: dict, extra) -> float:
