@@ -16,6 +16,9 @@ random periodic checkpoint (not the final one) has appeared. Besides those, one 
 exit 75, `preempted: ... no training step had run, nothing needed saving`, and the restart
 starts anew), and one at the final save (exit 75, `preempted: ... during the final save:
 saved .../checkpoint_<steps>; the run is complete`, and the restart has nothing to do).
+The start-up signal's moment is drawn from the reference's start-up; a run that begins its
+first checkpoint write before that moment (it started faster than the reference did) is
+SIGKILLed unsignalled and retried with a moment drawn from its own start-up.
 
 What it does, all on the tiny synthetic task of benchmarks/common.py written into the work
 dir (a checkpoint every 5 steps, 2 kept):
@@ -212,26 +215,36 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
         if anchor is not None and t >= anchor + (delay if kind in ("checkpoint_write",
                                                                     "final_save") else offset):
           break
+        if kind == "start_up" and (done or tmp):
+          break  # this run got past step 1 sooner than the reference: again, sooner
         if t > run_timeout:
           break
         time.sleep(poll_interval)
       done_before, tmp_before = scan(model_dir)
       exited = run.proc.poll() is not None
-      run.kill(signum)
+      late = kind == "start_up" and bool(done_before or tmp_before)
+      run.kill(signal.SIGKILL if late else signum)
       t_kill = run.elapsed()
       done_after, tmp_after = scan(model_dir)
       tmp_files = sum(len(files) for n in os.listdir(model_dir) if TMP_MARKER in n
                       for _, _, files in os.walk(model_dir / n))
-      if not exited:
+      if not exited and not late:
         break
-      # The run ended before the kill moment (a slower reference): again, sooner.
-      log(f"[kill_campaign] {name}: the run exited (rc {run.proc.returncode}) at {t_kill:.1f} s, "
-          f"before its kill; again (attempt {attempt + 1})")
-      if kind == "random":
+      # The run ended (or, for a start-up signal, began its first checkpoint write) before
+      # the kill moment: the reference was slower than this run. Again, sooner.
+      log(f"[kill_campaign] {name}: the run " + (
+          f"began checkpoint writes {sorted(done_before + tmp_before)} before its start-up "
+          f"signal (SIGKILLed at {t_kill:.1f} s)" if late else
+          f"exited (rc {run.proc.returncode}) at {t_kill:.1f} s, before its kill")
+          + f"; again (attempt {attempt + 1})")
+      if late:
+        first = min((a for a, _ in run.tmp_seen.values()), default=t_kill)
+        offset = rng.uniform(0.2, max(0.3, 0.9 * first))
+      elif kind == "random":
         offset = rng.uniform(0.0, 0.9 * max(0.0, t_kill - (anchor or 0.0)))
       else:
         delay = 0.0
-    if signum == signal.SIGTERM and not exited:
+    if signum == signal.SIGTERM and not exited and not late:
       line = common.last_line(run.text())
       m = re.search(r"saved \S*checkpoint_(\d+)", line)
       nothing = "no training step had run, nothing needed saving" in line
@@ -242,7 +255,7 @@ def run_campaign(work_dir, kills: int = 10, seed: int = 0, steps: int = 50,
                              and line.startswith("preempted: ") and saved is not None
                              and (saved == 0 or common.checkpoint_dir(model_dir,
                                                                       saved).is_dir())))
-    rec.update(attempts=attempt, killed=not exited, kill_time_s=round(t_kill, 3),
+    rec.update(attempts=attempt, killed=not exited and not late, kill_time_s=round(t_kill, 3),
                target_save_step=target, write_delay_ms=round(delay * 1e3, 1),
                checkpoints_at_kill=done_before, tmp_dirs_at_kill=tmp_before,
                tmp_dirs_left=tmp_after, tmp_dir_files=tmp_files, checkpoint_existed=bool(done_before),
