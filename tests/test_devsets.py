@@ -234,3 +234,32 @@ def test_tatoeba_test_set_is_held_out_in_code(tmp_path):
   from vmx.errors import DataError
   with pytest.raises(DataError, match="tatoeba: a test set"):   # never a dev set
     devsets.check_names(["tatoeba"], "HarnessEvalConfig.dev_sets")
+
+
+def test_periodic_tatoeba_writes_its_language_groups(monkeypatch):
+  """HarnessEvalConfig writes `tatoeba/<group>` (e.g. tatoeba/outside_use, what the
+  one-hour recipe's goal is about) for each group with languages, so BEST_METRIC can
+  select on it; an empty group writes nothing."""
+  from vmx.evaluation import harness, periodic
+
+  def group(mean, n):
+    return {"mean": mean, "xx2en": mean, "en2xx": mean, "xsim": 0.0, "n_languages": n}
+
+  def scripted(encoder, config, tasks):
+    assert tasks == ["tatoeba"]
+    return {"tatoeba": {
+        "scores": {"test": [{"hf_subset": "deu-eng", "main_score": 90.0},
+                            {"hf_subset": "kab-eng", "main_score": 10.0}]},
+        "main_score": 50.0,
+        "groups": {"xtreme36": group(90.0, 1), "head": group(90.0, 1),
+                   "long_tail": group(10.0, 1), "outside_use": group(10.0, 1),
+                   "own": group(float("nan"), 0)}}}
+
+  monkeypatch.setattr(harness, "run", scripted)
+  cfg = periodic.HarnessEvalConfig(tasks=["tatoeba"])
+  scalars, _ = cfg.run(encoder=None)
+  assert scalars == {"tatoeba/main_score": 50.0, "tatoeba/deu-eng": 90.0,
+                     "tatoeba/kab-eng": 10.0, "tatoeba/xtreme36": 90.0, "tatoeba/head": 90.0,
+                     "tatoeba/long_tail": 10.0, "tatoeba/outside_use": 10.0}
+  periodic.check_best_metric("tatoeba/outside_use", cfg, eval_period=10)
+  assert periodic.metric_value("tatoeba/outside_use", scalars) == 10.0

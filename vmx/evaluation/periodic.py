@@ -57,7 +57,10 @@ class HarnessEvalConfig:
   (`vmx.evaluation.harness`, e.g. ['dev'] for the dev sets carved from the training data,
   or ['dev', 'tatoeba', 'stsb']). Scalars written (and nameable by `train.best_metric`):
   `<task>/main_score` for each task, `<task>/<subset>` for each of its subsets (e.g.
-  `dev/tico19/pt_BR`, `tatoeba/deu-eng`), and `dev/<set>` for each dev set. Tatoeba and
+  `dev/tico19/pt_BR`, `tatoeba/deu-eng`), `dev/<set>` for each dev set, and
+  `tatoeba/<group>` for each of Tatoeba's language groups the run has languages in
+  (`outside_use`, `head`, `long_tail`, `xtreme36`, `own`: vmx/evaluation/tatoeba.py), e.g.
+  BEST_METRIC = 'tatoeba/outside_use' with EVAL_TASKS = ['dev', 'tatoeba']. Tatoeba and
   dev default to the model's languages; the other fields are harness.EvalConfig's."""
 
   def __init__(self, tasks: Sequence[str] = ("dev",), data_dir: Optional[str] = None,
@@ -97,6 +100,9 @@ class HarnessEvalConfig:
           scalars[f"{task}/{sub['hf_subset']}"] = sub["main_score"]
       for name, v in r.get("sets", {}).items():
         scalars[f"dev/{name}"] = v
+      for group, g in r.get("groups", {}).items():   # Tatoeba's language groups
+        if g["n_languages"]:
+          scalars[f"{task}/{group}"] = g["mean"]
       parts.append(f"{task} {r['main_score']:.2f}" + (
           " (" + ", ".join(f"{k} {v:.2f}" for k, v in r["sets"].items()) + ")"
           if r.get("sets") else ""))
