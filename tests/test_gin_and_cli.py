@@ -33,6 +33,24 @@ def test_experiment_file_parses_and_exposes_macros(name):
     gin.clear_config()
 
 
+@pytest.mark.parametrize("name,bindings,want", [
+    ("contrastive_minilm_all_pairs.gin", [], "/tmp/vmx/all-minilm-l6-v2"),   # the file's path
+    ("contrastive_24l_mt5.gin", [], None),                       # required: None for tools
+    ("contrastive_24l_mt5.gin", ["INITIAL_CHECKPOINT_PATH = '/x'"], "/x"),
+    ("contrastive_small_1h.gin", [], None)])
+def test_tools_keep_an_experiments_initial_checkpoint(name, bindings, want):
+  """parse_experiment (benchmarks, training_inputs) sets INITIAL_CHECKPOINT_PATH only where
+  the files leave it required: an imported tokenizer named through it stays the
+  vocabulary (benchmarks/input_pipeline.py once timed a SentencePiece vocabulary built in
+  its place)."""
+  gin.clear_config()
+  try:
+    experiment.parse_experiment([name], bindings)
+    assert gin.query_parameter("%INITIAL_CHECKPOINT_PATH") == want
+  finally:
+    gin.clear_config()
+
+
 def _run(*args, env=None):
   e = dict(os.environ, **(env or {}))
   return subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), *args],

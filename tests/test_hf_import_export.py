@@ -247,6 +247,42 @@ def test_token_ids_equal_hugging_face(kind, tmp_path):
   assert not (ids[[i for i, r in enumerate(want) if len(r) <= 12]] == 0).all(axis=1).any()
 
 
+def test_batched_tokenizing_gives_the_per_example_tokens(tmp_path):
+  """An imported tokenizer's tasks tokenize 1,024 examples a call
+  (preprocessors.tokenize_in_batches): the same examples, in the same order, as seqio's
+  per-example tokenize, across a partial last batch, with empty and non-Latin texts and a
+  feature that is not text; a rank-2 text feature (N-way views) is left to seqio."""
+  import seqio
+  import tensorflow as tf
+  from vmx.data import preprocessors
+  from vmx.data.seqio_vocab import seqio_vocabulary
+  from vmx.data.vocab import TOKENIZER_SPEC
+  src = _minilm_dir(tmp_path)
+  (src / TOKENIZER_SPEC).write_text(json.dumps(
+      {"kind": "tokenizers", "file": "tokenizer.json", "pad_id": 0, "closing_special": True}))
+  vocab = seqio_vocabulary(str(src / TOKENIZER_SPEC))
+  assert preprocessors.tokenize_step(vocab, {"inputs": "deu", "targets": "eng"}, "t") is \
+      preprocessors.tokenize_in_batches
+  base = ["Guten Morgen!", "", "Добрый вечер", "你好，世界", "word " * 40, "ü"]
+  texts = [f"{base[i % len(base)]} {i}" if i % 7 else base[i % len(base)] for i in range(2500)]
+  ds = tf.data.Dataset.from_tensor_slices(
+      {"inputs": texts, "targets": texts[::-1], "id": np.arange(2500, dtype=np.int64)})
+  features = {k: seqio.Feature(vocab, add_eos=False) for k in ("inputs", "targets")}
+  want = list(seqio.preprocessors.tokenize(ds, features).as_numpy_iterator())
+  got = list(preprocessors.tokenize_in_batches(ds, features).as_numpy_iterator())
+  assert len(got) == len(want) == 2500
+  for g, w in zip(got, want):
+    assert sorted(g) == sorted(w)
+    for k in w:
+      a, b = np.asarray(g[k]), np.asarray(w[k])
+      assert a.dtype == b.dtype and np.array_equal(a, b), (k, a, b)
+  assert texts[7] == "" and list(want[7]["inputs"]) == [101, 102]   # [CLS] [SEP]
+  views = tf.data.Dataset.from_tensor_slices({"views": [["a b", "c"], ["d", ""]]})
+  nway = {"views": seqio.Feature(vocab, add_eos=False, rank=2)}
+  rows = list(preprocessors.tokenize_in_batches(views, nway).as_numpy_iterator())
+  assert [len(r["views"]) for r in rows] == [2, 2]
+
+
 def test_minilm_embeddings_equal_sentence_transformers(tmp_path):
   """The real all-MiniLM-L6-v2 checkpoint, imported with launch/import_checkpoint.py:
   vmx embeddings agree with sentence-transformers' (cosine >= 0.9999 each)."""

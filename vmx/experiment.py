@@ -17,7 +17,7 @@ import gin
 
 import vmx.configurables  # noqa: F401  (registers every configurable with gin)
 from vmx.errors import ConfigError
-from vmx.gin_utils import parse_gin_files
+from vmx.gin_utils import parse_gin_files, unset_required_macros
 
 
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_flag: str = ""):
@@ -65,9 +65,18 @@ def experiment_objects(model=gin.REQUIRED, optimizer=gin.REQUIRED, batch_size=gi
 def parse_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),
                      search_paths_flag: str = ""):
   """parse_gin for tools that inspect an experiment without running it (benchmarks,
-  tests): MODEL_DIR and INITIAL_CHECKPOINT_PATH may stay unset."""
-  parse_gin(gin_files, ["MODEL_DIR = '/tmp/unused'", "INITIAL_CHECKPOINT_PATH = None",
-                        *bindings], search_paths_flag)
+  tests): MODEL_DIR may stay unset, and INITIAL_CHECKPOINT_PATH where the files leave it
+  required (None then). A path the files set is kept: it may be the vocabulary too
+  (VOCAB_PATH = %INITIAL_CHECKPOINT_PATH, an imported tokenizer)."""
+  base = ["MODEL_DIR = '/tmp/unused'"]
+  try:
+    parse_gin(gin_files, [*base, *bindings], search_paths_flag)
+  except ConfigError:
+    if "INITIAL_CHECKPOINT_PATH" not in unset_required_macros():
+      raise
+    gin.clear_config()
+    parse_gin(gin_files, [*base, "INITIAL_CHECKPOINT_PATH = None", *bindings],
+              search_paths_flag)
 
 
 def build_experiment(gin_files: Sequence[str], bindings: Sequence[str] = (),

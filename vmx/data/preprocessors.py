@@ -1,7 +1,8 @@
 """SeqIO preprocessors of vmx's tasks (what runs between a source and the converter).
 
-- `tokenize_step`: the tokenizing step of a task (seqio's `tokenize`, or
-  `tokenize_by_language` for a vocabulary that pre-tokenizes by language, EMS §4.2);
+- `tokenize_step`: the tokenizing step of a task (seqio's `tokenize`;
+  `tokenize_by_language` for a vocabulary that pre-tokenizes by language, EMS §4.2;
+  `tokenize_in_batches` for an imported tokenizer, which tokenizes in Python);
 - `add_language_ids`: the languages' indices in the run's LANGUAGES (after the cache
   placeholder: they depend on the run);
 - `truncate_keeping_last`: an imported tokenizer's truncation (the closing token kept);
@@ -18,7 +19,7 @@ import seqio
 import tensorflow as tf
 
 from vmx.data import teacher
-from vmx.data.seqio_vocab import PretokenizingVocabulary
+from vmx.data.seqio_vocab import HfVocabulary, PretokenizingVocabulary
 from vmx.data.teacher import text_fingerprint
 from vmx.errors import ConfigError
 
@@ -74,11 +75,32 @@ def tokenize_by_language(dataset: tf.data.Dataset, output_features,
   return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
 
 
+def tokenize_in_batches(dataset: tf.data.Dataset, output_features,
+                        batch_size: int = 1024) -> tf.data.Dataset:
+  """seqio.preprocessors.tokenize (the text kept as `k_pretokenized`, no EOS added) with one
+  tokenizer call per `batch_size` examples instead of one per example: for a vocabulary
+  that tokenizes in Python through `tf.numpy_function` (HfVocabulary), where the per-call
+  cost dominates (2026-11-26, 20,000 Bible pairs, MiniLM's tokenizer, 2 shared cores:
+  ~970 examples/s per example, ~1,900 in batches; docs/performance.md). The same examples
+  in the same order. A task whose text features are not one string an example (N-way
+  views) is tokenized example by example, as seqio does."""
+  tokenized = [k for k in output_features if k in dataset.element_spec]
+  if any(output_features[k].rank != 1 or dataset.element_spec[k].shape.rank != 0
+         for k in tokenized):
+    return seqio.preprocessors.tokenize(dataset, output_features)
+  tokenize = functools.partial(seqio.preprocessors.tokenize_impl,
+                               output_features=output_features)
+  return (dataset.ragged_batch(batch_size)
+          .map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).unbatch())
+
+
 def tokenize_step(vocabulary: seqio.Vocabulary, languages: Mapping[str, Optional[str]],
                   task: str):
   """The tokenizing preprocessor of a task whose features `languages` ({feature:
   language}) use `vocabulary`. A pre-tokenizing vocabulary needs every language, and
   what it needs to segment them (checked now: ConfigError)."""
+  if isinstance(vocabulary, HfVocabulary):
+    return tokenize_in_batches
   if not isinstance(vocabulary, PretokenizingVocabulary):
     return seqio.preprocessors.tokenize
   missing = sorted(k for k, l in languages.items() if not l)

@@ -125,9 +125,9 @@ class HfVocabulary(seqio.Vocabulary):
     return self.tokenizer.decode(ids)
 
   def _encode_tf(self, s):
-    def encode(texts):
-      rows = [self._encode(t.decode("utf-8")) for t in np.atleast_1d(texts)]
-      return (np.array([i for r in rows for i in r], np.int32),
+    def encode(texts):   # one tokenizer call for every text of `s`
+      rows = self.tokenizer.hf_ids([t.decode("utf-8") for t in np.atleast_1d(texts)])
+      return (self.tokenizer.to_vmx_ids([i for r in rows for i in r]).astype(np.int32),
               np.array([len(r) for r in rows], np.int64))
     flat, lengths = tf.numpy_function(encode, [s], (tf.int32, tf.int64), stateful=False)
     flat.set_shape([None])
