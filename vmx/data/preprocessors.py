@@ -84,9 +84,8 @@ def tokenize_in_batches(dataset: tf.data.Dataset, output_features,
   ~970 examples/s per example, ~1,900 in batches; docs/performance.md). The same examples
   in the same order. A task whose text features are not one string an example (N-way
   views) is tokenized example by example, as seqio does."""
-  tokenized = [k for k in output_features if k in dataset.element_spec]
-  if any(output_features[k].rank != 1 or dataset.element_spec[k].shape.rank != 0
-         for k in tokenized):
+  if any(dataset.element_spec[k].shape.rank != 0
+         for k in output_features if k in dataset.element_spec):
     return seqio.preprocessors.tokenize(dataset, output_features)
   tokenize = functools.partial(seqio.preprocessors.tokenize_impl,
                                output_features=output_features)
