@@ -71,7 +71,8 @@ def _part_init(rows: int, total_rows: int):
 
 
 class ConditionedLinear(nn.Module):
-  """y = [x ; c] W (+ b) with x [B, L, D], c [B, C].
+  """y = [x ; c] W (+ b) with x [B, L, D], c [B, C] (or, packed rows, `(c [N, C], owner
+  [B, L])`: each slot takes its own sentence's conditioning, vmx/packing.py).
 
   W is one (D + C) x F `kernel`, or with `split_kernel` a D x F `kernel` and a C x F
   `cond_kernel`: the same function, each part initialized with the merged kernel's
@@ -83,7 +84,8 @@ class ConditionedLinear(nn.Module):
   dtype: jnp.dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x_BxLxD: Array, cond_BxC: Array) -> Array:
+  def __call__(self, x_BxLxD: Array, cond_BxC) -> Array:
+    cond_BxC, owner_BxL = cond_BxC if isinstance(cond_BxC, tuple) else (cond_BxC, None)
     d, c = x_BxLxD.shape[-1], cond_BxC.shape[-1]
     if self.split_kernel:
       w_x = nnp.param_with_axes("kernel", _part_init(d, d + c), (d, self.features),
@@ -100,6 +102,8 @@ class ConditionedLinear(nn.Module):
       bias = nnp.param_with_axes("bias", nn.initializers.zeros, (self.features,), jnp.float32,
                                  axes=(self.kernel_axes[-1],))
       y_c = y_c + bias.astype(self.dtype)
+    if owner_BxL is not None:   # packed: each slot's sentence's row (free slots: any)
+      return y + jnp.take(y_c, jnp.minimum(owner_BxL, y_c.shape[0] - 1), axis=0)
     return y + y_c[:, None, :]
 
 
@@ -234,22 +238,52 @@ class ConditionedDecoder(nn.Module):
   def __call__(self, targets_BxL: Array, lang_B: Optional[Array], cond_BxC: Array,
                deterministic: bool = True) -> Array:
     b, length = targets_BxL.shape
-    if length > self.max_length:
-      raise ValueError(f"sequence length {length} > decoder max_length {self.max_length}")
-    if self.num_languages and lang_B is None:
-      raise ValueError("this decoder starts from a language embedding: pass language ids")
+    self._check(length, lang_B)
     start = self.start_embed(lang_B if self.num_languages else jnp.zeros((b,), jnp.int32))
     x = jnp.concatenate([start[:, None, :], self.token_embed(targets_BxL[:, :-1])], axis=1)
     if self.family != "t5":   # 't5': positions enter as the relative attention bias
       x = x + self.position_embed(jnp.arange(length))[None]
-    x = self.embed_dropout(x, deterministic=deterministic)
-    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
     # Input position t holds targets[t-1]: a valid key while t <= length of targets.
     # Every query (padding too) sees keys <= t only, so no row is fully masked and
     # nothing after t leaks into position t.
     input_valid = jnp.concatenate([jnp.ones((b, 1), bool), targets_BxL[:, :-1] > 0], axis=1)
     mask = layers.make_attention_mask(jnp.ones_like(input_valid), input_valid, causal=True)
-    cond = cond_BxC.astype(self.dtype)
+    return self._layers_and_output(x, mask, cond_BxC.astype(self.dtype), deterministic)
+
+  def packed(self, targets_RxL: Array, segment_ids_RxL: Array, positions_RxL: Array,
+             lang_RxL: Optional[Array], cond_NxC: Array, owner_RxL: Array,
+             deterministic: bool = True) -> Array:
+    """Logits [R, L, V] of packed rows (vmx/packing.py): each sentence decoded as `__call__`
+    decodes its row, from its language's start embedding (`lang_RxL`: the language of each
+    slot's sentence), with its own conditioning (`cond_NxC` row `owner_RxL`), seeing its
+    own earlier slots only. `targets_RxL` hold each sentence's tokens and its EOS."""
+    length = targets_RxL.shape[1]
+    self._check(length, lang_RxL)
+    start = self.start_embed(lang_RxL if self.num_languages
+                             else jnp.zeros_like(targets_RxL))
+    shifted = jnp.concatenate([jnp.zeros_like(targets_RxL[:, :1]), targets_RxL[:, :-1]], 1)
+    x = jnp.where((positions_RxL == 0)[..., None], start, self.token_embed(shifted))
+    if self.family != "t5":
+      x = x + self.position_embed(positions_RxL)
+    # a slot sees its own sentence's slots up to itself (tokens, EOS)
+    in_sentence = segment_ids_RxL > 0
+    mask = layers.make_attention_mask(jnp.ones_like(in_sentence), in_sentence, causal=True,
+                                      segment_ids_BxL=segment_ids_RxL)
+    return self._layers_and_output(x, mask, (cond_NxC.astype(self.dtype), owner_RxL),
+                                   deterministic)
+
+  def _check(self, length: int, lang):
+    if length > self.max_length:
+      raise ValueError(f"sequence length {length} > decoder max_length {self.max_length}")
+    if self.num_languages and lang is None:
+      raise ValueError("this decoder starts from a language embedding: pass language ids")
+
+  def _layers_and_output(self, x, mask, cond, deterministic: bool) -> Array:
+    """The layers and the conditioned output on embedded inputs [B, L, D]; `cond`: [B, C],
+    or (packed) ([N, C], owner [B, L])."""
+    x = self.embed_dropout(x, deterministic=deterministic)
+    x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
+    length = x.shape[1]
     inputs = (mask, self.position_bias(length), cond) if self.family == "t5" else (mask, cond)
     if self.scan_layers:
       x, _ = self.layer_stack(x, *inputs, deterministic)
@@ -263,3 +297,11 @@ class ConditionedDecoder(nn.Module):
       logits = self.output(h, cond)
     logits = nnp.with_sharding_constraint(logits, ("batch", "length", "vocab"))
     return logits.astype(jnp.float32)
+
+
+def packed_targets(tokens_RxL: Array, segment_ids_RxL: Array) -> tuple[Array, Array]:
+  """`decoder_targets` of packed rows: (targets, mask), EOS in each sentence's reserved slot
+  (the one slot of a sentence without a token; a sentence that fills its row has none)."""
+  in_sentence = segment_ids_RxL > 0
+  targets = jnp.where(in_sentence & (tokens_RxL == 0), EOS_ID, tokens_RxL)
+  return targets.astype(jnp.int32), in_sentence

@@ -27,6 +27,7 @@ from flax.linen import partitioning as nnp
 
 from vmx import layers
 from vmx.errors import ConfigError
+from vmx.packing import Packed, Tokens
 from vmx.gin_utils import check_range, positive_int
 
 Array = jax.Array
@@ -248,7 +249,11 @@ class TransformerEncoder(nn.Module):
                                         self.relative_attention_max_distance)
     return jnp.take(self.relative_attention_bias, jnp.asarray(buckets), axis=1)[None]
 
-  def embed(self, tokens_BxL: Array, lang_B: Optional[Array]) -> Array:
+  def embed(self, tokens_BxL: Array, lang_B: Optional[Array],
+            positions_BxL: Optional[Array] = None) -> Array:
+    """Token (+ position, + language) embeddings. `positions_BxL`: each token's position in
+    its sentence (packed rows; default 0, 1, ... along the row); `lang_B`: a language id per
+    row [B], or per token [B, L] (packed rows)."""
     x = self.token_embed(tokens_BxL)
     length = tokens_BxL.shape[1]
     if length > self.max_length:
@@ -258,15 +263,20 @@ class TransformerEncoder(nn.Module):
     elif self.position_embedding == "learned" and self.position_offset:
       # XLM-R: padding sits at position offset-1, the first token at `position_offset`
       valid = (tokens_BxL > 0).astype(jnp.int32)
-      x = x + self.position_embed(jnp.cumsum(valid, axis=1) * valid + self.position_offset - 1)
+      pos = (jnp.cumsum(valid, axis=1) - 1 if positions_BxL is None else positions_BxL)
+      x = x + self.position_embed(jnp.where(valid > 0, pos + self.position_offset,
+                                            self.position_offset - 1))
     elif self.position_embedding == "learned":
-      x = x + self.position_embed(jnp.arange(length))[None]
+      x = x + (self.position_embed(jnp.arange(length))[None] if positions_BxL is None
+               else self.position_embed(positions_BxL))
     elif self.position_embedding == "sinusoidal":
-      x = x + jnp.asarray(layers.sinusoidal_positions(length, self.emb_dim), self.dtype)[None]
+      table = jnp.asarray(layers.sinusoidal_positions(self.max_length, self.emb_dim), self.dtype)
+      x = x + (table[None, :length] if positions_BxL is None else table[positions_BxL])
     if self.num_languages:
       if lang_B is None:
         raise ValueError("this encoder has language embeddings: pass language ids")
-      x = x + self.language_embed(lang_B)[:, None, :]
+      lang = self.language_embed(lang_B)
+      x = x + (lang[:, None, :] if lang.ndim == 2 else lang)
     if self.family == "bert":
       x = self.embed_norm(x + self.type_embed(jnp.zeros((1, 1), jnp.int32)))
     return x
@@ -275,16 +285,23 @@ class TransformerEncoder(nn.Module):
     """Sentence vectors [B, D] (float32): `pool`, or 'pooler' (BERT's tanh(Dense(first)))."""
     if method != "pooler":
       return pool(hidden_BxLxD, valid_BxL, method)
+    return self.pooler_vector(hidden_BxLxD[:, 0])
+
+  def pooler_vector(self, first_xD: Array) -> Array:
+    """BERT's pooler on first-token states [..., D]: tanh(Dense(first))."""
     if not (self.family == "bert" and self.pooler):
       raise ConfigError("pooling='pooler' needs TransformerEncoder.family='bert' and "
                         "TransformerEncoder.pooler=True")
-    return jnp.tanh(self.pooler_dense(hidden_BxLxD[:, 0])).astype(jnp.float32)
+    return jnp.tanh(self.pooler_dense(first_xD)).astype(jnp.float32)
 
   def __call__(self, tokens_BxL: Array, lang_B: Optional[Array] = None,
-               deterministic: bool = True, depth: Optional[int] = None):
+               deterministic: bool = True, depth: Optional[int] = None,
+               segment_ids_BxL: Optional[Array] = None, positions_BxL: Optional[Array] = None):
     """`depth`: run only the first `depth` layers of the built ones (a model reading an
     intermediate layer, e.g. InfoXLM's universal layer, on some of its inputs); the
-    output of a layer below the top is taken before any final norm."""
+    output of a layer below the top is taken before any final norm. `segment_ids_BxL` and
+    `positions_BxL`: packed rows (vmx/packing.py): a token attends to its own sentence
+    only and takes its position within it."""
     depth = self.depth if depth is None else depth
     if not 0 <= depth <= self.depth:
       raise ConfigError(f"TransformerEncoder: depth={depth} outside [0, {self.depth}] "
@@ -295,8 +312,8 @@ class TransformerEncoder(nn.Module):
                         f"stack needs TransformerEncoder.scan_boundaries to include {depth} "
                         "(or SCAN_LAYERS = False)")
     valid_BxL = tokens_BxL > 0
-    mask = layers.make_attention_mask(valid_BxL, valid_BxL)
-    x = self.embed(tokens_BxL, lang_B)
+    mask = layers.make_attention_mask(valid_BxL, valid_BxL, segment_ids_BxL=segment_ids_BxL)
+    x = self.embed(tokens_BxL, lang_B, positions_BxL)
     x = self.embed_dropout(x, deterministic=deterministic)
     x = nnp.with_sharding_constraint(x, ("batch", "length", "embed"))
     if depth == 0:
@@ -314,6 +331,27 @@ class TransformerEncoder(nn.Module):
     if depth < self.num_layers or self.family == "bert":
       return x, valid_BxL
     return self.final_norm(x), valid_BxL
+
+  def hidden(self, x: Tokens, lang: Optional[Array] = None, deterministic: bool = True,
+             depth: Optional[int] = None):
+    """(hidden states, validity mask) of token rows [B, L] or of a packed feature (its
+    rows; `lang` per sentence, put on each of its tokens)."""
+    if not isinstance(x, Packed):
+      return self(x, lang, deterministic, depth)
+    if lang is not None and self.num_languages:
+      lang = x.per_token(lang)
+    return self(x.tokens, lang, deterministic, depth, x.segment_ids, x.positions)
+
+  def sentences(self, x: Tokens, lang: Optional[Array] = None, deterministic: bool = True,
+                method: str = "mean", depth: Optional[int] = None) -> Array:
+    """Pooled sentence vectors (float32) of token rows [B, L] -> [B, D], or of a packed
+    feature -> [*S, D] in the examples' order (the same vectors)."""
+    hidden, valid = self.hidden(x, lang, deterministic, depth)
+    if not isinstance(x, Packed):
+      return self.pool(hidden, valid, method)
+    if method == "pooler":
+      return self.pooler_vector(x.first(hidden))
+    return x.pool(hidden, method)
 
 
 def check_sizes(stack: nn.Module):

@@ -133,9 +133,12 @@ def sinusoidal_positions(length: int, features: int) -> np.ndarray:
 
 
 def make_attention_mask(query_valid_BxQ: Array, key_valid_BxK: Array,
-                        causal: bool = False) -> Array:
-  """Boolean mask [B, 1, Q, K]: True where query q may attend to key k."""
+                        causal: bool = False, segment_ids_BxL: Array | None = None) -> Array:
+  """Boolean mask [B, 1, Q, K]: True where query q may attend to key k. With
+  `segment_ids_BxL` (packed rows, Q = K = L) only within a segment."""
   mask = query_valid_BxQ[:, None, :, None] & key_valid_BxK[:, None, None, :]
+  if segment_ids_BxL is not None:
+    mask = mask & (segment_ids_BxL[:, None, :, None] == segment_ids_BxL[:, None, None, :])
   if causal:
     q, k = query_valid_BxQ.shape[-1], key_valid_BxK.shape[-1]
     mask = mask & jnp.tril(jnp.ones((q, k), bool))[None, None]

@@ -99,12 +99,17 @@ def distillation_mse(student_BxD: Array, teacher_BxD: Array) -> Array:
 # ----------------------------------------------------------------------------
 # Generative (VMSST / BITRANSLATION) terms.
 
-def sequence_nll(logits_BxLxV: Array, targets_BxL: Array, mask_BxL: Array) -> Array:
-  """-log p(x) per sequence [B]: token cross-entropies summed over valid positions."""
+def token_nll(logits_BxLxV: Array, targets_BxL: Array, mask_BxL: Array) -> Array:
+  """-log p(token) per position [B, L] (0 where not `mask`)."""
   logits = logits_BxLxV.astype(jnp.float32)
   log_z = jax.nn.logsumexp(logits, axis=-1)
   gold = jnp.take_along_axis(logits, targets_BxL[..., None], axis=-1)[..., 0]
-  return jnp.sum((log_z - gold) * mask_BxL.astype(jnp.float32), axis=-1)
+  return (log_z - gold) * mask_BxL.astype(jnp.float32)
+
+
+def sequence_nll(logits_BxLxV: Array, targets_BxL: Array, mask_BxL: Array) -> Array:
+  """-log p(x) per sequence [B]: token cross-entropies summed over valid positions."""
+  return jnp.sum(token_nll(logits_BxLxV, targets_BxL, mask_BxL), axis=-1)
 
 
 def gaussian_kl(mean_BxZ: Array, logvar_BxZ: Array) -> Array:
@@ -146,6 +151,28 @@ def bag_of_tokens_kl(logits_BxV: Array, tokens_BxL: Array) -> Array:
   log_q_tok = jnp.take_along_axis(log_q, tokens_BxL, axis=-1)                   # [B, L]
   log_p_tok = jnp.log(jnp.maximum(counts, 1.0) / n[:, None])
   return jnp.sum(valid * (log_p_tok - log_q_tok), axis=1) / n
+
+
+def bag_of_tokens_kl_packed(logits_BxV: Array, tokens_RxL: Array, segment_ids_RxL: Array,
+                            owner_RxL: Array) -> Array:
+  """`bag_of_tokens_kl` of sentences packed into rows [B]: sentence b's tokens are the
+  slots with owner b (vmx/packing.py; `num_sentences` B for free slots), counted within
+  their own segment. The same terms as over unpacked rows."""
+  b = logits_BxV.shape[0]
+  valid = (tokens_RxL > 0).astype(jnp.float32)
+  seg = segment_ids_RxL
+  same = ((tokens_RxL[:, :, None] == tokens_RxL[:, None, :])
+          & (seg[:, :, None] == seg[:, None, :])).astype(jnp.float32)
+  counts = jnp.einsum("rlm,rm->rl", same, valid)                              # c_l
+  owner = owner_RxL.reshape(-1)
+  n_B = jnp.maximum(jax.ops.segment_sum(valid.reshape(-1), owner, num_segments=b + 1)[:b],
+                    1.0)
+  n_tok = jnp.take(n_B, jnp.minimum(owner, b - 1)).reshape(tokens_RxL.shape)
+  log_q = jax.nn.log_softmax(logits_BxV.astype(jnp.float32), axis=-1)
+  log_q_tok = log_q[jnp.minimum(owner, b - 1), tokens_RxL.reshape(-1)].reshape(
+      tokens_RxL.shape)
+  terms = valid * (jnp.log(jnp.maximum(counts, 1.0) / n_tok) - log_q_tok)
+  return jax.ops.segment_sum(terms.reshape(-1), owner, num_segments=b + 1)[:b] / n_B
 
 
 # ----------------------------------------------------------------------------

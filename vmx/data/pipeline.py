@@ -23,7 +23,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from vmx.data import seqio_cache
+from vmx.data import packing, seqio_cache
 from vmx.errors import ConfigError
 from vmx.gin_utils import check_range, positive_int
 
@@ -47,6 +47,9 @@ class DatasetConfig:
   gcd(batch_size, 64); a host reads the blocks of its slots' lanes), and
   `shuffle_window`, the rows mixed together per lane (a multiple of 256: blocks of 256
   rows in a random order per epoch, the rows of a window's blocks mixed).
+  `pack`: lay several sentences into each row of the model's length (vmx/data/packing.py:
+  the same examples, in the same order, the same loss; gin's PACKING); the model must
+  read packed rows (`packed_features()`), else the run is refused.
   """
   mixture_or_task_name: str
   task_feature_lengths: Mapping[str, int]
@@ -59,6 +62,7 @@ class DatasetConfig:
   array_cache_dir: Optional[str] = None
   slots: Optional[int] = None
   shuffle_window: int = 1024
+  pack: bool = False
 
   def __post_init__(self):
     check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
@@ -77,6 +81,8 @@ class DatasetConfig:
     check_range(positive_int(self.shuffle_window) and self.shuffle_window % 256 == 0,
                 "DatasetConfig", "shuffle_window", self.shuffle_window,
                 "a positive multiple of 256 rows")
+    check_range(isinstance(self.pack, bool), "DatasetConfig", "pack", self.pack,
+                "True or False (PACKING)")
 
 
 @dataclasses.dataclass
@@ -124,6 +130,38 @@ def token_lengths(cfg, feature_converter_cls) -> list[int]:
     specs = getattr(fc, "func", fc).TASK_FEATURES
     out += [n for f, n in c.task_feature_lengths.items()
             if f not in specs or specs[f].dtype == tf.int32]
+  return out
+
+
+def token_features(cfg, feature_converter_cls) -> list[str]:
+  """The model's token features (int32 sequences, `key/feature` for several tasks): what
+  packs, and what the step's `useful_token_fraction` counts."""
+  out = []
+  for key, c in task_configs(cfg).items():
+    fc = (feature_converter_cls[key] if isinstance(feature_converter_cls, Mapping)
+          else feature_converter_cls)
+    specs = getattr(fc, "func", fc).MODEL_FEATURES
+    out += [k if key is None else f"{key}/{k}" for k, spec in specs.items()
+            if spec.dtype == tf.int32 and spec.rank == 1]
+  return out
+
+
+def packed_features(cfg, model, shapes: Mapping[str, tuple]) -> dict:
+  """{task key: [packing.Feature]} of the tasks whose DatasetConfig packs (`shapes`: the
+  model features' global example shapes). A model that cannot read packed rows is a
+  ConfigError naming the binding."""
+  spec = model.packed_features()
+  out = {}
+  for key, c in task_configs(cfg).items():
+    if not c.pack:
+      continue
+    where = ("DatasetConfig.pack" if key is None
+             else f"MultiTaskConfig.tasks[{key!r}] DatasetConfig.pack")
+    if spec is None:
+      raise ConfigError(f"{where}=True (PACKING = True): {type(model).__name__} reads one "
+                        f"sentence a row and cannot pack (docs/performance.md, 'Packing'); "
+                        f"set --gin.PACKING=False")
+    out[key] = packing.features_of(model, shapes, key)
   return out
 
 

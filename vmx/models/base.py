@@ -34,7 +34,10 @@ so that compute_loss == grad_cache_loss(grad_cache_embed(...)) on the whole batc
 model with flax_mutables takes and updates them in the loss only; the others return
 them unchanged). A chunk's batch also holds `batch[GRAD_CACHE_ROW]` [b], each example's
 row in the global batch, for an embedding that depends on it (VMSST alternates a choice
-by row). A model whose steps read several tasks at once returns {task: converter} from
+by row). A model that reads packed rows (several sentences a row, vmx/packing.py) lists its token
+features in `packed_features()`; its loss must then read them through vmx.packing (the
+same vectors, in the same order, as from unpacked rows).
+A model whose steps read several tasks at once returns {task: converter} from
 `feature_converter()`; its batch features are then named `task/feature`
 (vmx.data.pipeline.MultiTaskConfig).
 
@@ -177,6 +180,18 @@ class BaseModel(abc.ABC):
     del params, batch
     return flax_mutables
 
+  def packed_features(self) -> Optional[Mapping[str, int]]:
+    """The token features this model reads packed when its DatasetConfig packs
+    (vmx/data/packing.py, vmx/packing.py): {feature: slots to keep free after each sentence
+    (a decoder's EOS)}, or None: the model reads rows of one sentence only (packing is
+    refused)."""
+    return None
+
+  def sentences_per_example(self, feature: str) -> int:
+    """Sentences an example holds in a packed token feature (an N-way example's views)."""
+    del feature
+    return 1
+
   # GradCache split (see the module docstring); None: the model does not support it.
   grad_cache_embed = None
   grad_cache_loss = None
@@ -186,6 +201,14 @@ class BaseModel(abc.ABC):
     of training examples, or None if unknown}, `batch_sizes` {task key: global batch}
     (key None for a single DatasetConfig)."""
     del examples, batch_sizes
+
+
+def row_key(batch, name: str):
+  """[B] (or [B, V]) `losses.token_row_key` of each sentence of token feature `name`: of its
+  rows, or the key vmx/data/packing.py computed before packing them (`<name>_key`)."""
+  if name + "_key" in batch:
+    return batch[name + "_key"].astype(jnp.uint32)
+  return token_row_key(batch[name])
 
 
 def averaged(metrics: Mapping[str, Any]) -> dict:
@@ -228,8 +251,8 @@ class SentenceEncoderModel(BaseModel):
     pairs)."""
     if not self.mask_duplicates or "left_tokens" not in batch or "right_tokens" not in batch:
       return {}
-    return {"left_key_B": token_row_key(batch["left_tokens"]),
-            "right_key_B": token_row_key(batch["right_tokens"])}
+    return {"left_key_B": row_key(batch, "left_tokens"),
+            "right_key_B": row_key(batch, "right_tokens")}
 
   def inference_shapes(self, max_length: int) -> dict:
     L = int(max_length)

@@ -15,7 +15,7 @@ from typing import Sequence
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vmx import encoders, losses
+from vmx import encoders, losses, packing
 from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel
 
@@ -37,10 +37,10 @@ class DualEncoder(nn.Module):
                                                name="right_projection"))
 
   def encode(self, tokens_BxL, lang_B=None, deterministic: bool = True, side: str = "left"):
+    """Sentence vectors [B, D] of token rows, or [*S, D] of a packed feature (vmx/packing.py)."""
     enc, head = ((self.left_encoder, self.left_head) if side == "left"
                  else (self.right_encoder, self.right_head))
-    hidden, valid = enc(tokens_BxL, lang_B, deterministic=deterministic)
-    return head(enc.pool(hidden, valid, self.pooling))
+    return head(enc.sentences(tokens_BxL, lang_B, deterministic, self.pooling))
 
   def __call__(self, left_tokens, right_tokens, left_lang=None, right_lang=None,
                deterministic: bool = True):
@@ -70,6 +70,9 @@ class DualEncoderModel(SentenceEncoderModel):
     self.normalize = normalize
     self.mask_duplicates = mask_duplicates
 
+  def packed_features(self):
+    return {"left_tokens": 0, "right_tokens": 0}
+
   def pooled_encoder(self):
     if not self.module.share_encoders or self.module.projection_dims:
       raise ConfigError("a dual encoder with two encoders or a projection head cannot be "
@@ -83,7 +86,8 @@ class DualEncoderModel(SentenceEncoderModel):
   def _apply(self, params, batch, dropout_rng):
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     return self.module.apply(
-        {"params": params}, batch["left_tokens"], batch["right_tokens"],
+        {"params": params}, packing.tokens(batch, "left_tokens"),
+        packing.tokens(batch, "right_tokens"),
         batch.get("left_lang"), batch.get("right_lang"),
         deterministic=dropout_rng is None, rngs=rngs)
 

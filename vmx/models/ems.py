@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vmx import encoders, layers, losses
+from vmx import encoders, layers, losses, packing
 from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel
 
@@ -80,9 +80,9 @@ class EMS(nn.Module):
                                                     activation="relu", name="contrastive_head")
 
   def encode(self, tokens_BxL, deterministic: bool = True):
-    """u: mean-pooled encoder output [B, D] (the sentence embedding)."""
-    hidden, valid = self.sentence_encoder(tokens_BxL, None, deterministic=deterministic)
-    return self.sentence_encoder.pool(hidden, valid, self.pooling)
+    """u: mean-pooled encoder output [B, D] (the sentence embedding; token rows or a packed
+    feature, vmx/packing.py)."""
+    return self.sentence_encoder.sentences(tokens_BxL, None, deterministic, self.pooling)
 
   def xtr_logits(self, u_BxD, target_lang_B, deterministic: bool = True):
     """Logits [B, V] of the bag-of-tokens distribution of the translation."""
@@ -132,16 +132,29 @@ class EMSModel(SentenceEncoderModel):
 
   def _apply(self, params, batch, dropout_rng):
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    return self.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+    return self.module.apply({"params": params}, packing.tokens(batch, "left_tokens"),
+                             packing.tokens(batch, "right_tokens"),
                              batch["left_lang"], batch["right_lang"],
                              deterministic=dropout_rng is None, rngs=rngs)
+
+  def packed_features(self):
+    return {"left_tokens": 0, "right_tokens": 0}
 
   def per_pair(self, out, batch):
     """What the objective reads of the module outputs, per pair: the XTR terms of both
     directions [B] and the contrastive head's vectors [B, D]."""
-    return {"xtr_xy": losses.bag_of_tokens_kl(out["logits_u"], batch["right_tokens"]),
-            "xtr_yx": losses.bag_of_tokens_kl(out["logits_v"], batch["left_tokens"]),
+    return {"xtr_xy": self._xtr(out["logits_u"], packing.tokens(batch, "right_tokens")),
+            "xtr_yx": self._xtr(out["logits_v"], packing.tokens(batch, "left_tokens")),
             "z_u": out["z_u"], "z_v": out["z_v"]}
+
+  @staticmethod
+  def _xtr(logits_BxV, target):
+    """XTR(-> target) per pair: the bag of the target's tokens (each packed sentence's
+    own tokens)."""
+    if not packing.is_packed(target):
+      return losses.bag_of_tokens_kl(logits_BxV, target)
+    return losses.bag_of_tokens_kl_packed(logits_BxV, target.tokens, target.segment_ids,
+                                          target.owner())
 
   def objective(self, pairs, batch):
     """(loss, metrics) from `per_pair`'s terms: the EMS objective."""

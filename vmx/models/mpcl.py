@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from vmx import losses
+from vmx import losses, packing
 from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel
 from vmx.models.dual_encoder import DualEncoder
@@ -93,6 +93,27 @@ class MPCLModel(SentenceEncoderModel):
                         "feature: train on a hard-negative task (e.g. tasks.xnli_mt_task)")
     return jnp.concatenate([views, batch["hard_negative"][:, None]], axis=1)
 
+  def packed_features(self):
+    return {"views": 0, **({"hard_negative": 0} if self.hard_negatives else {})}
+
+  def sentences_per_example(self, feature: str) -> int:
+    return self.num_views if feature == "views" else 1
+
+  def _embed(self, params, batch, dropout_rng=None):
+    """[B, R, D]: the vectors of `_rows` (from token rows, or from packed features)."""
+    views = packing.Packed.of(batch, "views")
+    if views is None:
+      return self._encode_rows(params, self._rows(batch), dropout_rng)
+    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    encode = lambda x: self.module.apply(  # noqa: E731
+        {"params": params}, x, None, dropout_rng is None, "left", method=DualEncoder.encode,
+        rngs=rngs)
+    emb = encode(views)                                                     # [B, V, D]
+    if self.hard_negatives:
+      emb = jnp.concatenate([emb, encode(packing.Packed.of(batch, "hard_negative"))[:, None]],
+                            axis=1)
+    return emb
+
   def _encode_rows(self, params, rows_BxRxL, dropout_rng=None):
     b, r, length = rows_BxRxL.shape
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
@@ -102,12 +123,14 @@ class MPCLModel(SentenceEncoderModel):
 
   def embed_views(self, params, batch, dropout_rng=None):
     """[B, V, D] sentence vectors of every view."""
-    return self._encode_rows(params, self._views(batch), dropout_rng)
+    return self._embed(params, batch, dropout_rng)[:, :self.num_views]
 
   def view_keys(self, batch):
     """[B, V] `losses.token_row_key` of every view (None: duplicates not masked)."""
     if not self.mask_duplicates:
       return None
+    if "views_key" in batch:   # packed: the keys of the unpacked views (vmx/data/packing.py)
+      return batch["views_key"].astype(jnp.uint32)
     return losses.token_row_key(self._views(batch))
 
   def objective(self, emb_BxRxD, multi, view_key_BxV=None):
@@ -138,7 +161,7 @@ class MPCLModel(SentenceEncoderModel):
 
   def compute_loss(self, params, batch, dropout_rng, flax_mutables):
     if flax_mutables is None:   # evaluation: the MPCL loss
-      loss, m = self.objective(self._encode_rows(params, self._rows(batch)), jnp.bool_(True),
+      loss, m = self.objective(self._embed(params, batch), jnp.bool_(True),
                                self.view_keys(batch))
       return loss, m, None
     return self.grad_cache_loss(self.grad_cache_embed(params, batch, dropout_rng), batch,
@@ -148,7 +171,7 @@ class MPCLModel(SentenceEncoderModel):
   # embeddings of its rows (views, hard negative); the update counter is advanced by the
   # loss, once a step.
   def grad_cache_embed(self, params, batch, dropout_rng):
-    return self._encode_rows(params, self._rows(batch), dropout_rng)
+    return self._embed(params, batch, dropout_rng)
 
   def grad_cache_loss(self, emb_BxRxD, batch, flax_mutables):
     updates = flax_mutables["phase"]["updates"]

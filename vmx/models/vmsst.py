@@ -81,7 +81,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from vmx import decoders, encoders, layers, losses
+from vmx import decoders, encoders, layers, losses, packing
 from vmx.errors import ConfigError
 from vmx.models.base import GRAD_CACHE_ROW, SentenceEncoderModel
 
@@ -103,12 +103,16 @@ class GaussianHead(nn.Module):
 
 
 def _select(outputs: Sequence[Array], group_B: Optional[Array]) -> Array:
-  """Row b of outputs[group_B[b]] (one-hot mix, sharding-friendly)."""
+  """Row b of outputs[group_B[b]] (one-hot mix, sharding-friendly); `group` may index the
+  outputs' first several dimensions (a packed row's slots: [R, L])."""
   if len(outputs) == 1:
     return outputs[0]
   stacked = jnp.stack(outputs)  # [N, B, ...]
+  g = group_B.ndim
   onehot = jax.nn.one_hot(group_B, len(outputs), dtype=stacked.dtype)  # [B, N]
-  return jnp.einsum("bn,nb...->b...", onehot, stacked)
+  onehot = jnp.moveaxis(onehot, -1, 0).reshape(onehot.shape[-1:] + group_B.shape
+                                              + (1,) * (stacked.ndim - 1 - g))
+  return (onehot * stacked).sum(0)
 
 
 class VMSST(nn.Module):
@@ -176,18 +180,17 @@ class VMSST(nn.Module):
                           f"[0, {self.num_language_encoders}), got {a}")
 
   # -- inference networks ---------------------------------------------------
-  def semantic(self, tokens_BxL: Array, deterministic: bool = True):
-    """(mean, logvar) of q(z_sem | x)."""
-    hidden, valid = self.semantic_encoder(tokens_BxL, None, deterministic=deterministic)
-    return self.semantic_head(self.semantic_encoder.pool(hidden, valid, self.pooling))
+  def semantic(self, tokens_BxL, deterministic: bool = True):
+    """(mean, logvar) of q(z_sem | x) (token rows [B, L], or a packed feature)."""
+    return self.semantic_head(self.semantic_encoder.sentences(tokens_BxL, None, deterministic,
+                                                              self.pooling))
 
-  def language(self, tokens_BxL: Array, lang_B: Array, deterministic: bool = True):
+  def language(self, tokens_BxL, lang_B: Array, deterministic: bool = True):
     """(mean, logvar) of q(z_l | x, l), from the encoder assigned to language l."""
     outs = []
     for enc, head in zip(self.language_encoders, self.language_heads):
-      hidden, valid = enc(tokens_BxL, lang_B if enc.num_languages else None,
-                          deterministic=deterministic)
-      outs.append(head(enc.pool(hidden, valid, self.pooling)))
+      outs.append(head(enc.sentences(tokens_BxL, lang_B if enc.num_languages else None,
+                                     deterministic, self.pooling)))
     group = None
     if len(outs) > 1:
       assignment = (jnp.asarray(self.language_encoder_assignment, jnp.int32)
@@ -202,6 +205,27 @@ class VMSST(nn.Module):
     outs = [dec(targets_BxL, lang_B, cond_BxC, deterministic) for dec in self.decoders]
     return _select(outs, lang_B if len(outs) > 1 else None)
 
+  def decode_packed(self, sides: Sequence[packing.Packed], langs: Sequence[Array],
+                    conds: Sequence[Array], deterministic: bool = True):
+    """The decoder passes of packed features, one call over their rows stacked: pass k
+    decodes the sentences of `sides[k]` given `conds[k]` [B, C] (each sentence its own
+    row of it) from the start embedding of `langs[k]` [B]. Returns (logits [P, R, L, V],
+    targets, mask [P, R, L])."""
+    b = langs[0].shape[0]
+    owner = jnp.concatenate([jnp.minimum(x.owner(), b - 1) + k * b
+                             for k, x in enumerate(sides)])                 # [P * R, L]
+    cat = lambda xs: jnp.concatenate(xs)  # noqa: E731
+    targets, mask = decoders.packed_targets(cat([x.tokens for x in sides]),
+                                            cat([x.segment_ids for x in sides]))
+    lang_RxL = jnp.take(cat(langs), owner)
+    outs = [dec.packed(targets, cat([x.segment_ids for x in sides]),
+                       cat([x.positions for x in sides]), lang_RxL, cat(conds), owner,
+                       deterministic) for dec in self.decoders]
+    logits = _select(outs, lang_RxL if len(outs) > 1 else None)
+    p = len(sides)
+    return (logits.reshape(p, -1, *logits.shape[1:]), targets.reshape(p, -1, targets.shape[1]),
+            mask.reshape(p, -1, mask.shape[1]))
+
   def encode(self, tokens_BxL: Array, lang_B: Optional[Array] = None,
              deterministic: bool = True, side: str = "left") -> Array:
     """Sentence embedding: mu_sem (language ids are not read)."""
@@ -214,13 +238,14 @@ class VMSST(nn.Module):
     """Everything the objective needs, for pairs (x_i, x_j) = (left, right).
 
     Returns a dict with semantic (and language) posteriors of both sides and
-    `logits` [B, P, L, V], `targets`/`mask` [B, P, L] for the P decoder passes:
+    `logits` [B, P, L, V], `targets`/`mask` [B, P, L] for the P decoder passes (packed
+    features, vmx/packing.py: [P, R, L, V] and [P, R, L] over each pass's rows):
     0: x_i | [0 ; mu_sem(x_j)],  1: x_j | [0 ; mu_sem(x_i)]       (translation)
     2: x_i | [z_li ; z_sem],     3: x_j | [z_lj ; z_sem]          (reconstruction)
     BITRANSLATION has passes 0 and 1 only, conditioned on mu_sem alone.
     `sample=True` draws the latents from q (rng 'latent'); otherwise z = mean.
     """
-    b = left_tokens.shape[0]
+    b = packing.num_sentences(left_tokens)
     out = {}
     out["sem_left"] = self.semantic(left_tokens, deterministic)
     out["sem_right"] = self.semantic(right_tokens, deterministic)
@@ -247,6 +272,10 @@ class VMSST(nn.Module):
       conds += [jnp.concatenate([z_li, z_sem], -1), jnp.concatenate([z_lj, z_sem], -1)]
       targets += [left_tokens, right_tokens]
       langs += [left_lang, right_lang]
+    if packing.is_packed(left_tokens):   # [P, R, L(, V)]: pass k over the rows of targets[k]
+      out["logits"], out["targets"], out["mask"] = self.decode_packed(targets, langs, conds,
+                                                                      deterministic)
+      return out
     # One decoder call over [B * P] rows, pair-major so each device keeps its own rows.
     p = len(conds)
     dec_targets, mask = decoders.decoder_targets(jnp.stack(targets, 1).reshape(b * p, -1))
@@ -315,19 +344,33 @@ class VMSSTModel(SentenceEncoderModel):
     if dropout_rng is not None:
       d, z = jax.random.split(dropout_rng)
       rngs = {"dropout": d, "latent": z}
-    return self.module.apply({"params": params}, batch["left_tokens"], batch["right_tokens"],
+    return self.module.apply({"params": params}, packing.tokens(batch, "left_tokens"),
+                             packing.tokens(batch, "right_tokens"),
                              batch["left_lang"], batch["right_lang"],
                              deterministic=dropout_rng is None,
                              sample=sample and dropout_rng is not None,
                              row_B=batch.get(GRAD_CACHE_ROW), rngs=rngs)
+
+  def packed_features(self):
+    # one free slot after each sentence: the decoder's EOS target (decoders.packed_targets)
+    return {"left_tokens": 1, "right_tokens": 1}
 
   def per_pair(self, params, batch, dropout_rng):
     """What the objective reads of the module outputs, per pair: sequence NLLs and token
     counts of the P decoder passes [B, P], the KL terms [B] (with language latents) and
     the semantic means of both sides [B, D]."""
     out = self._apply(params, batch, dropout_rng, sample=True)
-    pairs = {"nll": losses.sequence_nll(out["logits"], out["targets"], out["mask"]),
-             "tokens": out["mask"].sum(-1).astype(jnp.float32),
+    left = packing.Packed.of(batch, "left_tokens")
+    if left is None:
+      nll = losses.sequence_nll(out["logits"], out["targets"], out["mask"])
+      tokens = out["mask"].sum(-1).astype(jnp.float32)
+    else:   # pass k's slots summed per sentence of its side: [B, P]
+      sides = [left, packing.Packed.of(batch, "right_tokens")] * 2
+      slot_nll = losses.token_nll(out["logits"], out["targets"], out["mask"])
+      mask = out["mask"].astype(jnp.float32)
+      nll = jnp.stack([x.sentence_sum(slot_nll[k]) for k, x in enumerate(sides[:len(mask)])], 1)
+      tokens = jnp.stack([x.sentence_sum(mask[k]) for k, x in enumerate(sides[:len(mask)])], 1)
+    pairs = {"nll": nll, "tokens": tokens,
              "sem_left": out["sem_left"][0], "sem_right": out["sem_right"][0]}
     if self.module.language_latents:
       pairs["kl"] = (losses.gaussian_kl(*out["sem"]) + losses.gaussian_kl(*out["lang_left"])
@@ -363,7 +406,7 @@ class VMSSTModel(SentenceEncoderModel):
     m["in_batch_accuracy"] = cm["in_batch_accuracy"]
     if self.contrastive_weight:
       if self.contrastive_reduction == "sum":
-        c = c * batch["left_tokens"].shape[0]
+        c = c * pairs["sem_left"].shape[0]
       loss = loss + self.contrastive_weight * c
       m["contrastive"] = cm["loss"]
     m["loss"] = loss

@@ -56,12 +56,16 @@ def unchunked(tree):
   return jax.tree.map(lambda x: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]), tree)
 
 
-def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int, flax_mutables=None):
+def loss_and_grads(model, params, batch, dropout_rng, num_chunks: int, flax_mutables=None,
+                   num_examples=None):
   """(loss, metrics, grads, new flax_mutables) of `model` on `batch` in `num_chunks`
   chunks; the loss and gradients equal value_and_grad of the whole-batch loss (without
   dropout exactly). A model with flax_mutables reads and updates them in its
-  `grad_cache_loss` (once per step, on the whole batch); its embedding does not."""
-  b = jax.tree.leaves(batch)[0].shape[0]
+  `grad_cache_loss` (once per step, on the whole batch); its embedding does not.
+  `num_examples`: the batch's examples (default: the first feature's rows; a packed
+  batch's rows are not examples). Packed features are laid out so that chunk j's rows
+  (j, j + n, ...) hold chunk j's examples (vmx/data/packing.py)."""
+  b = jax.tree.leaves(batch)[0].shape[0] if num_examples is None else num_examples
   chunks = chunked({**batch, GRAD_CACHE_ROW: jnp.arange(b, dtype=jnp.int32)}, num_chunks)
   training = dropout_rng is not None
   rngs = jax.random.split(dropout_rng if training else jax.random.PRNGKey(0), num_chunks)

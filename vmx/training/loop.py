@@ -312,6 +312,10 @@ class TrainingRun:
         last.update(self.evaluate(done, state))
     if jax.process_count() > 1:
       self.report_input()
+    for tr in self.trainers:
+      report = tr.packing_report()
+      if report and self.primary:
+        self.say(f"[vmx] packed batches: {report}")
     return state, last
 
   def _close(self):

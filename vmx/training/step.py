@@ -13,7 +13,8 @@ returns one non-finite flag per loss term, the gradients and the new parameters.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax
 import jax
@@ -23,7 +24,7 @@ import optax
 from clu import metrics as clu_metrics
 from jax.experimental import multihost_utils
 
-from vmx.data import pipeline
+from vmx.data import packing, pipeline
 from vmx.models.base import BaseModel, averaged
 from vmx.training import grad_cache, partitioning
 
@@ -44,18 +45,34 @@ def input_shapes(dataset_cfg, model: BaseModel) -> dict:
 
 
 class Trainer:
-  """Builds the sharded state and the jitted step for `model` on `partitioner`'s mesh."""
+  """Builds the sharded state and the jitted step for `model` on `partitioner`'s mesh.
+
+  `shapes`: the global batch's example shapes ({feature: [B, ...]}); `packed`: {task key:
+  [packing.Feature]} of the token features packed into rows (vmx/data/packing.py), whose
+  row count varies by step (each row count compiles the step once); `token_features`: the
+  batch's token features, whose non-pad share is logged (`useful_token_fraction`)."""
 
   def __init__(self, model: BaseModel, optimizer: optax.GradientTransformation,
                partitioner: partitioning.Partitioner, shapes: Mapping[str, tuple],
-               learning_rate: Optional[Callable] = None, grad_cache_chunks: int = 1):
+               learning_rate: Optional[Callable] = None, grad_cache_chunks: int = 1,
+               packed: Optional[Mapping[Any, Sequence[packing.Feature]]] = None,
+               token_features: Sequence[str] = ()):
     self.model, self.tx, self.partitioner = model, optimizer, partitioner
     self.shapes = dict(shapes)
     self.learning_rate = learning_rate
+    self.packed = {k: list(v) for k, v in (packed or {}).items() if v}
     grad_cache.check(model, grad_cache_chunks, self.shapes, partitioner.data_parallel_size)
     self.grad_cache_chunks = grad_cache_chunks
-    batch_abstract = {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.shapes.items()}
-    self.batch_shardings = partitioner.batch_sharding(batch_abstract)
+    self.token_features = tuple(token_features)
+    self.example_shardings = partitioner.batch_sharding(
+        {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.shapes.items()})
+    # What the step reads: the example features, the packed ones replaced by their rows.
+    self.step_shapes = packing.step_shapes(self.shapes, self.packed)
+    self.batch_shardings = partitioner.batch_sharding(
+        {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.step_shapes.items()})
+    self._placers = 0
+    # packed row counts of the steps run -> [steps, seconds of the first (its compilation)]
+    self.row_counts: dict[tuple, list] = {}
 
     def init(rng):
       init_rng, dropout_rng = jax.random.split(rng)
@@ -103,8 +120,10 @@ class Trainer:
   def _loss_and_grads(self, state: TrainState, batch, dropout_rng):
     model = self.model
     if self.grad_cache_chunks > 1:
+      (examples,) = set(self.batch_sizes.values())   # (check() allows one task key)
       loss, metrics, grads, mutables = grad_cache.loss_and_grads(
-          model, state.params, batch, dropout_rng, self.grad_cache_chunks, state.flax_mutables)
+          model, state.params, batch, dropout_rng, self.grad_cache_chunks, state.flax_mutables,
+          num_examples=examples)
       return loss, averaged(metrics), grads, mutables
 
     def fn(p):
@@ -125,6 +144,10 @@ class Trainer:
     if self.learning_rate is not None:
       metrics["learning_rate"] = clu_metrics.LastValue.from_model_output(
           jnp.asarray(self.learning_rate(state.step)))
+    if self.token_features:   # non-pad token positions over all the step computes
+      used = sum(jnp.sum(batch[n] > 0, dtype=jnp.float32) for n in self.token_features)
+      total = sum(float(np.prod(batch[n].shape)) for n in self.token_features)
+      metrics["useful_token_fraction"] = clu_metrics.Average.from_model_output(used / total)
     # One flag per loss term / metric, the gradients and the updated parameters.
     names = sorted(metrics)
     flags = [~jnp.all(jnp.isfinite(metrics[k].compute())) for k in names]
@@ -140,7 +163,7 @@ class Trainer:
     `prefill` on its `prefill_batches` next batches (numpy, or already placed)."""
     for _ in range(self.model.prefill_batches(state.flax_mutables)):
       batch = next(batches)
-      if not all(isinstance(batch[k], jax.Array) for k in self.shapes):
+      if not self.placed(batch):
         batch = self.place(batch)
       with self.partitioner.context():
         state = self.prefill_step(state, batch)
@@ -173,43 +196,97 @@ class Trainer:
       key = name.split("/", 1)[0] if "/" in name else None
       if key in out:
         continue
-      index_map = self.batch_shardings[name].addressable_devices_indices_map(shape)
+      index_map = self.example_shardings[name].addressable_devices_indices_map(shape)
       rows = np.arange(shape[0])
       out[key] = np.unique(np.concatenate([rows[idx[0]] for idx in index_map.values()]))
+    return out
+
+  def placed(self, batch) -> bool:
+    return all(isinstance(batch.get(k), jax.Array) for k in self.batch_shardings)
+
+  def packers(self, rows=None) -> dict:
+    """{task key: packing.Packer} of this process's shards (`rows`: its example rows per
+    task key, None: every shard, a GLOBAL batch); several processes agree on each step's
+    row count through the coordination service."""
+    p, n = self.partitioner.data_parallel_size, self.grad_cache_chunks
+    self._placers += 1
+    out = {}
+    for key, features in self.packed.items():
+      b = self.batch_sizes[key]
+      shards = (range(p) if rows is None else packing.shard_of_rows(rows[key], b, p))
+      agree = (packing.CoordinationAgreement(f"{self._placers}.{key}")
+               if rows is not None and jax.process_count() > 1 else None)
+      out[key] = packing.Packer(features, b, p, n, shards, agree=agree)
     return out
 
   def place(self, batch) -> dict:
     """The GLOBAL numpy batch (identical on every process) as sharded jax.Arrays: each
     process puts its own devices' rows (what the prefetch thread calls ahead of the step)."""
-    return self.partitioner.global_batch({k: batch[k] for k in self.shapes},
+    for packer in self.packers().values():
+      batch = packer(batch)
+    return self.partitioner.global_batch({k: batch[k] for k in self.step_shapes},
                                          self.batch_shardings)
 
   def placer(self, rows=None) -> Callable[[dict], dict]:
     """What places a reader's batches: `place` for global batches (`rows` None), else a
     function placing this process's rows `rows` ({task key: global rows}, `local_rows()`)
-    into the global arrays."""
+    into the global arrays (packing them first, for a packed run)."""
     if rows is None:
       return self.place
     where = {}   # task key -> [global batch] position of each global row among `rows`
     for key, r in rows.items():
       where[key] = np.full(self.batch_sizes[key], -1, np.int64)
       where[key][np.asarray(r)] = np.arange(len(r))
+    packers = self.packers(rows)
+    # packed row features -> their packed feature (its rows are placed by row, not example)
+    row_of = {name: f.name for fs in self.packed.values() for f in fs
+              for name in packing.row_features(f.name)}
 
-    def make(name, x):
-      lookup = where[name.split("/", 1)[0] if "/" in name else None]
+    def make(name, x, row_lookup):
+      if name in row_of:
+        lookup = row_lookup[row_of[name]]
+        shape = (len(lookup), *x.shape[1:])
+      else:
+        lookup = where[name.split("/", 1)[0] if "/" in name else None]
+        shape = (len(lookup), *x.shape[1:])
       return jax.make_array_from_callback(
-          self.shapes[name], self.batch_shardings[name],
+          shape, self.batch_shardings[name],
           lambda idx: np.asarray(x[lookup[idx[0]]][(slice(None),) + tuple(idx[1:])]))
-    return lambda batch: {name: make(name, batch[name]) for name in self.shapes}
+
+    def place(batch):
+      row_lookup = {}
+      for key, packer in packers.items():
+        batch = packer(batch)
+        for f in packer.features:
+          row_lookup[f.name] = packer.row_lookup(len(batch[f.name]))   # global -> local rows
+      return {name: make(name, batch[name], row_lookup) for name in self.step_shapes}
+    return place
 
   def step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
     """One update on the GLOBAL batch (numpy, or already `place`d); the step's non-finite
     flags are left in `self.nonfinite` (see `check_finite`)."""
-    if not all(isinstance(batch[k], jax.Array) for k in self.shapes):
+    if not self.placed(batch):
       batch = self.place(batch)
+    rows = tuple(batch[f.name].shape[0] for fs in self.packed.values() for f in fs)
+    first = bool(rows) and rows not in self.row_counts
+    t0 = time.perf_counter()
     with self.partitioner.context():
       state, metrics, self.nonfinite = self.train_step(state, batch)
+    if first:   # a new shape: the step compiles (timed to its end)
+      jax.block_until_ready(state.step)
+      self.row_counts[rows] = [0, time.perf_counter() - t0]
+    if rows:
+      self.row_counts[rows][0] += 1
     return state, metrics
+
+  def packing_report(self) -> Optional[str]:
+    """How often each packed shape ran and what its first step (compilation) took."""
+    if not self.row_counts:
+      return None
+    names = [f.name for fs in self.packed.values() for f in fs]
+    return "; ".join(f"{'/'.join(map(str, rows))} rows: {n} steps (first {sec:.1f} s)"
+                     for rows, (n, sec) in sorted(self.row_counts.items())) + \
+        f" ({', '.join(names)})"
 
   def nonfinite_terms(self, flags) -> list[str]:
     """Names of the non-finite terms in a step's flags ([] if all are finite)."""

@@ -142,9 +142,12 @@ def train(*, model: BaseModel = gin.REQUIRED,
       if empty:
         raise ConfigError(f"the data of task(s) {empty} have no examples")
       ph.model.validate_data(examples, batch_sizes)
-      trainers.append(Trainer(ph.model, ph.optimizer, partitioner,
-                              input_shapes(ph.train_dataset_cfg, ph.model), ph.learning_rate,
-                              grad_cache_chunks))
+      shapes = input_shapes(ph.train_dataset_cfg, ph.model)
+      converters = ph.model.FEATURE_CONVERTER_CLS
+      trainers.append(Trainer(
+          ph.model, ph.optimizer, partitioner, shapes, ph.learning_rate, grad_cache_chunks,
+          packed=pipeline.packed_features(ph.train_dataset_cfg, ph.model, shapes),
+          token_features=pipeline.token_features(ph.train_dataset_cfg, converters)))
     except ConfigError as e:
       if not where:
         raise
