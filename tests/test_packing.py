@@ -103,7 +103,8 @@ def test_best_fit_fills_rows_and_row_counts_come_in_granules():
 def _loss_and_grads(model, batch, devices=1, parts=1, chunks=1, pack=True):
   part = partitioning.Partitioner(num_partitions=parts, num_devices=devices)
   shapes = {k: v.shape for k, v in batch.items()}
-  packed = {None: packing.features_of(model, shapes)} if pack else None
+  keys = {n.split("/", 1)[0] if "/" in n else None for n in shapes}
+  packed = {k: packing.features_of(model, shapes, k) for k in keys} if pack else None
   tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part, shapes,
                grad_cache_chunks=chunks, packed=packed)
   state = tr.create_state(0)
@@ -202,6 +203,24 @@ def test_distillation_student_packed_equals_unpacked():
   batch = _pairs()
   batch["teacher"] = np.random.default_rng(5).normal(size=(16, 32)).astype(np.float32)
   model = DistillationModel(DualEncoder(_encoder()))
+  _assert_equal(model, batch)
+
+
+@pytest.mark.parametrize("stage", ["warmup", "em", "em_parallel"])
+def test_emmax_packed_equals_unpacked(stage):
+  from vmx.models.emmax import EmmaX, EmmaXModel
+  rng = np.random.default_rng(8)
+  enc = _encoder()
+  if stage == "warmup":
+    batch = _pairs()
+  elif stage == "em":
+    batch = {"tokens": _rows(rng, 16, 12)}
+  else:
+    batch = {"text/tokens": _rows(rng, 8, 12), **{f"pairs/{k}": v for k, v in
+                                                 _pairs(8).items()}}
+  model = EmmaXModel(EmmaX(enc), stage="warmup" if stage == "warmup" else "em",
+                     queue_size=32, classifier_batch_size=24,
+                     em_parallel=stage == "em_parallel")
   _assert_equal(model, batch)
 
 

@@ -268,11 +268,16 @@ def check_restart(model_dir, model, operative_config: str, allow_change: bool = 
   if bound and not allow_change:
     data = [] if allow_data_change or data_changes is None else data_changes()
     flags = "--gin.ALLOW_CONFIG_CHANGE=True" + (" --gin.ALLOW_DATA_CHANGE=True" if data else "")
+    # a run trained before packing existed: the same examples and loss, another layout
+    unpacked = any(k.endswith("DatasetConfig.pack") and o in (None, "False") for k, o, _ in bound)
     raise ConfigError(
         f"MODEL_DIR={model_dir} holds a run started with other settings: {_describe(bound)}"
         + (f"; the training data change with them: {'; '.join(data)}" if data else "")
-        + f". Restore them to continue the run, pass {flags} if the change is meant, or use "
-        f"another MODEL_DIR (nothing was written)")
+        + f". Restore them to continue the run"
+        + (" (a run trained unpacked continues as it was with --gin.PACKING=False)"
+           if unpacked else "")
+        + f", pass {flags} if the change is meant, or use another MODEL_DIR (nothing was "
+        f"written)")
   return diffs
 
 

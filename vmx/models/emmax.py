@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from vmx import encoders, layers, losses
+from vmx import encoders, layers, losses, packing
 from vmx.errors import ConfigError
 from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
@@ -139,9 +139,9 @@ class EmmaX(nn.Module):
     self.rank_classifier = cls(self.num_ranks, self.encoder.emb_dim, name="classifier")
 
   def sentence_vector(self, tokens_BxL, deterministic: bool = True):
-    """gamma(x) before normalization, [B, D] float32: the retrieval vector."""
-    hidden, valid = self.encoder(tokens_BxL, None, deterministic=deterministic)
-    return self.encoder.pool(hidden, valid, self.pooling)
+    """gamma(x) before normalization, [B, D] float32: the retrieval vector (token rows, or
+    a packed feature, vmx/packing.py)."""
+    return self.encoder.sentences(tokens_BxL, None, deterministic, self.pooling)
 
   def classify(self, relation_MxD):
     return self.rank_classifier(relation_MxD)
@@ -225,6 +225,13 @@ class EmmaXModel(SentenceEncoderModel):
       return {"text": "MonolingualFeatureConverter", "pairs": "PairFeatureConverter"}
     return "MonolingualFeatureConverter"
 
+  def packed_features(self):
+    if self.stage == "warmup":
+      return {"left_tokens": 0, "right_tokens": 0}
+    if self.em_parallel:
+      return {"text/tokens": 0, "pairs/left_tokens": 0, "pairs/right_tokens": 0}
+    return {"tokens": 0}
+
   def rank_temperatures(self) -> jnp.ndarray:
     """tau_1 < ... < tau_{N-1} of Eq. 7, linear from temperature to max_temperature."""
     return jnp.asarray(np.linspace(self.temperature, self.max_temperature,
@@ -238,6 +245,12 @@ class EmmaXModel(SentenceEncoderModel):
   # --- pieces ---
 
   def _gamma(self, params, tokens_BxL, dropout_rng):
+    """Normalized gamma(x) [B, D] of token rows or a packed feature (a list of packed
+    features: their sentences one after the other)."""
+    if isinstance(tokens_BxL, list):
+      rngs = (jax.random.split(dropout_rng, len(tokens_BxL)) if dropout_rng is not None
+              else [None] * len(tokens_BxL))
+      return jnp.concatenate([self._gamma(params, t, r) for t, r in zip(tokens_BxL, rngs)])
     v = self.module.apply({"params": params}, tokens_BxL, dropout_rng is None,
                           method=EmmaX.sentence_vector,
                           rngs={"dropout": dropout_rng} if dropout_rng is not None else None)
@@ -258,8 +271,8 @@ class EmmaXModel(SentenceEncoderModel):
   def _warmup_loss(self, params, batch, rng, dropout_rng, flax_mutables):
     n, g = self.num_ranks, self.classifier_batch_size
     d_x, d_y = (jax.random.split(dropout_rng) if dropout_rng is not None else (None, None))
-    x = self._gamma(params, batch["left_tokens"], d_x)
-    y = self._gamma(params, batch["right_tokens"], d_y)
+    x = self._gamma(params, packing.tokens(batch, "left_tokens"), d_x)
+    y = self._gamma(params, packing.tokens(batch, "right_tokens"), d_y)
     b = x.shape[0]
     # M: Eq. 2 over both sides of the batch (translation positive, the other 2B - 2
     # sentences negatives, same-language ones included), or as printed: x -> y only.
@@ -289,7 +302,7 @@ class EmmaXModel(SentenceEncoderModel):
       sims = jnp.sum(z[anchor] * mixed, axis=-1)
       rank_sims = losses.rank_similarity_ema(flax_mutables["rank_sims"], sims, ranks,
                                              jnp.ones_like(sims), self.rank_ema)
-      keys = self._keys(params, flax_mutables, batch["right_tokens"])
+      keys = self._keys(params, flax_mutables, packing.tokens(batch, "right_tokens"))
       new = {**flax_mutables, "rank_sims": rank_sims,
              "queue": moco.enqueue(flax_mutables["queue"], keys)}
     return l_m, l_g, metrics, new
@@ -297,14 +310,20 @@ class EmmaXModel(SentenceEncoderModel):
   def _em_anchors(self, batch):
     """Phase-2 anchors [A, L] and each one's translation among them ([A], -1: none).
     Non-parallel text only (the paper): A = B, no translations. With `em_parallel` (the
-    authors' code, is_pair=True): the text, then both sides of the pairs batch."""
+    authors' code, is_pair=True): the text, then both sides of the pairs batch. Packed
+    features (vmx/packing.py) stay apart: a list of them, embedded one after the other."""
     if not self.em_parallel:
-      tokens = batch["tokens"]
-      return tokens, jnp.full((tokens.shape[0],), -1, jnp.int32)
-    parts = [batch["text/tokens"], batch["pairs/left_tokens"], batch["pairs/right_tokens"]]
-    length = max(t.shape[1] for t in parts)
-    tokens = jnp.concatenate([jnp.pad(t, ((0, 0), (0, length - t.shape[1]))) for t in parts])
-    n_t, n_p = parts[0].shape[0], parts[1].shape[0]
+      tokens = packing.tokens(batch, "tokens")
+      return tokens, jnp.full((packing.num_sentences(tokens),), -1, jnp.int32)
+    parts = [packing.tokens(batch, n)
+             for n in ("text/tokens", "pairs/left_tokens", "pairs/right_tokens")]
+    n_t, n_p = packing.num_sentences(parts[0]), packing.num_sentences(parts[1])
+    if packing.is_packed(parts[0]):
+      tokens = parts
+    else:
+      length = max(t.shape[1] for t in parts)
+      tokens = jnp.concatenate([jnp.pad(t, ((0, 0), (0, length - t.shape[1])))
+                                for t in parts])
     partner = jnp.concatenate([jnp.full((n_t,), -1, jnp.int32),
                                n_t + n_p + jnp.arange(n_p, dtype=jnp.int32),
                                n_t + jnp.arange(n_p, dtype=jnp.int32)])
