@@ -29,7 +29,8 @@ def run(gin_file: str, steps: int, packing: bool, extra: list[str], model_dir: s
   args = [sys.executable, os.path.join(REPO, "launch", "train.py"), f"--gin_file={gin_file}",
           f"--gin.MODEL_DIR={model_dir}", f"--gin.TRAIN_STEPS={steps}", "--gin.EVAL_PERIOD=0",
           f"--gin.CHECKPOINT_PERIOD={steps}", "--gin.LOG_PERIOD=50",
-          f"--gin.PACKING={packing}", "--gin.train.progress=False", *extra]
+          f"--gin.PACKING={packing}", "--gin.BEST_METRIC=None", "--gin.train.progress=False",
+          *extra]
   t0 = time.time()
   proc = subprocess.run(args, capture_output=True, text=True, cwd=REPO)
   wall = time.time() - t0
@@ -41,8 +42,10 @@ def run(gin_file: str, steps: int, packing: bool, extra: list[str], model_dir: s
   seconds = sum(50 / r["train/steps_per_sec"] for r in later)
   batch = later[0]["train/examples_per_sec"] / later[0]["train/steps_per_sec"]
   shapes = re.search(r"packed batches: (.*)", proc.stdout + proc.stderr)
+  rates = sorted(r["train/examples_per_sec"] for r in later)
   return {"gin_file": gin_file, "packing": packing, "steps": steps, "wall_s": round(wall, 1),
           "examples_per_s": round(len(later) * 50 * batch / seconds, 1),
+          "examples_per_s_median": round(rates[len(rates) // 2], 1),
           "useful_token_fraction": round(sum(r["train/useful_token_fraction"] for r in train)
                                          / len(train), 4),
           "loss_at_50": next(r["train/loss"] for r in train if r["step"] == 50),
@@ -64,6 +67,8 @@ def main():
   a, b = out[True], out[False]
   print(json.dumps({"gin_file": args.gin_file,
                     "speedup_examples_per_s": round(a["examples_per_s"] / b["examples_per_s"], 3),
+                    "speedup_median_period": round(a["examples_per_s_median"]
+                                                   / b["examples_per_s_median"], 3),
                     "useful_token_fraction": [a["useful_token_fraction"],
                                               b["useful_token_fraction"]],
                     "loss_at_50_relative_difference": abs(a["loss_at_50"] - b["loss_at_50"])

@@ -15,7 +15,7 @@ to none of them.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import flax
 import jax
@@ -41,6 +41,18 @@ class Packed:
       return None
     return cls(batch[name], batch[name + "_segment_ids"], batch[name + "_positions"],
                batch[name + "_starts"])
+
+  @classmethod
+  def group(cls, batch: Mapping[str, Array], group: str,
+            members: Sequence[str]) -> Optional["Packed"]:
+    """The rows of packed group `group` (vmx/data/packing.py) holding the sentences of
+    `members`: `starts` [N] are theirs one after the other (each flattened), so pooled
+    vectors come out in that order. None if the batch is not packed so."""
+    if group + "_segment_ids" not in batch:
+      return None
+    starts = jnp.concatenate([batch[m + "_starts"].reshape(-1) for m in members])
+    return cls(batch[group], batch[group + "_segment_ids"], batch[group + "_positions"],
+               starts)
 
   @property
   def length(self) -> int:
@@ -120,6 +132,18 @@ class Packed:
 
 
 Tokens = Union[Array, Packed]
+
+
+PAIR = "pair"                              # the group of a pair's two sides
+PAIR_FEATURES = ("left_tokens", "right_tokens")
+
+
+def pair(batch: Mapping[str, Array], prefix: str = "") -> Optional[Packed]:
+  """A pair's two sides packed into the same rows (`pair`: starts [2B], the left sentences
+  then the right ones), or None."""
+  if prefix + PAIR_FEATURES[0] + "_starts" not in batch:
+    return None
+  return Packed.group(batch, prefix + PAIR, [prefix + f for f in PAIR_FEATURES])
 
 
 def tokens(batch: Mapping[str, Array], name: str) -> Tokens:

@@ -3,12 +3,16 @@
 A step trains on the examples the stream gives it, in their order; packing changes only
 how their sentences are laid out in rows (SeqIO's convention, `seqio.utils.trim_and_pack`):
 
-  <name>              [rows, L]  the sentences' tokens, one after the other (0: a free slot)
-  <name>_segment_ids  [rows, L]  1, 2, ... for the sentences of a row, 0 for free slots
-  <name>_positions    [rows, L]  0, 1, ... restarting in each sentence
-  <name>_starts       [B] or [B, k]  where each example's sentence starts: row * L + column
-  <name>_key          [B] or [B, k]  `losses.token_row_key` of each sentence (what duplicate
-                                     masking compares), computed here from the unpacked row
+  <group>              [rows, L]  the sentences' tokens, one after the other (0: a free slot)
+  <group>_segment_ids  [rows, L]  1, 2, ... for the sentences of a row, 0 for free slots
+  <group>_positions    [rows, L]  0, 1, ... restarting in each sentence
+  <name>_starts        [B] or [B, k]  where each example's sentence starts: row * L + column
+  <name>_key           [B] or [B, k]  `losses.token_row_key` of each sentence (what duplicate
+                                      masking compares), computed here from the unpacked row
+
+A group is one feature (`<group>` = `<name>`) or several that share rows: a pair's two
+sides, which one encoder reads (the model's `packed_groups()`), so that one row count fits
+both and every row fills up.
 
 Attention then sees only a token's own segment, pooling is per segment, and the model
 gathers each example's vector back into the order the loss expects (vmx/packing.py).
@@ -18,9 +22,10 @@ device holds, `B / P`) and, with GradCache, one chunk of it (examples i with i m
 vmx/training/grad_cache.py): the rows of unit (shard p, chunk c) are global rows
 (p·R + r)·n + c, so the batch's row sharding puts a shard's rows on its device and
 GradCache's chunking (rows c, c + n, ...) gives each chunk its own rows; `starts` count rows
-within the chunk. Every unit of a step has the same number of rows R (the largest any unit
-needs, rounded up to a multiple of `granule` so that few shapes are compiled); several
-processes agree on it through jax's coordination service before placing the batch.
+within the chunk. Every unit of a step has the same number of rows R of a feature (the
+largest any unit needs, rounded up to a multiple of `granule` so that few shapes are
+compiled; each feature its own, as a pair's two sides differ in length); several processes
+agree on them through jax's coordination service before placing the batch.
 
 The layout is a pure function of the step's examples, the number of shards and chunks
 (best-fit decreasing: sentences by length, longest first, each into the fullest row it
@@ -39,31 +44,26 @@ import numpy as np
 
 from vmx.errors import ConfigError
 
-SUFFIXES = ("_segment_ids", "_positions", "_starts", "_key")
 ROW_SUFFIXES = ("", "_segment_ids", "_positions")   # [rows, L]; the others are per example
 KEY_MULT = 0x9E3779B1      # losses.token_row_key's multiplier (pinned by tests/test_packing.py)
-
-
-def packed_names(name: str) -> tuple[str, ...]:
-  """The batch features one packed feature becomes (tokens first)."""
-  return (name,) + tuple(name + s for s in SUFFIXES)
 
 
 def features_of(model, shapes: Mapping[str, tuple], key: Optional[str] = None) -> list:
   """[Feature] of the token features `model.packed_features()` names for task key `key`
   (None: a single task), from the batch's example shapes ({feature: [B, width]})."""
   prefix = "" if key is None else f"{key}/"
+  group = {m: g for g, members in model.packed_groups().items() for m in members}
   out = []
   for name, reserve in (model.packed_features() or {}).items():
     if ("/" in name) != (key is not None) or not name.startswith(prefix):
       continue
     k = model.sentences_per_example(name)
-    out.append(Feature(name, shapes[name][1] // k, k, int(reserve)))
+    out.append(Feature(name, shapes[name][1] // k, k, int(reserve), group.get(name)))
   return out
 
 
 def row_features(name: str) -> tuple[str, ...]:
-  """The features of packed feature `name` laid out by rows ([rows, L])."""
+  """The features of packed group `name` laid out by rows ([rows, L])."""
   return tuple(name + s for s in ROW_SUFFIXES)
 
 
@@ -73,13 +73,14 @@ def step_shapes(shapes: Mapping[str, tuple], packed: Mapping) -> dict:
   row count stands for it here) and its per-example starts and keys."""
   out = dict(shapes)
   for features in packed.values():
-    for f in features:
-      b, width = shapes[f.name]
-      rows = (b * f.sentences, f.length)
-      per_example = (b,) if f.sentences == 1 else (b, f.sentences)
-      del out[f.name]
-      out.update({f.name: rows, f.name + "_segment_ids": rows, f.name + "_positions": rows,
-                  f.name + "_starts": per_example, f.name + "_key": per_example})
+    for g, members in groups_of(features).items():
+      b = shapes[members[0].name][0]
+      rows = (b * sum(f.sentences for f in members), members[0].length)
+      for f in members:
+        per_example = (b,) if f.sentences == 1 else (b, f.sentences)
+        del out[f.name]
+        out.update({f.name + "_starts": per_example, f.name + "_key": per_example})
+      out.update({name: rows for name in row_features(g)})
   return out
 
 
@@ -87,11 +88,14 @@ def step_shapes(shapes: Mapping[str, tuple], packed: Mapping) -> dict:
 class Feature:
   """One packed token feature: `name` in the batch ('left_tokens', 'views', 'tlm/tokens'),
   `length` its sentences' (and the rows') length L, `sentences` per example (an N-way
-  example's V views: a [B, V * L] feature), `reserve` slots kept after each sentence."""
+  example's V views: a [B, V * L] feature), `reserve` slots kept after each sentence,
+  `group`: the rows it shares with the other features of its group (a pair's two sides,
+  read by one encoder: one row count, full rows); None: rows of its own."""
   name: str
   length: int
   sentences: int = 1
   reserve: int = 0
+  group: Optional[str] = None
 
 
 def row_keys(tokens_NxL: np.ndarray) -> np.ndarray:
@@ -129,7 +133,7 @@ def best_fit_decreasing(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, n
 
 @dataclasses.dataclass
 class _Plan:
-  """Where each sentence of one feature of one unit goes."""
+  """Where each sentence of one group of one unit goes (its members' sentences in order)."""
   row: np.ndarray      # [N] row within the unit
   offset: np.ndarray   # [N] column of the first slot
   length: np.ndarray   # [N] tokens
@@ -137,15 +141,28 @@ class _Plan:
   rows: int
 
 
+def groups_of(features: Sequence[Feature]) -> dict:
+  """{group: [its features]}, in the features' order."""
+  out: dict = {}
+  for f in features:
+    out.setdefault(f.group or f.name, []).append(f)
+  for g, members in out.items():
+    if len({(f.length, f.reserve) for f in members}) > 1:
+      raise ConfigError(f"packing: the features of group {g!r} differ in length or reserve: "
+                        f"{[(f.name, f.length, f.reserve) for f in members]}")
+  return out
+
+
 class Packer:
   """Packs one task key's batches: this process's example rows (its shards, in order) ->
-  its packed rows. `agree(rows)`: the rows every process needs (their maximum); None on
-  one process."""
+  its packed rows. `agree([rows per group])`: the rows every process needs (their
+  maximum, per group); None on one process."""
 
   def __init__(self, features: Sequence[Feature], batch_size: int, shards: int, chunks: int,
                local_shards: Sequence[int], granule: Optional[int] = None,
-               agree: Optional[Callable[[int], int]] = None):
+               agree: Optional[Callable[[list], list]] = None):
     self.features = tuple(features)
+    self.groups = groups_of(self.features)
     self.batch_size, self.shards, self.chunks = int(batch_size), int(shards), int(chunks)
     if self.batch_size % (self.shards * self.chunks):
       raise ConfigError(f"packing: batch size {batch_size} is not a multiple of the "
@@ -153,10 +170,9 @@ class Packer:
     self.per_shard = self.batch_size // self.shards
     self.per_unit = self.per_shard // self.chunks
     self.local_shards = [int(p) for p in local_shards]
-    most = max(f.sentences for f in self.features)
+    most = max(sum(f.sentences for f in fs) for fs in self.groups.values())
     self.granule = int(granule or max(1, -(-self.per_unit * most // 32)))
     self.agree = agree
-    self.shapes_seen: dict[int, int] = {}   # rows per unit -> steps packed with it
 
   def row_lookup(self, local_rows: int) -> np.ndarray:
     """[global rows] this process's row of each global packed row (-1: another process's),
@@ -180,71 +196,78 @@ class Packer:
                         f"{feature.sentences} x {feature.length}")
     return tokens.reshape(b, feature.sentences, feature.length)
 
+  def _units(self):
+    """(local shard j, chunk c, its local examples) of every unit of this process."""
+    for j in range(len(self.local_shards)):
+      for c in range(self.chunks):
+        yield j, c, j * self.per_shard + np.arange(c, self.per_shard, self.chunks)
+
   def plan(self, batch: Mapping[str, np.ndarray]) -> dict:
-    """{(feature, local shard j, chunk c): _Plan} of this process's examples."""
+    """{(group, local shard j, chunk c): _Plan} of this process's examples."""
     plans = {}
-    for f in self.features:
-      sent = self._sentences(f, np.asarray(batch[f.name]))
-      lengths = (sent > 0).sum(-1)                                   # [b, k]
-      slots = np.clip(np.minimum(lengths + f.reserve, f.length), 1, None)
-      for j in range(len(self.local_shards)):
-        for c in range(self.chunks):
-          ex = j * self.per_shard + np.arange(c, self.per_shard, self.chunks)
-          s = slots[ex].reshape(-1)
-          row, offset, rows = best_fit_decreasing(s, f.length)
-          plans[f.name, j, c] = _Plan(row, offset, lengths[ex].reshape(-1), s, rows)
+    for g, members in self.groups.items():
+      length, reserve = members[0].length, members[0].reserve
+      lengths = [(self._sentences(f, np.asarray(batch[f.name])) > 0).sum(-1) for f in members]
+      for j, c, ex in self._units():
+        n = np.concatenate([x[ex].reshape(-1) for x in lengths])     # members in order
+        slots = np.clip(np.minimum(n + reserve, length), 1, None)
+        row, offset, rows = best_fit_decreasing(slots, length)
+        plans[g, j, c] = _Plan(row, offset, n, slots, rows)
     return plans
 
   def __call__(self, batch: Mapping[str, np.ndarray]) -> dict:
-    """This process's packed batch: the packed features (rows of its shards, see the module
+    """This process's packed batch: the packed groups (rows of its shards, see the module
     docstring) and every other feature as it was."""
     plans = self.plan(batch)
-    needed = max((p.rows for p in plans.values()), default=1)
+    needed = [max(p.rows for (g2, _, _), p in plans.items() if g2 == g) for g in self.groups]
     if self.agree is not None:
       needed = self.agree(needed)
-    rows = self.rows_for(needed)
-    self.shapes_seen[rows] = self.shapes_seen.get(rows, 0) + 1
     out = {k: v for k, v in batch.items() if k not in {f.name for f in self.features}}
-    for f in self.features:
-      out.update(self._materialize(f, np.asarray(batch[f.name]), plans, rows))
+    for (g, members), n in zip(self.groups.items(), needed):
+      out.update(self._materialize(g, members, batch, plans, self.rows_for(n)))
     return out
 
-  def _materialize(self, f: Feature, tokens: np.ndarray, plans: dict, rows: int) -> dict:
-    sent = self._sentences(f, tokens)
-    b, k, length = sent.shape
+  def _materialize(self, group: str, members, batch, plans: dict, rows: int) -> dict:
+    sents = [self._sentences(f, np.asarray(batch[f.name])) for f in members]
+    length = members[0].length
     n, local = self.chunks, len(self.local_shards)
     block = rows * n                                # rows of one shard
-    tok = np.zeros((local * block, length), tokens.dtype)
+    tok = np.zeros((local * block, length), sents[0].dtype)
     seg = np.zeros((local * block, length), np.int32)
     pos = np.zeros((local * block, length), np.int32)
-    starts = np.empty((b, k), np.int32)
-    for j, p in enumerate(self.local_shards):
-      for c in range(n):
-        plan = plans[f.name, j, c]
-        ex = j * self.per_shard + np.arange(c, self.per_shard, n)
-        local_row = j * block + plan.row * n + c      # this process's row of each sentence
-        # sentence ids within their row: 1, 2, ... in the order of their offsets
-        order = np.lexsort((plan.offset, plan.row))
-        seg_id = np.empty(len(order), np.int32)
-        first = np.r_[True, plan.row[order][1:] != plan.row[order][:-1]]
-        idx = np.arange(len(order))
-        seg_id[order] = idx - np.maximum.accumulate(np.where(first, idx, 0)) + 1
-        # every slot of every sentence: (row, column, position in the sentence)
-        reps = plan.slots
-        which = np.repeat(np.arange(len(reps)), reps)
-        within = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
-        r_s, col = local_row[which], plan.offset[which] + within
-        tok[r_s, col] = sent[ex].reshape(-1, length)[which, within]   # 0 past its tokens
-        seg[r_s, col] = seg_id[which]
-        pos[r_s, col] = within
-        chunk_row = p * rows + plan.row               # its row among the chunk's: p·R + r
-        starts[ex] = (chunk_row * length + plan.offset).reshape(len(ex), k)
-    keys = row_keys(sent.reshape(b * k, length)).reshape(b, k)
-    if k == 1:
-      starts, keys = starts[:, 0], keys[:, 0]
-    name = f.name
-    return {name: tok, name + "_segment_ids": seg, name + "_positions": pos,
-            name + "_starts": starts, name + "_key": keys}
+    starts = [np.empty(x.shape[:2], np.int32) for x in sents]
+    for j, c, ex in self._units():
+      p = self.local_shards[j]
+      plan = plans[group, j, c]
+      local_row = j * block + plan.row * n + c      # this process's row of each sentence
+      # sentence ids within their row: 1, 2, ... in the order of their offsets
+      order = np.lexsort((plan.offset, plan.row))
+      seg_id = np.empty(len(order), np.int32)
+      first = np.r_[True, plan.row[order][1:] != plan.row[order][:-1]]
+      idx = np.arange(len(order))
+      seg_id[order] = idx - np.maximum.accumulate(np.where(first, idx, 0)) + 1
+      # every slot of every sentence: (row, column, position in the sentence)
+      reps = plan.slots
+      which = np.repeat(np.arange(len(reps)), reps)
+      within = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+      r_s, col = local_row[which], plan.offset[which] + within
+      flat = np.concatenate([x[ex].reshape(-1, length) for x in sents])
+      tok[r_s, col] = flat[which, within]            # 0 past a sentence's tokens
+      seg[r_s, col] = seg_id[which]
+      pos[r_s, col] = within
+      flat_start = (p * rows + plan.row) * length + plan.offset   # within the chunk's rows
+      at = 0
+      for x, st in zip(sents, starts):
+        k = x.shape[1]
+        st[ex] = flat_start[at:at + len(ex) * k].reshape(len(ex), k)
+        at += len(ex) * k
+    out = {group: tok, group + "_segment_ids": seg, group + "_positions": pos}
+    for f, x, st in zip(members, sents, starts):
+      b, k, _ = x.shape
+      keys = row_keys(x.reshape(b * k, length)).reshape(b, k)
+      out[f.name + "_starts"] = st[:, 0] if k == 1 else st
+      out[f.name + "_key"] = keys[:, 0] if k == 1 else keys
+    return out
 
 
 def useful_fraction(batch: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
@@ -266,7 +289,7 @@ def shard_of_rows(rows: np.ndarray, batch_size: int, shards: int) -> list[int]:
 
 
 class CoordinationAgreement:
-  """The largest of the processes' row counts for each packed step, through jax's
+  """The largest of the processes' row counts (per packed feature) for each step, through jax's
   coordination service (a key-value store every process of `jax.distributed` reaches;
   host-only, so it is safe in the prefetch thread, unlike a device collective). Each call
   is one step: every process calls in the same order."""
@@ -279,15 +302,16 @@ class CoordinationAgreement:
     self.process, self.count = jax.process_index(), jax.process_count()
     self.tag, self.timeout_ms, self.calls = tag, timeout_s * 1000, 0
 
-  def __call__(self, needed: int) -> int:
+  def __call__(self, needed: Sequence[int]) -> list[int]:
     step = self.calls
     self.calls += 1
     key = f"vmx/pack/{self.tag}/{step}/"
-    self.client.key_value_set(key + str(self.process), str(int(needed)))
-    most = int(needed)
+    self.client.key_value_set(key + str(self.process), ",".join(str(int(n)) for n in needed))
+    most = [int(n) for n in needed]
     for q in range(self.count):
       if q != self.process:
-        most = max(most, int(self.client.blocking_key_value_get(key + str(q), self.timeout_ms)))
+        theirs = self.client.blocking_key_value_get(key + str(q), self.timeout_ms)
+        most = [max(a, int(b)) for a, b in zip(most, theirs.split(","))]
     if step >= 2:   # every process has read step - 2's values (it set step - 1 after)
       try:
         self.client.key_value_delete(f"vmx/pack/{self.tag}/{step - 2}/{self.process}")

@@ -187,6 +187,12 @@ class BaseModel(abc.ABC):
     refused)."""
     return None
 
+  def packed_groups(self) -> Mapping[str, tuple]:
+    """{group: its token features} packed into the same rows (a pair's two sides, which the
+    model reads with one encoder: one row count, full rows); a feature in no group has rows
+    of its own, named after it (vmx/data/packing.py)."""
+    return {}
+
   def sentences_per_example(self, feature: str) -> int:
     """Sentences an example holds in a packed token feature (an N-way example's views)."""
     del feature
@@ -249,7 +255,8 @@ class SentenceEncoderModel(BaseModel):
     """{"left_key_B", "right_key_B"}: each pair's sentences' `losses.token_row_key`, for a
     loss that leaves out false negatives; {} when the model does not (or the batch has no
     pairs)."""
-    if not self.mask_duplicates or "left_tokens" not in batch or "right_tokens" not in batch:
+    if not self.mask_duplicates or not all(f in batch or f + "_key" in batch
+                                           for f in ("left_tokens", "right_tokens")):
       return {}
     return {"left_key_B": row_key(batch, "left_tokens"),
             "right_key_B": row_key(batch, "right_tokens")}

@@ -83,8 +83,20 @@ class DualEncoderModel(SentenceEncoderModel):
   def uses_languages(self) -> bool:
     return bool(self.module.encoder.num_languages)
 
+  def packed_groups(self):
+    # one encoder reads both sides: they share rows (one row count, full rows)
+    return {packing.PAIR: packing.PAIR_FEATURES} if self.module.share_encoders else {}
+
   def _apply(self, params, batch, dropout_rng):
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+    pair = packing.pair(batch)
+    if pair is not None:   # both sides in one pass over their shared rows
+      b = batch["left_tokens_starts"].shape[0]
+      langs = (jnp.concatenate([batch["left_lang"], batch["right_lang"]])
+               if self.module.encoder.num_languages else None)
+      vectors = self.module.apply({"params": params}, pair, langs, dropout_rng is None,
+                                  "left", method=DualEncoder.encode, rngs=rngs)
+      return vectors[:b], vectors[b:]
     return self.module.apply(
         {"params": params}, packing.tokens(batch, "left_tokens"),
         packing.tokens(batch, "right_tokens"),

@@ -232,6 +232,11 @@ class EmmaXModel(SentenceEncoderModel):
       return {"text/tokens": 0, "pairs/left_tokens": 0, "pairs/right_tokens": 0}
     return {"tokens": 0}
 
+  def packed_groups(self):   # a pair's two sides share rows (one encoder reads both)
+    if self.stage == "warmup":
+      return {packing.PAIR: packing.PAIR_FEATURES}
+    return {"pairs/" + packing.PAIR: tuple("pairs/" + f for f in packing.PAIR_FEATURES)}
+
   def rank_temperatures(self) -> jnp.ndarray:
     """tau_1 < ... < tau_{N-1} of Eq. 7, linear from temperature to max_temperature."""
     return jnp.asarray(np.linspace(self.temperature, self.max_temperature,
@@ -271,8 +276,13 @@ class EmmaXModel(SentenceEncoderModel):
   def _warmup_loss(self, params, batch, rng, dropout_rng, flax_mutables):
     n, g = self.num_ranks, self.classifier_batch_size
     d_x, d_y = (jax.random.split(dropout_rng) if dropout_rng is not None else (None, None))
-    x = self._gamma(params, packing.tokens(batch, "left_tokens"), d_x)
-    y = self._gamma(params, packing.tokens(batch, "right_tokens"), d_y)
+    pair = packing.pair(batch)
+    if pair is not None:   # both sides in one pass over their shared rows
+      xy = self._gamma(params, pair, d_x)
+      x, y = jnp.split(xy, 2)
+    else:
+      x = self._gamma(params, packing.tokens(batch, "left_tokens"), d_x)
+      y = self._gamma(params, packing.tokens(batch, "right_tokens"), d_y)
     b = x.shape[0]
     # M: Eq. 2 over both sides of the batch (translation positive, the other 2B - 2
     # sentences negatives, same-language ones included), or as printed: x -> y only.
@@ -302,7 +312,8 @@ class EmmaXModel(SentenceEncoderModel):
       sims = jnp.sum(z[anchor] * mixed, axis=-1)
       rank_sims = losses.rank_similarity_ema(flax_mutables["rank_sims"], sims, ranks,
                                              jnp.ones_like(sims), self.rank_ema)
-      keys = self._keys(params, flax_mutables, packing.tokens(batch, "right_tokens"))
+      keys = (jnp.split(self._keys(params, flax_mutables, pair), 2)[1] if pair is not None
+              else self._keys(params, flax_mutables, packing.tokens(batch, "right_tokens")))
       new = {**flax_mutables, "rank_sims": rank_sims,
              "queue": moco.enqueue(flax_mutables["queue"], keys)}
     return l_m, l_g, metrics, new
@@ -315,12 +326,12 @@ class EmmaXModel(SentenceEncoderModel):
     if not self.em_parallel:
       tokens = packing.tokens(batch, "tokens")
       return tokens, jnp.full((packing.num_sentences(tokens),), -1, jnp.int32)
-    parts = [packing.tokens(batch, n)
-             for n in ("text/tokens", "pairs/left_tokens", "pairs/right_tokens")]
-    n_t, n_p = packing.num_sentences(parts[0]), packing.num_sentences(parts[1])
-    if packing.is_packed(parts[0]):
-      tokens = parts
+    text = packing.tokens(batch, "text/tokens")
+    n_t, n_p = packing.num_sentences(text), batch["pairs/left_lang"].shape[0]
+    if packing.is_packed(text):   # the text's rows, then the pairs' (both sides)
+      tokens = [text, packing.pair(batch, "pairs/")]
     else:
+      parts = [text, batch["pairs/left_tokens"], batch["pairs/right_tokens"]]
       length = max(t.shape[1] for t in parts)
       tokens = jnp.concatenate([jnp.pad(t, ((0, 0), (0, length - t.shape[1])))
                                 for t in parts])

@@ -100,8 +100,14 @@ class EMS(nn.Module):
 
   def __call__(self, left_tokens, right_tokens, left_lang, right_lang,
                deterministic: bool = True):
-    u = self.encode(left_tokens, deterministic)
-    v = self.encode(right_tokens, deterministic)
+    """Both sides' vectors and heads; `right_tokens` None: `left_tokens` is a packed pair
+    (vmx/packing.py `pair`: the left sentences, then the right ones), read in one pass."""
+    if right_tokens is None:
+      uv = self.encode(left_tokens, deterministic)
+      u, v = uv[:left_lang.shape[0]], uv[left_lang.shape[0]:]
+    else:
+      u = self.encode(left_tokens, deterministic)
+      v = self.encode(right_tokens, deterministic)
     return {"u": u, "v": v,
             "logits_u": self.xtr_logits(u, right_lang, deterministic),   # predicts y's tokens
             "logits_v": self.xtr_logits(v, left_lang, deterministic),    # predicts x's tokens
@@ -132,29 +138,33 @@ class EMSModel(SentenceEncoderModel):
 
   def _apply(self, params, batch, dropout_rng):
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    return self.module.apply({"params": params}, packing.tokens(batch, "left_tokens"),
-                             packing.tokens(batch, "right_tokens"),
+    pair = packing.pair(batch)
+    left, right = ((pair, None) if pair is not None else
+                   (batch["left_tokens"], batch["right_tokens"]))
+    return self.module.apply({"params": params}, left, right,
                              batch["left_lang"], batch["right_lang"],
                              deterministic=dropout_rng is None, rngs=rngs)
 
   def packed_features(self):
     return {"left_tokens": 0, "right_tokens": 0}
 
+  def packed_groups(self):
+    return {packing.PAIR: packing.PAIR_FEATURES}   # one encoder reads both sides
+
   def per_pair(self, out, batch):
     """What the objective reads of the module outputs, per pair: the XTR terms of both
     directions [B] and the contrastive head's vectors [B, D]."""
-    return {"xtr_xy": self._xtr(out["logits_u"], packing.tokens(batch, "right_tokens")),
-            "xtr_yx": self._xtr(out["logits_v"], packing.tokens(batch, "left_tokens")),
-            "z_u": out["z_u"], "z_v": out["z_v"]}
-
-  @staticmethod
-  def _xtr(logits_BxV, target):
-    """XTR(-> target) per pair: the bag of the target's tokens (each packed sentence's
-    own tokens)."""
-    if not packing.is_packed(target):
-      return losses.bag_of_tokens_kl(logits_BxV, target)
-    return losses.bag_of_tokens_kl_packed(logits_BxV, target.tokens, target.segment_ids,
-                                          target.owner())
+    pair = packing.pair(batch)
+    if pair is not None:   # both targets at once: the left sentences, then the right ones
+      b = out["logits_u"].shape[0]
+      kl = losses.bag_of_tokens_kl_packed(
+          jnp.concatenate([out["logits_v"], out["logits_u"]]), pair.tokens, pair.segment_ids,
+          pair.owner())
+      xtr_yx, xtr_xy = kl[:b], kl[b:]
+    else:
+      xtr_xy = losses.bag_of_tokens_kl(out["logits_u"], batch["right_tokens"])
+      xtr_yx = losses.bag_of_tokens_kl(out["logits_v"], batch["left_tokens"])
+    return {"xtr_xy": xtr_xy, "xtr_yx": xtr_yx, "z_u": out["z_u"], "z_v": out["z_v"]}
 
   def objective(self, pairs, batch):
     """(loss, metrics) from `per_pair`'s terms: the EMS objective."""

@@ -96,23 +96,26 @@ class MPCLModel(SentenceEncoderModel):
   def packed_features(self):
     return {"views": 0, **({"hard_negative": 0} if self.hard_negatives else {})}
 
+  def packed_groups(self):
+    # the views and the hard negative share rows (one encoder, one row count)
+    return {"views": tuple(self.packed_features())}
+
   def sentences_per_example(self, feature: str) -> int:
     return self.num_views if feature == "views" else 1
 
   def _embed(self, params, batch, dropout_rng=None):
     """[B, R, D]: the vectors of `_rows` (from token rows, or from packed features)."""
-    views = packing.Packed.of(batch, "views")
-    if views is None:
+    rows = packing.Packed.group(batch, "views", tuple(self.packed_features()))
+    if rows is None:
       return self._encode_rows(params, self._rows(batch), dropout_rng)
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    encode = lambda x: self.module.apply(  # noqa: E731
-        {"params": params}, x, None, dropout_rng is None, "left", method=DualEncoder.encode,
-        rngs=rngs)
-    emb = encode(views)                                                     # [B, V, D]
+    emb = self.module.apply({"params": params}, rows, None, dropout_rng is None, "left",
+                            method=DualEncoder.encode, rngs=rngs)    # [B V (+ B), D]
+    b = batch["views_starts"].shape[0]
+    views = emb[:b * self.num_views].reshape(b, self.num_views, -1)
     if self.hard_negatives:
-      emb = jnp.concatenate([emb, encode(packing.Packed.of(batch, "hard_negative"))[:, None]],
-                            axis=1)
-    return emb
+      views = jnp.concatenate([views, emb[b * self.num_views:][:, None]], axis=1)
+    return views
 
   def _encode_rows(self, params, rows_BxRxL, dropout_rng=None):
     b, r, length = rows_BxRxL.shape

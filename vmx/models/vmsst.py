@@ -205,24 +205,20 @@ class VMSST(nn.Module):
     outs = [dec(targets_BxL, lang_B, cond_BxC, deterministic) for dec in self.decoders]
     return _select(outs, lang_B if len(outs) > 1 else None)
 
-  def decode_packed(self, sides: Sequence[packing.Packed], langs: Sequence[Array],
+  def decode_packed(self, rows: packing.Packed, langs: Sequence[Array],
                     conds: Sequence[Array], deterministic: bool = True):
-    """The decoder passes of packed features, one call over their rows stacked: pass k
-    decodes the sentences of `sides[k]` given `conds[k]` [B, C] (each sentence its own
-    row of it) from the start embedding of `langs[k]` [B]. Returns (logits [P, R, L, V],
-    targets, mask [P, R, L])."""
-    b = langs[0].shape[0]
-    owner = jnp.concatenate([jnp.minimum(x.owner(), b - 1) + k * b
-                             for k, x in enumerate(sides)])                 # [P * R, L]
-    cat = lambda xs: jnp.concatenate(xs)  # noqa: E731
-    targets, mask = decoders.packed_targets(cat([x.tokens for x in sides]),
-                                            cat([x.segment_ids for x in sides]))
-    lang_RxL = jnp.take(cat(langs), owner)
-    outs = [dec.packed(targets, cat([x.segment_ids for x in sides]),
-                       cat([x.positions for x in sides]), lang_RxL, cat(conds), owner,
-                       deterministic) for dec in self.decoders]
+    """Decoder passes over packed rows, one call over the passes' rows stacked: pass k
+    decodes every sentence of `rows` given its own row of `conds[k]` [N, C], from the start
+    embedding of its language `langs[k]` [N]. Returns (logits [P, R, L, V], targets, mask
+    [P, R, L])."""
+    p, n = len(conds), langs[0].shape[0]
+    owner = jnp.concatenate([jnp.minimum(rows.owner(), n - 1) + k * n for k in range(p)])
+    tile = lambda x: jnp.concatenate([x] * p)  # noqa: E731
+    targets, mask = decoders.packed_targets(tile(rows.tokens), tile(rows.segment_ids))
+    lang_RxL = jnp.take(jnp.concatenate(langs), owner)
+    outs = [dec.packed(targets, tile(rows.segment_ids), tile(rows.positions), lang_RxL,
+                       jnp.concatenate(conds), owner, deterministic) for dec in self.decoders]
     logits = _select(outs, lang_RxL if len(outs) > 1 else None)
-    p = len(sides)
     return (logits.reshape(p, -1, *logits.shape[1:]), targets.reshape(p, -1, targets.shape[1]),
             mask.reshape(p, -1, mask.shape[1]))
 
@@ -238,17 +234,24 @@ class VMSST(nn.Module):
     """Everything the objective needs, for pairs (x_i, x_j) = (left, right).
 
     Returns a dict with semantic (and language) posteriors of both sides and
-    `logits` [B, P, L, V], `targets`/`mask` [B, P, L] for the P decoder passes (packed
-    features, vmx/packing.py: [P, R, L, V] and [P, R, L] over each pass's rows):
+    `logits` [B, P, L, V], `targets`/`mask` [B, P, L] for the P decoder passes (a packed
+    pair, vmx/packing.py, `right_tokens` None: [P / 2, R, L, V] and [P / 2, R, L], passes 0
+    and 1, then 2 and 3, each over the pair's shared rows):
     0: x_i | [0 ; mu_sem(x_j)],  1: x_j | [0 ; mu_sem(x_i)]       (translation)
     2: x_i | [z_li ; z_sem],     3: x_j | [z_lj ; z_sem]          (reconstruction)
     BITRANSLATION has passes 0 and 1 only, conditioned on mu_sem alone.
     `sample=True` draws the latents from q (rng 'latent'); otherwise z = mean.
     """
-    b = packing.num_sentences(left_tokens)
+    b = left_lang.shape[0]
+    joint = right_tokens is None     # a packed pair: both sides in `left_tokens`' rows
+    halves = lambda x: tuple((v[:b], v[b:]) for v in x)  # noqa: E731  (left, right)
     out = {}
-    out["sem_left"] = self.semantic(left_tokens, deterministic)
-    out["sem_right"] = self.semantic(right_tokens, deterministic)
+    if joint:
+      (out["sem_left"], out["sem_right"]) = zip(*halves(self.semantic(left_tokens,
+                                                                     deterministic)))
+    else:
+      out["sem_left"] = self.semantic(left_tokens, deterministic)
+      out["sem_right"] = self.semantic(right_tokens, deterministic)
     mu_l, mu_r = out["sem_left"][0], out["sem_right"][0]
     if self.language_latents:
       zero = jnp.zeros_like(mu_l)
@@ -258,8 +261,12 @@ class VMSST(nn.Module):
     targets = [left_tokens, right_tokens]
     langs = [left_lang, right_lang]
     if self.language_latents:
-      out["lang_left"] = self.language(left_tokens, left_lang, deterministic)
-      out["lang_right"] = self.language(right_tokens, right_lang, deterministic)
+      if joint:
+        out["lang_left"], out["lang_right"] = zip(*halves(self.language(
+            left_tokens, jnp.concatenate([left_lang, right_lang]), deterministic)))
+      else:
+        out["lang_left"] = self.language(left_tokens, left_lang, deterministic)
+        out["lang_right"] = self.language(right_tokens, right_lang, deterministic)
       # Alternate the side feeding z_sem by the pair's row in the batch (`row_B`: its
       # row in the global batch when a GradCache chunk holds only some rows).
       take_left = ((jnp.arange(b) if row_B is None else row_B) % 2 == 0)[:, None]
@@ -272,9 +279,11 @@ class VMSST(nn.Module):
       conds += [jnp.concatenate([z_li, z_sem], -1), jnp.concatenate([z_lj, z_sem], -1)]
       targets += [left_tokens, right_tokens]
       langs += [left_lang, right_lang]
-    if packing.is_packed(left_tokens):   # [P, R, L(, V)]: pass k over the rows of targets[k]
-      out["logits"], out["targets"], out["mask"] = self.decode_packed(targets, langs, conds,
-                                                                      deterministic)
+    if joint:   # [P / 2, R, L(, V)]: passes (0, 1) and (2, 3) each over the pair's rows
+      cat = lambda i: [jnp.concatenate(x[i:i + 2]) for x in (langs, conds)]  # noqa: E731
+      passes = [cat(i) for i in range(0, len(conds), 2)]
+      out["logits"], out["targets"], out["mask"] = self.decode_packed(
+          left_tokens, [lg for lg, _ in passes], [c for _, c in passes], deterministic)
       return out
     # One decoder call over [B * P] rows, pair-major so each device keeps its own rows.
     p = len(conds)
@@ -344,8 +353,10 @@ class VMSSTModel(SentenceEncoderModel):
     if dropout_rng is not None:
       d, z = jax.random.split(dropout_rng)
       rngs = {"dropout": d, "latent": z}
-    return self.module.apply({"params": params}, packing.tokens(batch, "left_tokens"),
-                             packing.tokens(batch, "right_tokens"),
+    pair = packing.pair(batch)
+    left, right = ((pair, None) if pair is not None else
+                   (batch["left_tokens"], batch["right_tokens"]))
+    return self.module.apply({"params": params}, left, right,
                              batch["left_lang"], batch["right_lang"],
                              deterministic=dropout_rng is None,
                              sample=sample and dropout_rng is not None,
@@ -355,21 +366,25 @@ class VMSSTModel(SentenceEncoderModel):
     # one free slot after each sentence: the decoder's EOS target (decoders.packed_targets)
     return {"left_tokens": 1, "right_tokens": 1}
 
+  def packed_groups(self):   # the encoders and decoders read both sides: shared rows
+    return {packing.PAIR: packing.PAIR_FEATURES}
+
   def per_pair(self, params, batch, dropout_rng):
     """What the objective reads of the module outputs, per pair: sequence NLLs and token
     counts of the P decoder passes [B, P], the KL terms [B] (with language latents) and
     the semantic means of both sides [B, D]."""
     out = self._apply(params, batch, dropout_rng, sample=True)
-    left = packing.Packed.of(batch, "left_tokens")
-    if left is None:
+    pair = packing.pair(batch)
+    if pair is None:
       nll = losses.sequence_nll(out["logits"], out["targets"], out["mask"])
       tokens = out["mask"].sum(-1).astype(jnp.float32)
-    else:   # pass k's slots summed per sentence of its side: [B, P]
-      sides = [left, packing.Packed.of(batch, "right_tokens")] * 2
+    else:   # each pass's slots summed per sentence, [P / 2, 2B] -> [B, P]: pass (0, 1) is
+      # (the left sentences, the right ones) of the pair's first decoder pass
       slot_nll = losses.token_nll(out["logits"], out["targets"], out["mask"])
       mask = out["mask"].astype(jnp.float32)
-      nll = jnp.stack([x.sentence_sum(slot_nll[k]) for k, x in enumerate(sides[:len(mask)])], 1)
-      tokens = jnp.stack([x.sentence_sum(mask[k]) for k, x in enumerate(sides[:len(mask)])], 1)
+      nll = jnp.stack([pair.sentence_sum(x) for x in slot_nll])
+      tokens = jnp.stack([pair.sentence_sum(x) for x in mask])
+      nll, tokens = (x.reshape(2 * len(mask), -1).T for x in (nll, tokens))
     pairs = {"nll": nll, "tokens": tokens,
              "sem_left": out["sem_left"][0], "sem_right": out["sem_right"][0]}
     if self.module.language_latents:

@@ -239,8 +239,8 @@ class Trainer:
       where[key][np.asarray(r)] = np.arange(len(r))
     packers = self.packers(rows)
     # packed row features -> their packed feature (its rows are placed by row, not example)
-    row_of = {name: f.name for fs in self.packed.values() for f in fs
-              for name in packing.row_features(f.name)}
+    row_of = {name: g for fs in self.packed.values() for g in packing.groups_of(fs)
+              for name in packing.row_features(g)}
 
     def make(name, x, row_lookup):
       if name in row_of:
@@ -257,8 +257,8 @@ class Trainer:
       row_lookup = {}
       for key, packer in packers.items():
         batch = packer(batch)
-        for f in packer.features:
-          row_lookup[f.name] = packer.row_lookup(len(batch[f.name]))   # global -> local rows
+        for g in packer.groups:
+          row_lookup[g] = packer.row_lookup(len(batch[g]))   # global -> local rows
       return {name: make(name, batch[name], row_lookup) for name in self.step_shapes}
     return place
 
@@ -267,7 +267,8 @@ class Trainer:
     flags are left in `self.nonfinite` (see `check_finite`)."""
     if not self.placed(batch):
       batch = self.place(batch)
-    rows = tuple(batch[f.name].shape[0] for fs in self.packed.values() for f in fs)
+    rows = tuple(batch[g].shape[0] for fs in self.packed.values()
+                 for g in packing.groups_of(fs))
     first = bool(rows) and rows not in self.row_counts
     t0 = time.perf_counter()
     with self.partitioner.context():
@@ -283,7 +284,7 @@ class Trainer:
     """How often each packed shape ran and what its first step (compilation) took."""
     if not self.row_counts:
       return None
-    names = [f.name for fs in self.packed.values() for f in fs]
+    names = [g for fs in self.packed.values() for g in packing.groups_of(fs)]
     return "; ".join(f"{'/'.join(map(str, rows))} rows: {n} steps (first {sec:.1f} s)"
                      for rows, (n, sec) in sorted(self.row_counts.items())) + \
         f" ({', '.join(names)})"
