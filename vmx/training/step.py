@@ -63,7 +63,9 @@ class Trainer:
     self.packed = {k: list(v) for k, v in (packed or {}).items() if v}
     grad_cache.check(model, grad_cache_chunks, self.shapes, partitioner.data_parallel_size)
     self.grad_cache_chunks = grad_cache_chunks
-    self.token_features = tuple(token_features)
+    # (a packed group's rows stand for its features)
+    group_of = {f.name: f.group or f.name for fs in self.packed.values() for f in fs}
+    self.token_features = tuple(dict.fromkeys(group_of.get(n, n) for n in token_features))
     self.example_shardings = partitioner.batch_sharding(
         {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.shapes.items()})
     # What the step reads: the example features, the packed ones replaced by their rows.
