@@ -43,9 +43,15 @@ def run(gin_file: str, steps: int, packing: bool, extra: list[str], model_dir: s
   batch = later[0]["train/examples_per_sec"] / later[0]["train/steps_per_sec"]
   shapes = re.search(r"packed batches: (.*)", proc.stdout + proc.stderr)
   rates = sorted(r["train/examples_per_sec"] for r in later)
+  # the compilations of the row counts first met after the first log period
+  compiles = sum(float(sec) for at, sec in re.findall(r"first: step (\d+) of this run, "
+                                                      r"([\d.]+) s", proc.stdout + proc.stderr)
+                 if int(at) > 50)
   return {"gin_file": gin_file, "packing": packing, "steps": steps, "wall_s": round(wall, 1),
           "examples_per_s": round(len(later) * 50 * batch / seconds, 1),
           "examples_per_s_median": round(rates[len(rates) // 2], 1),
+          "examples_per_s_past_compilations": round(
+              len(later) * 50 * batch / max(seconds - compiles, 1e-9), 1),
           "useful_token_fraction": round(sum(r["train/useful_token_fraction"] for r in train)
                                          / len(train), 4),
           "loss_at_50": next(r["train/loss"] for r in train if r["step"] == 50),
@@ -69,6 +75,9 @@ def main():
                     "speedup_examples_per_s": round(a["examples_per_s"] / b["examples_per_s"], 3),
                     "speedup_median_period": round(a["examples_per_s_median"]
                                                    / b["examples_per_s_median"], 3),
+                    "speedup_past_compilations": round(
+                        a["examples_per_s_past_compilations"]
+                        / b["examples_per_s_past_compilations"], 3),
                     "useful_token_fraction": [a["useful_token_fraction"],
                                               b["useful_token_fraction"]],
                     "loss_at_50_relative_difference": abs(a["loss_at_50"] - b["loss_at_50"])

@@ -73,8 +73,10 @@ class Trainer:
     self.batch_shardings = partitioner.batch_sharding(
         {k: jax.ShapeDtypeStruct(s, jnp.int32) for k, s in self.step_shapes.items()})
     self._placers = 0
-    # packed row counts of the steps run -> [steps, seconds of the first (its compilation)]
+    # packed row counts of the steps run -> [steps, seconds of the first (its compilation),
+    # the first's number among this invocation's steps]
     self.row_counts: dict[tuple, list] = {}
+    self.steps_run = 0
 
     def init(rng):
       init_rng, dropout_rng = jax.random.split(rng)
@@ -275,9 +277,10 @@ class Trainer:
     t0 = time.perf_counter()
     with self.partitioner.context():
       state, metrics, self.nonfinite = self.train_step(state, batch)
+    self.steps_run += 1
     if first:   # a new shape: the step compiles (timed to its end)
       jax.block_until_ready(state.step)
-      self.row_counts[rows] = [0, time.perf_counter() - t0]
+      self.row_counts[rows] = [0, time.perf_counter() - t0, self.steps_run]
     if rows:
       self.row_counts[rows][0] += 1
     return state, metrics
@@ -287,8 +290,9 @@ class Trainer:
     if not self.row_counts:
       return None
     names = [g for fs in self.packed.values() for g in packing.groups_of(fs)]
-    return "; ".join(f"{'/'.join(map(str, rows))} rows: {n} steps (first {sec:.1f} s)"
-                     for rows, (n, sec) in sorted(self.row_counts.items())) + \
+    return "; ".join(f"{'/'.join(map(str, rows))} rows: {n} steps (first: step {at} of this "
+                     f"run, {sec:.1f} s)"
+                     for rows, (n, sec, at) in sorted(self.row_counts.items())) + \
         f" ({', '.join(names)})"
 
   def nonfinite_terms(self, flags) -> list[str]:
