@@ -96,6 +96,7 @@ def test_best_fit_fills_rows_and_row_counts_come_in_granules():
   assert rows <= np.ceil(sizes.sum() / 32) * 1.03 + 1
   p = packing.Packer([packing.Feature("x", 32)], 128, 1, 1, [0])
   assert p.granule == 128 // 32 and p.rows_for(45) == 48 and p.rows_for(48) == 48
+  assert packing.Packer([packing.Feature("x", 32)], 16, 1, 1, [0]).granule == 4
 
 
 # -- equal math ------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ vmx/training/grad_cache.py): the rows of unit (shard p, chunk c) are global rows
 GradCache's chunking (rows c, c + n, ...) gives each chunk its own rows; `starts` count rows
 within the chunk. Every unit of a step has the same number of rows R of a feature (the
 largest any unit needs, rounded up to a multiple of `granule` so that few shapes are
-compiled; each feature its own, as a pair's two sides differ in length); several processes
-agree on them through jax's coordination service before placing the batch.
+compiled; each group its own); several processes agree on them through jax's coordination
+service before placing the batch.
 
 The layout is a pure function of the step's examples, the number of shards and chunks
 (best-fit decreasing: sentences by length, longest first, each into the fullest row it
@@ -45,6 +45,9 @@ import numpy as np
 from vmx.errors import ConfigError
 
 ROW_SUFFIXES = ("", "_segment_ids", "_positions")   # [rows, L]; the others are per example
+# A step's rows are rounded up to a multiple of 1/32 of a shard's sentences, and of at least
+# MIN_GRANULE rows: a few compiled shapes per run (each row count compiles the step once).
+MIN_GRANULE = 4
 KEY_MULT = 0x9E3779B1      # losses.token_row_key's multiplier (pinned by tests/test_packing.py)
 
 
@@ -171,7 +174,7 @@ class Packer:
     self.per_unit = self.per_shard // self.chunks
     self.local_shards = [int(p) for p in local_shards]
     most = max(sum(f.sentences for f in fs) for fs in self.groups.values())
-    self.granule = int(granule or max(1, -(-self.per_unit * most // 32)))
+    self.granule = int(granule or max(MIN_GRANULE, -(-self.per_unit * most // 32)))
     self.agree = agree
 
   def row_lookup(self, local_rows: int) -> np.ndarray:

@@ -327,8 +327,10 @@ class EmmaXModel(SentenceEncoderModel):
       tokens = packing.tokens(batch, "tokens")
       return tokens, jnp.full((packing.num_sentences(tokens),), -1, jnp.int32)
     text = packing.tokens(batch, "text/tokens")
-    n_t, n_p = packing.num_sentences(text), batch["pairs/left_lang"].shape[0]
-    if packing.is_packed(text):   # the text's rows, then the pairs' (both sides)
+    packed = packing.is_packed(text)
+    n_t = packing.num_sentences(text)
+    n_p = batch["pairs/left_tokens" + ("_starts" if packed else "")].shape[0]
+    if packed:   # the text's rows, then the pairs' (both sides)
       tokens = [text, packing.pair(batch, "pairs/")]
     else:
       parts = [text, batch["pairs/left_tokens"], batch["pairs/right_tokens"]]

@@ -242,19 +242,15 @@ class Trainer:
       where[key] = np.full(self.batch_sizes[key], -1, np.int64)
       where[key][np.asarray(r)] = np.arange(len(r))
     packers = self.packers(rows)
-    # packed row features -> their packed feature (its rows are placed by row, not example)
+    # a packed group's row features -> the group (placed by row, not by example)
     row_of = {name: g for fs in self.packed.values() for g in packing.groups_of(fs)
               for name in packing.row_features(g)}
 
     def make(name, x, row_lookup):
-      if name in row_of:
-        lookup = row_lookup[row_of[name]]
-        shape = (len(lookup), *x.shape[1:])
-      else:
-        lookup = where[name.split("/", 1)[0] if "/" in name else None]
-        shape = (len(lookup), *x.shape[1:])
+      lookup = (row_lookup[row_of[name]] if name in row_of
+                else where[name.split("/", 1)[0] if "/" in name else None])
       return jax.make_array_from_callback(
-          shape, self.batch_shardings[name],
+          (len(lookup), *x.shape[1:]), self.batch_shardings[name],
           lambda idx: np.asarray(x[lookup[idx[0]]][(slice(None),) + tuple(idx[1:])]))
 
     def place(batch):
