@@ -22,7 +22,7 @@ device holds, `B / P`) and, with GradCache, one chunk of it (examples i with i m
 vmx/training/grad_cache.py): the rows of unit (shard p, chunk c) are global rows
 (p·R + r)·n + c, so the batch's row sharding puts a shard's rows on its device and
 GradCache's chunking (rows c, c + n, ...) gives each chunk its own rows; `starts` count rows
-within the chunk. Every unit of a step has the same number of rows R of a feature (the
+within the chunk. Every unit of a step has the same number of rows R of a group (the
 largest any unit needs, rounded up to a multiple of `granule` so that few shapes are
 compiled; each group its own); several processes agree on them through jax's coordination
 service before placing the batch.
@@ -271,13 +271,6 @@ class Packer:
       out[f.name + "_starts"] = st[:, 0] if k == 1 else st
       out[f.name + "_key"] = keys[:, 0] if k == 1 else keys
     return out
-
-
-def useful_fraction(batch: Mapping[str, np.ndarray], names: Sequence[str]) -> float:
-  """Non-pad token positions over all token positions of the token features `names`."""
-  used = sum(int((np.asarray(batch[n]) > 0).sum()) for n in names)
-  total = sum(int(np.asarray(batch[n]).size) for n in names)
-  return used / max(total, 1)
 
 
 def shard_of_rows(rows: np.ndarray, batch_size: int, shards: int) -> list[int]:
