@@ -100,21 +100,24 @@ def cache_experiment(args, bindings):
     raise ConfigError(f"--shard_rows={shard_rows}: a positive multiple of {fmt.BLOCK_ROWS}")
   t0 = time.time()
   inputs = experiment.training_inputs(args.gin_file, bindings, args.gin_search_paths)
-  seen, order, jobs, pending, shared = set(), [], [], [], []
+  seen, order, jobs, pending, shared, records = set(), [], [], [], [], []
   for i, (phase, model, cfg, _) in enumerate(inputs):
-    fcs = model.FEATURE_CONVERTER_CLS
+    layouts = model.feature_layout()
     for key, c in pipeline.task_configs(cfg).items():
       if c.reader != "index":
         continue
       root = args.array_cache_dir or c.array_cache_dir or build.default_root()
-      converter = (fcs[key] if isinstance(fcs, Mapping) else fcs)(pack=False)
-      tasks, _ = build.config_tasks(c)
+      layout = layouts[key] if isinstance(layouts, Mapping) else layouts
+      converter = layout.converter()
+      tasks, rates = build.config_tasks(c)
+      records.append((c, layout, tasks, rates, root, []))
       shared += [root, *[p for t in tasks for p in getattr(t.source, "paths", [])]]
       for t in tasks:
         parts = fp.parts(t, c.split, c.task_feature_lengths, converter)
         digest = fp.digest(parts)
         directory = build.directory_of(root, t, c.split, digest)
         order.append((f"{phase}{'/' + key if key else ''}", t.name, c.split, directory, root))
+        records[-1][-1].append(directory)
         if str(directory) in seen or (directory / fmt.MANIFEST).exists():
           seen.add(str(directory))
           continue
@@ -139,6 +142,8 @@ def cache_experiment(args, bindings):
              progress=not args.no_progress)
     for directory, digest, parts, n in pending:
       build.assemble(directory, digest, parts, n, f"beam:{args.beam_runner}")
+  for c, layout, tasks, rates, root, directories in records:   # found later without SeqIO
+    pipeline.record_caches(c, layout, tasks, rates, [Table(d) for d in directories], root)
   whole = hashlib.sha256()
   groups = {}
   for where, name, split, directory, root in order:

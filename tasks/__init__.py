@@ -3,8 +3,10 @@
 With VMX_VOCABULARY and VMX_DATA_DIR set, `import tasks` registers every corpus's tasks
 and mixtures under stable names (tasks/defaults.py), for seqio's tools, caching and t5x.
 Otherwise tasks are registered when a gin run asks for them (their vocabulary and data
-location are run settings), by the gin-configurable functions here, which return
-the task or mixture name for `DatasetConfig.mixture_or_task_name`:
+location are run settings), by the functions here, which return the task or mixture name
+for `DatasetConfig.mixture_or_task_name`. In gin they are deferred (vmx/data/deferred.py):
+the binding holds the call, and a run whose token cache is built finds it by that call
+without registering anything (no SeqIO, no TensorFlow):
 
   DatasetConfig.mixture_or_task_name = @tasks.parallel_mixture()
   tasks.parallel_mixture.corpus = 'tatoeba-challenge'
@@ -33,5 +35,10 @@ from tasks.xnli_mt import (MPCL_LANGUAGES, XNLI_LANGUAGES, mpcl_mixture,
                            mpcl_mixture_text_files, read_xnli_mt, xnli_mt_files,
                            xnli_mt_groups, xnli_mt_task, xnli_mt_text_files)
 from tasks.defaults import default_languages, register_defaults, register_from_environment
+from vmx.data import deferred
+
+for _fn in (parallel_mixture, parallel_corpora_mixture, moses_task, tsv_task,
+            monolingual_mixture, nway_task, nway_mixture, xnli_mt_task, mpcl_mixture):
+  deferred.configurable(_fn)
 
 DEFAULT_MIXTURES = register_from_environment()

@@ -15,7 +15,11 @@ from typing import Optional, Sequence
 import gin
 
 from vmx import storage
-from vmx.data import download, readers, registration, sources
+from etils import epy
+
+from vmx.data import download, readers, task_settings
+with epy.lazy_imports():   # SeqIO and TensorFlow: only when a task is registered
+  from vmx.data import registration
 from vmx.errors import DataError
 from tasks.parallel import held_out, languages_key
 
@@ -39,6 +43,14 @@ def _line_files(corpus: str, languages: Sequence[str], data_dir: Optional[str]):
     raise DataError(f"corpus {corpus}: languages {unused or list(languages)} are in no year "
                     f"{WMT_YEARS[0]}-{WMT_YEARS[-1]} together with another requested language")
   return blocks
+
+
+def nway_files(corpus: str, languages: Optional[Sequence[str]],
+               data_dir: Optional[str] = None) -> list[str]:
+  """The files `nway_groups` reads."""
+  if corpus == "bible-verses":
+    return [str(download.resolve("train/bible-verses.tsv.gz", data_dir))]
+  return [p for block in _line_files(corpus, languages, data_dir) for p in block.values()]
 
 
 def nway_groups(corpus: str, languages: Sequence[str], data_dir: Optional[str] = None):
@@ -84,12 +96,11 @@ def nway_mixture_text_files(corpora=gin.REQUIRED, data_dir: Optional[str] = None
   return [f for c, langs in corpora.items() for f in nway_text_files(c, langs, data_dir)]
 
 
-@gin.configurable(module="tasks")
 def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = gin.REQUIRED,
               vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
               data_dir: Optional[str] = None,
-              shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
-              validation_percent: int = sources.VALIDATION_PERCENT,
+              shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
+              validation_percent: int = task_settings.VALIDATION_PERCENT,
               holdout: Sequence[str] = ()) -> str:
   """Registers the MPCL task of an N-way corpus, `<corpus>.views<V>.<languages>`:
   `num_views` translations per example (languages None: every language of the file).
@@ -99,14 +110,14 @@ def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = g
   h, suffix = held_out(holdout, data_dir, "tasks.nway_task")
   return registration.register_nway_task(
       f"{corpus.replace('-', '_')}.views{num_views}.{key}{suffix}", langs, rows, vocabulary,
-      num_views, shuffle_buffer_size, validation_percent, h)
+      num_views, shuffle_buffer_size, validation_percent, h,
+      nway_files(corpus, languages, data_dir))
 
 
-@gin.configurable(module="tasks")
 def nway_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
                  num_views: int = gin.REQUIRED, alpha: float = 1.0,
                  data_dir: Optional[str] = None,
-                 validation_percent: int = sources.VALIDATION_PERCENT,
+                 validation_percent: int = task_settings.VALIDATION_PERCENT,
                  holdout: Sequence[str] = ()) -> str:
   """Several N-way corpora {corpus: languages} mixed with p ∝ groups^alpha."""
   names = [nway_task(c, langs, vocabulary, num_views, data_dir,

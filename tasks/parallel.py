@@ -7,7 +7,11 @@ from typing import Optional, Sequence
 
 import gin
 
-from vmx.data import download, registration, sources, teacher as teacher_lib
+from etils import epy
+
+from vmx.data import download, task_settings
+with epy.lazy_imports():   # SeqIO and TensorFlow: only when a task is registered
+  from vmx.data import registration, sources, teacher as teacher_lib
 from vmx.errors import DataError
 from vmx.evaluation.heldout import EvaluationHeldOut
 
@@ -96,13 +100,12 @@ def corpus_text_files(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin
   return files
 
 
-@gin.configurable(module="tasks")
 def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
                      vocabulary: str = gin.REQUIRED, model_languages: Sequence[str] = gin.REQUIRED,
                      alpha: float = 0.3, data_dir: Optional[str] = None,
                      empty_lines: str = "error",
-                     shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
-                     validation_percent: int = sources.VALIDATION_PERCENT,
+                     shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
+                     validation_percent: int = task_settings.VALIDATION_PERCENT,
                      lazy: bool = False, holdout: Sequence[str] = (),
                      holdout_dirs: Optional[dict] = None) -> str:
   """Registers one pair task per language (xx -> pivot), `<corpus>.<xx>_<pivot>`, and
@@ -141,13 +144,12 @@ def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_
   return names
 
 
-@gin.configurable(module="tasks")
 def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
                              model_languages: Sequence[str] = gin.REQUIRED,
                              alpha: float = 0.3, data_dir: Optional[str] = None,
                              empty_lines: str = "error",
-                             shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
-                             validation_percent: int = sources.VALIDATION_PERCENT,
+                             shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
+                             validation_percent: int = task_settings.VALIDATION_PERCENT,
                              lazy: bool = False, holdout: Sequence[str] = (),
                              teacher: Optional[str] = None) -> str:
   """The pair tasks of several corpora ({corpus: languages}, e.g. tatoeba-challenge and
@@ -185,11 +187,10 @@ def _checked(source):
   return source
 
 
-@gin.configurable(module="tasks")
 def moses_task(name: str, source_file: str, target_file: str, source_language: str,
                target_language: str, vocabulary: str, model_languages: Sequence[str],
                empty_lines: str = "error",
-               validation_percent: int = sources.VALIDATION_PERCENT,
+               validation_percent: int = task_settings.VALIDATION_PERCENT,
                holdout: Sequence[str] = (), data_dir: Optional[str] = None) -> str:
   """A pair task over any two aligned line files (`holdout`: dev sets to skip, read
   from `data_dir`)."""
@@ -200,11 +201,10 @@ def moses_task(name: str, source_file: str, target_file: str, source_language: s
       source_language, target_language, vocabulary, model_languages)
 
 
-@gin.configurable(module="tasks")
 def tsv_task(name: str, path: str, source_language: str, target_language: str,
              vocabulary: str, model_languages: Sequence[str], columns: Sequence[int] = (0, 1),
              empty_lines: str = "error",
-             validation_percent: int = sources.VALIDATION_PERCENT,
+             validation_percent: int = task_settings.VALIDATION_PERCENT,
              holdout: Sequence[str] = (), data_dir: Optional[str] = None) -> str:
   """A pair task over a `source<TAB>target` file (`holdout` as in `moses_task`)."""
   h, _ = held_out(holdout, data_dir, "tasks.tsv_task")
@@ -213,13 +213,12 @@ def tsv_task(name: str, path: str, source_language: str, target_language: str,
       source_language, target_language, vocabulary, model_languages)
 
 
-@gin.configurable(module="tasks")
 def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
                         vocabulary: str = gin.REQUIRED, alpha: float = 0.7,
                         data_dir: Optional[str] = None, pivot: bool = True,
                         disjoint_pairs: bool = False,
-                        shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
-                        validation_percent: int = sources.VALIDATION_PERCENT,
+                        shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
+                        validation_percent: int = task_settings.VALIDATION_PERCENT,
                         lazy: bool = False, holdout: Sequence[str] = ()) -> str:
   """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
   task per language (its side of the xx-pivot pairs), `<corpus>.mono_<xx>`, and, with

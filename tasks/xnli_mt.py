@@ -39,7 +39,11 @@ from typing import Mapping, Optional, Sequence
 import gin
 
 from vmx import storage
-from vmx.data import readers, registration, sources
+from etils import epy
+
+from vmx.data import readers, task_settings
+with epy.lazy_imports():   # SeqIO and TensorFlow: only when a task is registered
+  from vmx.data import registration
 from vmx.errors import ConfigError, DataError
 from tasks.nway import nway_mixture, nway_mixture_text_files
 from tasks.parallel import held_out, languages_key
@@ -175,12 +179,11 @@ def xnli_mt_text_files(directory: Optional[str] = gin.REQUIRED,
   return [str(p) for p in outs]
 
 
-@gin.configurable(module="tasks")
 def xnli_mt_task(directory: Optional[str] = gin.REQUIRED, languages: Sequence[str] = XNLI_LANGUAGES,
                  vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
                  data_dir: Optional[str] = None,
-                 shuffle_buffer_size: int = registration.DEFAULT_SHUFFLE_BUFFER,
-                 validation_percent: int = sources.VALIDATION_PERCENT,
+                 shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
+                 validation_percent: int = task_settings.VALIDATION_PERCENT,
                  holdout: Sequence[str] = ()) -> str:
   """Registers the MPCL hard-negative task of XNLI-MT, `xnli_mt.hard_negatives.views<V>.
   <languages>`: per example `num_views` translations of a premise (view 0 the anchor) and
@@ -191,15 +194,15 @@ def xnli_mt_task(directory: Optional[str] = gin.REQUIRED, languages: Sequence[st
   return registration.register_nway_hard_negative_task(
       f"xnli_mt.hard_negatives.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}"
       f"{suffix}", langs, premises, contradictions, vocabulary, num_views,
-      shuffle_buffer_size, validation_percent, h)
+      shuffle_buffer_size, validation_percent, h,
+      list(xnli_mt_files(directory, languages).values()))
 
 
-@gin.configurable(module="tasks")
 def mpcl_mixture(xnli_mt_directory: Optional[str] = None,
                  xnli_languages: Sequence[str] = MPCL_LANGUAGES, corpora=gin.REQUIRED,
                  vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
                  alpha: float = 1.0, data_dir: Optional[str] = None,
-                 validation_percent: int = sources.VALIDATION_PERCENT,
+                 validation_percent: int = task_settings.VALIDATION_PERCENT,
                  holdout: Sequence[str] = ()) -> str:
   """MPCL's training groups: with `xnli_mt_directory` (XNLI-MT 1.0's multinli/ folder,
   which the user supplies) the paper's (§3.1), one group per line of the training files,
@@ -217,7 +220,8 @@ def mpcl_mixture(xnli_mt_directory: Optional[str] = None,
   h, suffix = held_out(holdout, data_dir, "tasks.mpcl_mixture")
   return registration.register_nway_task(
       f"xnli_mt.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}{suffix}", langs,
-      premises, vocabulary, num_views, validation_percent=validation_percent, holdout=h)
+      premises, vocabulary, num_views, validation_percent=validation_percent, holdout=h,
+      paths=list(xnli_mt_files(xnli_mt_directory, xnli_languages).values()))
 
 
 @gin.configurable(module="tasks")

@@ -220,7 +220,7 @@ def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
 
 def test_nway_task_yields_aligned_views(tmp_path):
   """Every example's views are translations of ONE group, in distinct languages."""
-  from vmx.data import feature_converters, pipeline, readers, registration, vocab
+  from vmx.data import feature_converters, pipeline, readers, registration, seqio_reader, vocab
   langs = ["aa", "bb", "cc", "dd"]
   files = {}
   for l in langs:
@@ -235,7 +235,7 @@ def test_nway_task_yields_aligned_views(tmp_path):
   cfg = pipeline.DatasetConfig(name, {"views": 16}, batch_size=8, seed=1)
   tok = vocab.Tokenizer(vp)
   anchors = set()
-  for batch in pipeline.get_dataset(cfg, fc, seed=1).take(10).as_numpy_iterator():
+  for batch in seqio_reader.get_dataset(cfg, fc, seed=1).take(10).as_numpy_iterator():
     assert batch["views"].shape == (8, 48)
     for ex in batch["views"].reshape(8, 3, 16):
       texts = [tok.sp.decode([int(t) for t in v if t]) for v in ex]
@@ -247,7 +247,7 @@ def test_nway_task_yields_aligned_views(tmp_path):
   # each pass over the 40 groups draws new views: group 3's anchors differ across passes
   cfg1 = pipeline.DatasetConfig(name, {"views": 16}, batch_size=1, shuffle=False, seed=1)
   seen = [tok.sp.decode([int(t) for t in b["views"][0, :16] if t]) for b in
-          pipeline.get_dataset(cfg1, fc, seed=1).take(400).as_numpy_iterator()]
+          seqio_reader.get_dataset(cfg1, fc, seed=1).take(400).as_numpy_iterator()]
   group3 = {s.split()[-1] for s in seen if s.startswith("group3 ")}
   assert len(group3) >= 2, group3
   write_lines(tmp_path / "x.dd", ["short"])
@@ -339,7 +339,7 @@ def test_real_nway_pipeline_yields_aligned_translations(tmp_path):
   """From the real newstest files through SeqIO: each example's views are one group's
   sentences (K + 1 translations of one sentence)."""
   import tasks
-  from vmx.data import feature_converters, pipeline, vocab
+  from vmx.data import feature_converters, pipeline, seqio_reader, vocab
   langs = ["de", "en", "fr"]
   _, rows = tasks.nway_groups("wmt-newstest-multiway", langs, DATA_DIR)
   files = tasks.nway_text_files("wmt-newstest-multiway", langs, DATA_DIR)[:3]
@@ -353,7 +353,7 @@ def test_real_nway_pipeline_yields_aligned_translations(tmp_path):
       group_of.setdefault(norm(tok.sp.decode(tok.sp.encode(t)[:64])), set()).add(tuple(r))
   cfg = pipeline.DatasetConfig(name, {"views": 64}, batch_size=4, seed=0)
   fc = feature_converters.MultiViewFeatureConverter(num_views=3)
-  for batch in pipeline.get_dataset(cfg, fc, seed=0).take(3).as_numpy_iterator():
+  for batch in seqio_reader.get_dataset(cfg, fc, seed=0).take(3).as_numpy_iterator():
     for ex in batch["views"].reshape(4, 3, 64):
       texts = [norm(tok.sp.decode([int(t) for t in v if t])) for v in ex]
       common = set.intersection(*(group_of[t] for t in texts))

@@ -156,7 +156,7 @@ def test_import_tasks_registers_every_corpus_without_reading_files(toy_data, tmp
 def test_cached_tasks_give_the_uncached_batches(toy_data, tmp_path):
   import seqio
   import tasks
-  from vmx.data import feature_converters, pipeline
+  from vmx.data import feature_converters, pipeline, seqio_reader
   data_dir, (v1, v2) = toy_data
   cache_dir = str(tmp_path / "cache")
   out = subprocess.run([sys.executable, "launch/cache_tasks.py",
@@ -202,6 +202,6 @@ def test_cached_tasks_give_the_uncached_batches(toy_data, tmp_path):
     cfg = pipeline.DatasetConfig(other, {"inputs": 8, "targets": 8}, batch_size=8,
                                  use_cached=True)
     with pytest.raises(ConfigError, match="launch/cache_tasks.py"):
-      pipeline.get_dataset(cfg, fc(pack=False))
+      seqio_reader.get_dataset(cfg, fc(pack=False))
   finally:
     seqio.utils.set_global_cache_dirs(before)

@@ -104,7 +104,7 @@ def test_built_files_need_a_mirror(tmp_path, monkeypatch):
 @needs_data
 def test_seqio_task_over_real_files_yields_expected_ids(tmp_path):
   import tasks
-  from vmx.data import feature_converters, pipeline
+  from vmx.data import feature_converters, pipeline, seqio_reader
   src = Path(DATA_DIR, "train/tatoeba-challenge/nld-eng/train.nld.gz")
   eng = Path(DATA_DIR, "train/tatoeba-challenge/nld-eng/train.eng.gz")
   vp = vocab.train_sentencepiece([str(src), str(eng)], str(tmp_path / "v.model"), 1000,
@@ -113,7 +113,7 @@ def test_seqio_task_over_real_files_yields_expected_ids(tmp_path):
                           ["eng", "nld"])
   cfg = pipeline.DatasetConfig(name, {"inputs": 16, "targets": 16}, batch_size=4,
                                shuffle=False)
-  ds = pipeline.get_dataset(cfg, feature_converters.PairFeatureConverter(pack=False),
+  ds = seqio_reader.get_dataset(cfg, feature_converters.PairFeatureConverter(pack=False),
                             num_epochs=1)
   batch = next(ds.as_numpy_iterator())
   first = [l for _, l in zip(range(4), readers.read_parallel(src, eng))]
@@ -127,7 +127,7 @@ def test_seqio_task_over_real_files_yields_expected_ids(tmp_path):
 @needs_data
 def test_mixture_is_deterministic_and_resumable(tmp_path):
   import tasks
-  from vmx.data import feature_converters, pipeline
+  from vmx.data import feature_converters, pipeline, seqio_reader
   langs = ["deu", "fra"]
   files = tasks.corpus_text_files("tatoeba-challenge", langs)
   vp = vocab.train_sentencepiece(files, str(tmp_path / "v.model"), 1000, langs + ["eng"])

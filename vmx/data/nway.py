@@ -16,7 +16,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
-from vmx.data import devsets
+from vmx.data import devsets, views
+from vmx.data.views import HARD_NEGATIVE_STREAM
 from vmx.data.sources import VALIDATION_PERCENT
 from vmx.errors import DataError
 
@@ -39,9 +40,12 @@ class NwaySource(seqio.FunctionDataSource):
   in the stream: the rule of `sample_views` below, in numpy.
   """
 
+  hard_negatives = False
+
   def __init__(self, languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
                validation_percent: int = VALIDATION_PERCENT,
-               holdout: Optional[devsets.HeldOut] = None):
+               holdout: Optional[devsets.HeldOut] = None, paths: Sequence[str] = ()):
+    self.paths = [str(p) for p in paths]   # the files the rows were read from (if known)
     if holdout:
       rows = [r for r in rows if holdout.keeps(r)]
     kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
@@ -100,23 +104,13 @@ class NwaySource(seqio.FunctionDataSource):
         tokenize, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(4096).as_numpy_iterator()
 
+  def view_draw(self) -> views.Draw:
+    """How a read row's views are drawn (vmx/data/views.py)."""
+    return views.Draw(self.num_views, self.hard_negatives)
+
   def draw_views(self, stored: dict, seeds_B) -> dict:
-    """`views` [B, V * L]: per example, V distinct languages of its group drawn uniformly
-    (view 0 the anchor), from the generator seeded by its row of `seeds_B` [B, k]."""
-    tokens, present = stored["tokens"], stored["present"]
-    v = self.num_views
-    out = np.empty((len(tokens), v * tokens.shape[-1]), tokens.dtype)
-    for b, seed in enumerate(seeds_B):
-      out[b] = tokens[b, _drawn_np(present[b], seed, v)].reshape(-1)
-    return {"views": out}
-
-
-def _drawn_np(present_N, seed, k: int) -> np.ndarray:
-  """[k] indices of distinct present entries, uniformly at random from the generator
-  seeded by `seed` (`sample_views`'s rule, in numpy)."""
-  scores = np.random.default_rng(seed).random(len(present_N))
-  scores[~present_N] = -1.0
-  return np.argsort(-scores, kind="stable")[:k]
+    """`views` [B, V * L] (and `hard_negative` [B, L]): `view_draw()` of the rows."""
+    return self.view_draw()(stored, seeds_B)
 
 
 def _drawn_tf(texts_N, seed, k: int):
@@ -128,9 +122,10 @@ def _drawn_tf(texts_N, seed, k: int):
 
 def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
                 validation_percent: int = VALIDATION_PERCENT,
-                holdout: Optional[devsets.HeldOut] = None) -> NwaySource:
-  """The N-way source of `rows` (see NwaySource)."""
-  return NwaySource(languages, rows, min_views, validation_percent, holdout)
+                holdout: Optional[devsets.HeldOut] = None,
+                paths: Sequence[str] = ()) -> NwaySource:
+  """The N-way source of `rows` (see NwaySource), read from `paths`."""
+  return NwaySource(languages, rows, min_views, validation_percent, holdout, paths)
 
 
 @seqio.map_over_dataset(num_seeds=1)
@@ -154,7 +149,6 @@ def pad_views(dataset: tf.data.Dataset, sequence_length):
 
 # Hard negatives for N-way groups (MPCL's "XLM-R w/ hard negative" variant, §3.5).
 
-HARD_NEGATIVE_STREAM = 1   # the index reader's hard-negative draw: generator (seed, g, 1)
 
 
 class NwayHardNegativeSource(NwaySource):
@@ -181,7 +175,7 @@ class NwayHardNegativeSource(NwaySource):
   def __init__(self, languages: Sequence[str], rows: Sequence[Sequence[str]],
                negatives: Sequence[Sequence[str]], min_views: int,
                validation_percent: int = VALIDATION_PERCENT,
-               holdout: Optional[devsets.HeldOut] = None):
+               holdout: Optional[devsets.HeldOut] = None, paths: Sequence[str] = ()):
     if len(rows) != len(negatives):
       raise DataError(f"N-way hard negatives: {len(rows)} groups but {len(negatives)} rows of "
                       f"hard negatives")
@@ -196,7 +190,8 @@ class NwayHardNegativeSource(NwaySource):
                       f"a hard negative")
     # NwaySource's table, holdout and split over the 2N columns [group; hard negative]
     # (every joined row has >= min_views texts, so its own filter keeps them all).
-    super().__init__([*languages, *languages], joined, min_views, validation_percent, holdout)
+    super().__init__([*languages, *languages], joined, min_views, validation_percent, holdout,
+                     paths)
     self.languages = list(languages)   # (rows keep their 2N texts: self._width)
 
   def _dataset(self, split, shuffle_files, seed=None):
@@ -212,16 +207,6 @@ class NwayHardNegativeSource(NwaySource):
     for b in super().stored_examples(task, split, lengths, start, end):   # [n, 2N, L], [n, 2N]
       yield {"tokens": b["tokens"][:, :n], "present": b["present"][:, :n],
              "negative_tokens": b["tokens"][:, n:], "negative_present": b["present"][:, n:]}
-
-  def draw_views(self, stored: dict, seeds_B) -> dict:
-    """NwaySource's `views` [B, V * L] and `hard_negative` [B, L]: the hard negative in a
-    language drawn uniformly from those it has."""
-    out = super().draw_views(stored, seeds_B)
-    tokens, present = stored["negative_tokens"], stored["negative_present"]
-    neg = np.empty((len(tokens), tokens.shape[-1]), tokens.dtype)
-    for b, seed in enumerate(seeds_B):
-      neg[b] = tokens[b, _drawn_np(present[b], [*seed, HARD_NEGATIVE_STREAM], 1)[0]]
-    return {**out, "hard_negative": neg}
 
 
 @seqio.map_over_dataset(num_seeds=1)

@@ -1,4 +1,4 @@
-"""Input pipeline: SeqIO task/mixture -> feature converter -> batches.
+"""Input pipeline: the dataset configs and the trainer's iterator over them.
 
 Two readers (`DatasetConfig.reader`):
 - `index` (default; vmx/data/stream.py over the token cache, vmx/data/token_cache): the
@@ -12,18 +12,22 @@ Two readers (`DatasetConfig.reader`):
   each device's rows; a `DataIterator` counts the batches it produced (its `position`)
   and a resume rebuilds the seeded pipeline and skips that many, which takes as long as
   reading them did. Checkpoints written before the index reader existed hold such a
-  position and resume this way, with a warning.
+  position and resume this way, with a warning. It lives in vmx/data/seqio_reader.py.
+
+A gin run's tasks are a `Deferred` call (vmx/data/deferred.py) until `DatasetConfig`
+resolves them: from the record of its built token caches (vmx/data/token_cache/lookup.py:
+no SeqIO, no TensorFlow), else by registering them with SeqIO. Shapes come from the
+model's feature layouts (vmx/data/features.py), never from SeqIO.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Mapping, Optional
 
-import numpy as np
-import seqio
-import tensorflow as tf
-
-from vmx.data import packing, seqio_cache
+from vmx.data import features, packing, views
+from vmx.data.deferred import Deferred
+from vmx.data.token_cache import lookup
 from vmx.errors import ConfigError
 from vmx.gin_utils import check_range, positive_int
 
@@ -50,8 +54,11 @@ class DatasetConfig:
   `pack`: lay several sentences into each row of the model's length (vmx/data/packing.py:
   the same examples, in the same order, the same loss; gin's PACKING); the model must
   read packed rows (`packed_features()`), else the run is refused.
+  `mixture_or_task_name`: a registered name, or a `Deferred` task call (gin's
+  `@tasks.parallel_mixture()`), resolved here to its name: from the record of its built
+  token caches without SeqIO (`record`), else by registering it.
   """
-  mixture_or_task_name: str
+  mixture_or_task_name: Any
   task_feature_lengths: Mapping[str, int]
   batch_size: int
   split: str = "train"
@@ -63,6 +70,10 @@ class DatasetConfig:
   slots: Optional[int] = None
   shuffle_window: int = 1024
   pack: bool = False
+  deferred: Optional[Deferred] = dataclasses.field(default=None, init=False,
+                                                            repr=False, compare=False)
+  record: Optional[lookup.Record] = dataclasses.field(default=None, init=False, repr=False,
+                                                      compare=False)
 
   def __post_init__(self):
     check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
@@ -83,6 +94,30 @@ class DatasetConfig:
                 "a positive multiple of 256 rows")
     check_range(isinstance(self.pack, bool), "DatasetConfig", "pack", self.pack,
                 "True or False (PACKING)")
+    if isinstance(self.mixture_or_task_name, Deferred):
+      self.deferred = self.mixture_or_task_name
+      self.record, why = lookup.find(self.deferred.key(), self.array_cache_dir)
+      if self.record is not None:
+        self.mixture_or_task_name = self.record.name
+      else:
+        if why != lookup.NOT_FOUND:
+          print(f"[vmx] {self.deferred!r}: the record of its token caches does not match "
+                f"({why}): registering its tasks with SeqIO", flush=True)
+        self.mixture_or_task_name = self.deferred.name()
+    check_range(isinstance(self.mixture_or_task_name, str), "DatasetConfig",
+                "mixture_or_task_name", self.mixture_or_task_name,
+                "a task or mixture name, or a tasks.* call such as @tasks.parallel_mixture()")
+
+  def register(self) -> str:
+    """Registers the tasks with SeqIO where they were found by their record (a deferred
+    call, not called yet); returns the name. SeqIO's readers and builders call this."""
+    if self.deferred is not None:
+      name = self.deferred.name()
+      if name != self.mixture_or_task_name:
+        raise ConfigError(f"{self.deferred!r} registers {name!r}, but the record of its token "
+                          f"caches ({self.record and self.record.path}) says "
+                          f"{self.mixture_or_task_name!r}; delete that record")
+    return self.mixture_or_task_name
 
 
 @dataclasses.dataclass
@@ -120,30 +155,29 @@ def task_configs(cfg) -> dict:
   return dict(cfg.tasks) if isinstance(cfg, MultiTaskConfig) else {None: cfg}
 
 
-def token_lengths(cfg, feature_converter_cls) -> list[int]:
-  """The task lengths of the token features (int32 in the converters' TASK_FEATURES; not,
-  say, a float vector such as distillation's `teacher`): what sentences are cut to."""
+def _layouts(cfg, layouts) -> dict:
+  """{task key: features.Layout} of a model's layouts (`feature_layout()`; SeqIO
+  converter classes are accepted too: `FEATURE_CONVERTER_CLS`)."""
+  out = features.layouts(layouts)
+  return {key: (out[key] if isinstance(out, dict) else out) for key in task_configs(cfg)}
+
+
+def token_lengths(cfg, layouts) -> list[int]:
+  """The task lengths of the token features (int32 task features; not, say, a float
+  vector such as distillation's `teacher`): what sentences are cut to."""
   out = []
   for key, c in task_configs(cfg).items():
-    fc = (feature_converter_cls[key] if isinstance(feature_converter_cls, Mapping)
-          else feature_converter_cls)
-    specs = getattr(fc, "func", fc).TASK_FEATURES
+    specs = _layouts(cfg, layouts)[key].TASK_FEATURES
     out += [n for f, n in c.task_feature_lengths.items()
-            if f not in specs or specs[f].dtype == tf.int32]
+            if f not in specs or specs[f].dtype == "int32"]
   return out
 
 
-def token_features(cfg, feature_converter_cls) -> list[str]:
+def token_features(cfg, layouts) -> list[str]:
   """The model's token features (int32 sequences, `key/feature` for several tasks): what
   packs, and what the step's `useful_token_fraction` counts."""
-  out = []
-  for key, c in task_configs(cfg).items():
-    fc = (feature_converter_cls[key] if isinstance(feature_converter_cls, Mapping)
-          else feature_converter_cls)
-    specs = getattr(fc, "func", fc).MODEL_FEATURES
-    out += [k if key is None else f"{key}/{k}" for k, spec in specs.items()
-            if spec.dtype == tf.int32 and spec.rank == 1]
-  return out
+  return [k if key is None else f"{key}/{k}"
+          for key, layout in _layouts(cfg, layouts).items() for k in layout.token_features()]
 
 
 def packed_features(cfg, model, shapes: Mapping[str, tuple]) -> dict:
@@ -165,127 +199,59 @@ def packed_features(cfg, model, shapes: Mapping[str, tuple]) -> dict:
   return out
 
 
-def model_feature_shapes(cfg, feature_converter_cls) -> dict:
+def model_feature_shapes(cfg, layouts) -> dict:
   """Global batch shapes of the model features ([B] scalars, [B, length] sequences);
-  `feature_converter_cls` is a model's FEATURE_CONVERTER_CLS (a dict for several tasks)."""
-  multi = isinstance(feature_converter_cls, Mapping)
+  `layouts`: a model's `feature_layout()` (a dict for several tasks)."""
+  multi = isinstance(layouts, Mapping)
   if multi != isinstance(cfg, MultiTaskConfig):
     raise ConfigError(
-        f"the model reads {'tasks ' + str(sorted(feature_converter_cls)) if multi else 'one task'}"
+        f"the model reads {'tasks ' + str(sorted(layouts)) if multi else 'one task'}"
         f" each step but train_dataset_cfg is a {type(cfg).__name__}: "
         + ("use MultiTaskConfig(tasks={...})" if multi else "use one DatasetConfig"))
   if multi:
-    missing = sorted(set(feature_converter_cls) - set(cfg.tasks))
-    extra = sorted(set(cfg.tasks) - set(feature_converter_cls))
+    missing = sorted(set(layouts) - set(cfg.tasks))
+    extra = sorted(set(cfg.tasks) - set(layouts))
     if missing or extra:
       raise ConfigError(
           f"MultiTaskConfig.tasks has {sorted(cfg.tasks)} but the model reads "
-          f"{sorted(feature_converter_cls)}" + (f"; missing: {missing}" if missing else "")
+          f"{sorted(layouts)}" + (f"; missing: {missing}" if missing else "")
           + (f"; not read by the model: {extra}" if extra else ""))
   shapes = {}
   for key, c in task_configs(cfg).items():
-    fc = (feature_converter_cls[key] if multi else feature_converter_cls)(pack=False)
-    for k, n in fc.get_model_feature_lengths(c.task_feature_lengths).items():
+    layout = _layouts(cfg, layouts)[key]
+    for k, n in layout.model_lengths(c.task_feature_lengths).items():
       shapes[k if key is None else f"{key}/{k}"] = (
-          (c.batch_size,) if fc.MODEL_FEATURES[k].rank == 0 else (c.batch_size, n))
+          (c.batch_size,) if layout.MODEL_FEATURES[k].rank == 0 else (c.batch_size, n))
   return shapes
 
 
 def num_examples(cfg) -> dict:
   """{task key: training examples in its source(s), or None where a source does not say}
-  (a mixture: the sum over its tasks)."""
+  (a mixture: the sum over its tasks); from the record of the token caches where the
+  config was found by it, else from the registered tasks (SeqIO)."""
   out = {}
   for key, c in task_configs(cfg).items():
-    provider = seqio.get_mixture_or_task(c.mixture_or_task_name)
-    tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
-    counts = [t.num_input_examples(c.split) for t in tasks]
-    out[key] = None if any(n is None for n in counts) else int(sum(counts))
+    n = c.record.num_examples(c.split) if c.record is not None else None
+    if n is None:
+      import seqio  # lazy: SeqIO only where no record counts the examples
+      provider = seqio.get_mixture_or_task(c.register())
+      tasks = provider.tasks if isinstance(provider, seqio.Mixture) else [provider]
+      counts = [t.num_input_examples(c.split) for t in tasks]
+      n = None if any(m is None for m in counts) else int(sum(counts))
+    out[key] = n
   return out
 
 
-def uniform_config(feature_converter_cls, batch_size: int, length: int):
+def uniform_config(layouts, batch_size: int, length: int):
   """A placeholder dataset config (task names unset) giving every sequence feature of
   every task `length` and every task `batch_size`: shapes for benchmarks without data."""
-  def one(fc_cls):
-    features = getattr(fc_cls, "func", fc_cls).TASK_FEATURES   # a class or a partial
-    lengths = {k: length for k, spec in features.items() if spec.rank > 0}
+  def one(layout):
+    lengths = {k: length for k, spec in layout.TASK_FEATURES.items() if spec.rank > 0}
     return DatasetConfig("unset", lengths, batch_size)
-  if isinstance(feature_converter_cls, Mapping):
-    return MultiTaskConfig({k: one(c) for k, c in feature_converter_cls.items()})
-  return one(feature_converter_cls)
-
-
-def get_dataset(cfg: DatasetConfig, feature_converter: seqio.FeatureConverter,
-                num_epochs: Optional[int] = None, seed: Optional[int] = None) -> tf.data.Dataset:
-  """The GLOBAL batches: [batch_size, ...] numpy-able dicts (every process reads the
-  whole stream; the trainer places each device's rows)."""
-  provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
-  if cfg.use_cached:
-    seqio_cache.check_cached(cfg.mixture_or_task_name, cfg.split)
-  kwargs = dict(sequence_length=cfg.task_feature_lengths, split=cfg.split,
-                use_cached=cfg.use_cached, shuffle=cfg.shuffle,
-                seed=cfg.seed if cfg.seed is not None else seed,
-                shard_info=seqio.ShardInfo(index=0, num_shards=1),
-                num_epochs=num_epochs)
-  if isinstance(provider, seqio.Mixture):
-    # Mixtures keep only tokenized output features unless told: pass the converter's
-    # other inputs (e.g. language ids) through.
-    kwargs["passthrough_features"] = [k for k in feature_converter.TASK_FEATURES
-                                      if k not in provider.output_features]
-  ds = provider.get_dataset(**kwargs)
-  ds = feature_converter(ds, cfg.task_feature_lengths)
-  ds = ds.batch(cfg.batch_size, drop_remainder=True)
-  options = tf.data.Options()
-  options.deterministic = True
-  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
-
-
-class DataIterator:
-  """Numpy batches from a deterministic tf.data pipeline, with a checkpointable position
-  (the `seqio` reader: GLOBAL batches, a resume replays `position` batches)."""
-
-  reader = "seqio"
-  rows = None   # every process reads the global batch
-
-  def __init__(self, make_dataset: Callable[[], tf.data.Dataset], position: int = 0):
-    self._make_dataset = make_dataset
-    self.position = 0
-    self._it = None
-    self.restore({"position": position})
-
-  def restore(self, state: Mapping[str, Any]):
-    self.position = int(state["position"])
-    self._it = iter(self._make_dataset().skip(self.position).as_numpy_iterator())
-
-  def state_at(self, position: int) -> dict:
-    return {"position": int(position)}
-
-  def state(self) -> dict:
-    return self.state_at(self.position)
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    batch = next(self._it)
-    self.position += 1
-    return batch
-
-
-def _seqio_iterator(cfg, feature_converter_cls, seed: int) -> DataIterator:
-  """The `seqio` reader's GLOBAL batches, the same on every process. A MultiTaskConfig
-  zips its tasks' batches (task i shuffled with seed + i) into one dict with
-  `key/feature` names; the position counts steps, as for one task."""
-  if not isinstance(cfg, MultiTaskConfig):
-    fc = feature_converter_cls(pack=False)
-    return DataIterator(lambda: get_dataset(cfg, fc, num_epochs=None, seed=seed))
-
-  def make_dataset():
-    parts = {key: get_dataset(c, feature_converter_cls[key](pack=False), num_epochs=None,
-                              seed=seed + i) for i, (key, c) in enumerate(cfg.tasks.items())}
-    return tf.data.Dataset.zip(parts).map(
-        lambda ex: {f"{key}/{k}": v for key, part in ex.items() for k, v in part.items()})
-  return DataIterator(make_dataset)
+  out = features.layouts(layouts)
+  if isinstance(out, Mapping):
+    return MultiTaskConfig({k: one(v) for k, v in out.items()})
+  return one(out)
 
 
 def reader_of(cfg) -> str:
@@ -296,40 +262,88 @@ def reader_of(cfg) -> str:
   return readers.pop()
 
 
-def _check_nway(task, converter):
+def _check_views(task: str, draw: Optional[views.Draw], layout: features.Layout):
   """An N-way task's views and hard negatives are what the model reads."""
-  n = getattr(task.source, "num_views", None)
-  if n is None:
+  if draw is None:
     return
-  if getattr(converter, "num_views", n) != n:
-    raise ConfigError(f"task {task.name} draws {n} views but the model reads "
-                      f"{converter.num_views} (NUM_VIEWS)")
-  hard = getattr(task.source, "hard_negatives", False)
-  if getattr(converter, "hard_negatives", False) != hard:
-    raise ConfigError(f"task {task.name} {'has' if hard else 'has no'} hard negatives but "
+  if layout.num_views is not None and layout.num_views != draw.num_views:
+    raise ConfigError(f"task {task} draws {draw.num_views} views but the model reads "
+                      f"{layout.num_views} (NUM_VIEWS)")
+  if layout.hard_negatives != draw.hard_negatives:
+    hard = draw.hard_negatives
+    raise ConfigError(f"task {task} {'has' if hard else 'has no'} hard negatives but "
                       f"the model reads {'none' if hard else 'one per example'} "
                       f"(MPCLModel.hard_negatives)")
 
 
-def _streams(cfg, feature_converter_cls, seed: int, progress: bool, orders: Mapping):
-  """{task key: stream.Stream} of the configs (their token caches opened, built where
-  missing and local); `orders`: {task key: stream.Order} instead of the config's (a
-  state written before format 2)."""
+def _view_draw(task) -> Optional[views.Draw]:
+  """How an N-way task's rows draw their views (None: another source)."""
+  source = task.source
+  return source.view_draw() if hasattr(source, "view_draw") else None
+
+
+def record_caches(cfg: DatasetConfig, layout: features.Layout, tasks, rates, tables,
+                  root: Optional[str] = None):
+  """Writes the record by which a later run finds these caches without SeqIO
+  (vmx/data/token_cache/lookup.py) under `root` (default the config's), where the config
+  is a deferred task call and every task's source names its files."""
+  if cfg.deferred is None:
+    return
+  paths = [getattr(t.source, "paths", None) for t in tasks]
+  if any(p is None for p in paths):   # a source that cannot say what it reads
+    return
+  files = sorted({str(f) for p in paths for f in p} | set(_vocabulary_files(cfg.deferred)))
+  counts = [t.num_input_examples(cfg.split) for t in tasks]
+  lookup.write(
+      cfg.deferred.key(), root or cfg.array_cache_dir, cfg.mixture_or_task_name,
+      [{"name": t.name, "rate": float(r),
+        "draw": None if _view_draw(t) is None else _view_draw(t).describe()}
+       for t, r in zip(tasks, rates)],
+      files, cfg.split, None if any(n is None for n in counts) else [int(n) for n in counts],
+      cfg.task_feature_lengths, layout, [tab.dir for tab in tables],
+      [tab.info["fingerprint"] for tab in tables])
+
+
+def _vocabulary_files(call: Deferred) -> list[str]:
+  """The files of the call's `vocabulary` (a SentencePiece model, or a tokenizer's
+  directory): part of what the record stamps."""
+  v = call.arguments.get("vocabulary")
+  if not isinstance(v, str) or "://" in v or not os.path.exists(v):
+    return []
+  if os.path.isdir(v):
+    return sorted(os.path.join(v, f) for f in os.listdir(v)
+                  if os.path.isfile(os.path.join(v, f)))
+  return [v]
+
+
+def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
+  """{task key: stream.Stream} of the configs: their token caches found by their record
+  (no SeqIO), else opened through the registered tasks (built where missing and local)
+  and recorded; `orders`: {task key: stream.Order} instead of the config's (a state
+  written before format 2)."""
   from vmx.data import stream  # grain: only for the index reader
-  from vmx.data.token_cache import build
-  multi = isinstance(feature_converter_cls, Mapping)
   described = described_config(cfg, seed)
   out = {}
   for key, c in task_configs(cfg).items():
     d = described[str(key)]
-    converter = (feature_converter_cls[key] if multi else feature_converter_cls)(pack=False)
-    tasks, rates, tables = build.open_tables(c, converter, progress)
-    for t in tasks:
-      _check_nway(t, converter)
+    layout = _layouts(cfg, layouts)[key]
+    tables = c.record and c.record.tables(c.split, c.task_feature_lengths, layout,
+                                          c.array_cache_dir)
+    if tables:
+      names = [t["name"] for t in c.record.tasks]
+      rates = [t["rate"] for t in c.record.tasks]
+      draws = [t["draw"] and views.Draw(**t["draw"]) for t in c.record.tasks]
+    else:
+      from vmx.data.token_cache import build  # SeqIO: caches not found by their record
+      c.register()
+      tasks, rates, tables = build.open_tables(c, layout.converter(), progress)
+      record_caches(c, layout, tasks, rates, tables)
+      names, draws = [t.name for t in tasks], [_view_draw(t) for t in tasks]
+    for name, draw in zip(names, draws):
+      _check_views(name, draw, layout)
     order = orders.get(key) or stream.Order.default(c.batch_size, c.slots, c.shuffle_window)
     out[key] = stream.Stream(
-        [t.name for t in tasks], rates, tables, c.batch_size, d["seed"], c.shuffle, order,
-        draw=[getattr(t.source, "draw_views", None) for t in tasks],
+        names, rates, tables, c.batch_size, d["seed"], c.shuffle, order, draw=draws,
         about={k: d[k] for k in ("mixture_or_task_name", "split", "lengths")})
   return out
 
@@ -350,19 +364,27 @@ def described_config(cfg, seed: int) -> dict:
   return out
 
 
-def train_iterator(cfg, feature_converter_cls, seed: int, rows: Optional[Mapping] = None,
+def _seqio_iterator(cfg, layouts, seed: int):
+  from vmx.data import seqio_reader  # SeqIO and TensorFlow: the seqio reader only
+  for c in task_configs(cfg).values():
+    c.register()
+  return seqio_reader.seqio_iterator(
+      task_configs(cfg), {k: v.converter() for k, v in _layouts(cfg, layouts).items()}, seed)
+
+
+def train_iterator(cfg, layouts, seed: int, rows: Optional[Mapping] = None,
                    progress: bool = True, orders: Optional[Mapping] = None):
   """The training batches of `cfg` from step 0. The index reader yields the rows `rows`
   ({task key: global row indices}, default all) of each step; the seqio reader yields
   global batches (`rows` ignored)."""
   if reader_of(cfg) == "seqio":
-    return _seqio_iterator(cfg, feature_converter_cls, seed)
+    return _seqio_iterator(cfg, layouts, seed)
   from vmx.data import stream  # grain: only for the index reader
-  return stream.IndexIterator(_streams(cfg, feature_converter_cls, seed, progress,
+  return stream.IndexIterator(_streams(cfg, layouts, seed, progress,
                                        orders or {}), rows)
 
 
-def resume_iterator(cfg, feature_converter_cls, seed: int, state: Mapping,
+def resume_iterator(cfg, layouts, seed: int, state: Mapping,
                     rows: Optional[Mapping] = None, allow_change: bool = False):
   """The training batches of `cfg` from a checkpoint's data state. An index state
   restarts at its step; a replay position (the seqio reader, or a checkpoint written
@@ -377,7 +399,7 @@ def resume_iterator(cfg, feature_converter_cls, seed: int, state: Mapping,
     described = state.get("stream", {})
     orders = {key: stream.Order.legacy_v1() for key in task_configs(cfg)
               if str(key) in described and "order" not in described[str(key)]}
-    it = train_iterator(cfg, feature_converter_cls, seed, rows, orders=orders)
+    it = train_iterator(cfg, layouts, seed, rows, orders=orders)
     it.restore(state, allow_change)
     return it
   if reader_of(cfg) == "index":
@@ -385,6 +407,6 @@ def resume_iterator(cfg, feature_converter_cls, seed: int, state: Mapping,
           f"was written by the replaying reader: this run goes on with that reader and "
           f"replays them (slow at large steps); a new run uses the index reader",
           flush=True)
-  it = _seqio_iterator(cfg, feature_converter_cls, seed)
+  it = _seqio_iterator(cfg, layouts, seed)
   it.restore(state)
   return it

@@ -26,9 +26,9 @@ from vmx.data.preprocessors import (add_language_ids, add_teacher_embeddings,
                                     tokenize_step, truncate_keeping_last)
 from vmx.data.seqio_vocab import HfVocabulary, seqio_vocabulary
 from vmx.data.sources import VALIDATION_PERCENT
+from vmx.data.task_settings import DEFAULT_SHUFFLE_BUFFER
 from vmx.errors import DataError
 
-DEFAULT_SHUFFLE_BUFFER = 20_000
 
 
 def language_id(lang: str, languages: Sequence[str], where: str = "") -> int:
@@ -106,13 +106,15 @@ def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
 def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: str,
                        num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                        validation_percent: int = VALIDATION_PERCENT,
-                       holdout: Optional[devsets.HeldOut] = None) -> str:
-  """Registers a task of N-way groups yielding `views` [num_views, L] token ids."""
+                       holdout: Optional[devsets.HeldOut] = None,
+                       paths: Sequence[str] = ()) -> str:
+  """Registers a task of N-way groups yielding `views` [num_views, L] token ids (`paths`:
+  the files the rows were read from)."""
   vocab = seqio_vocabulary(vocab_path)
   features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(
-      name, source=nway_source(languages, rows, num_views, validation_percent, holdout),
+      name, source=nway_source(languages, rows, num_views, validation_percent, holdout, paths),
       preprocessors=[functools.partial(sample_views, num_views=num_views),
                      # the views' languages are drawn per example: a pre-tokenizing
                      # vocabulary is refused (tokenize_step)
@@ -125,7 +127,8 @@ def register_nway_hard_negative_task(name: str, languages: Sequence[str], rows, 
                                      vocab_path: str, num_views: int,
                                      shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                                      validation_percent: int = VALIDATION_PERCENT,
-                                     holdout: Optional[devsets.HeldOut] = None) -> str:
+                                     holdout: Optional[devsets.HeldOut] = None,
+                                     paths: Sequence[str] = ()) -> str:
   """Registers a task of N-way groups with hard negatives (NwayHardNegativeSource)
   yielding `views` [num_views + 1, L] token ids, the hard negative last."""
   vocab = seqio_vocabulary(vocab_path)
@@ -133,7 +136,7 @@ def register_nway_hard_negative_task(name: str, languages: Sequence[str], rows, 
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(
       name, source=NwayHardNegativeSource(languages, rows, negatives, num_views,
-                                          validation_percent, holdout),
+                                          validation_percent, holdout, paths),
       preprocessors=[functools.partial(sample_views_and_hard_negative, num_views=num_views),
                      # the views' languages are drawn per example: a pre-tokenizing
                      # vocabulary is refused (tokenize_step)

@@ -52,7 +52,7 @@ def _drop_empty(ex):
                         tf.strings.length(tf.strings.strip(ex["targets"])) > 0)
 
 
-VALIDATION_PERCENT = 1
+from vmx.data.task_settings import VALIDATION_PERCENT  # noqa: E402  (re-exported)
 
 
 def in_validation(text: tf.Tensor, validation_percent: int) -> tf.Tensor:

@@ -28,7 +28,10 @@ import io
 import json
 
 import numpy as np
-import tensorflow as tf
+from etils import epy
+
+with epy.lazy_imports():   # TensorFlow: only where texts are fingerprinted
+  import tensorflow as tf
 
 from vmx import storage
 from vmx.errors import DataError

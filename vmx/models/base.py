@@ -6,9 +6,11 @@ contract for every model:
   get_initial_variables(rng, input_shapes, input_types=None) -> variables
   compute_loss(params, batch, dropout_rng, flax_mutables)
       -> (loss, {name: scalar}, new_flax_mutables)
-  feature_converter()   what shapes the model's batches (vmx.data.feature_converters);
-                        `FEATURE_CONVERTER_CLS` resolves it, lazily, so that importing a
-                        model (for inference) never imports seqio/TensorFlow
+  feature_converter()   what shapes the model's batches: a converter's name;
+                        `feature_layout()` is its features (vmx.data.features, no
+                        SeqIO: what the trainer reads), `FEATURE_CONVERTER_CLS` the SeqIO
+                        converter (imported on use: importing a model never imports
+                        seqio/TensorFlow)
 State not trained by gradients (momentum encoders, queues of past embeddings, step
 counters) lives in those `flax_mutables` of the train state: such models put it in
 `get_initial_variables` and return its new value; the others return what they were
@@ -66,6 +68,7 @@ import jax.numpy as jnp
 from clu import metrics as clu_metrics
 from flax import linen as nn
 
+from vmx.data import features
 from vmx.errors import ConfigError
 from vmx.losses import l2_normalize, token_row_key
 
@@ -113,6 +116,11 @@ class BaseModel(abc.ABC):
     or (name, {keyword arguments}); a model reading several tasks a step: {task: either}.
     Default: the class's FEATURE_CONVERTER."""
     return self.FEATURE_CONVERTER
+
+  def feature_layout(self):
+    """The features of `feature_converter()` (vmx.data.features.Layout, or {task: Layout}):
+    what the trainer and the token-cache reader need, without SeqIO."""
+    return features.layouts(self.feature_converter())
 
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's name; resolved on use)

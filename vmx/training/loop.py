@@ -65,7 +65,7 @@ class TrainingRun:
   def phase_data(self, i: int, data_state=None) -> Prefetcher:
     """Phase i's batches (this process's rows), from its start or a checkpoint's state."""
     ph, tr = self.phases[i], self.trainers[i]
-    args = (ph.train_dataset_cfg, ph.model.FEATURE_CONVERTER_CLS, self.random_seed + 1000 * i)
+    args = (ph.train_dataset_cfg, ph.model.feature_layout(), self.random_seed + 1000 * i)
     it = (pipeline.train_iterator(*args, tr.local_rows(), progress=self.primary)
           if data_state is None else
           pipeline.resume_iterator(*args, data_state, tr.local_rows(), self.allow_data_change))

@@ -1,13 +1,23 @@
-"""Metric writers: stdout/logging + TensorBoard (clu) + a JSONL file, local or remote
-(MODEL_DIR on gs://: see vmx/storage.py)."""
+"""Metric writers: TensorBoard event files and a JSONL file, local or remote (MODEL_DIR on
+gs://: see vmx/storage.py).
+
+The trainer writes scalars only (`write_scalars`, `flush`, `close`). TensorBoard's files
+are written by the `tensorboard` package's own pure-Python event writer (what
+torch.utils.tensorboard uses), not through TensorFlow's tf.summary as clu's
+SummaryWriter does: a run whose token cache is built never imports TensorFlow
+(vmx/data/pipeline.py). Without the `tensorboard` package (a bare accelerator image) the
+run writes metrics.jsonl only, and says so once.
+"""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import socket
 import tempfile
 import time
 
 import jax
-from clu import metric_writers
 
 from vmx import storage
 from vmx.modeldir import layout
@@ -34,7 +44,7 @@ def has_row(model_dir, step: int, *keys: str) -> bool:
              for r in read_rows(layout.metrics_path(model_dir)))
 
 
-class JsonlWriter(metric_writers.MetricWriter):
+class JsonlWriter:
   """Appends {"step": s, "time": t, name: value, ...} lines to a file.
 
   `resume_step`: the step the run (re)starts from. Rows of later steps, and of that
@@ -72,30 +82,6 @@ class JsonlWriter(metric_writers.MetricWriter):
       self._f.write(json.dumps(row) + "\n")
       self._f.flush()
 
-  def write_summaries(self, step, values, metadata=None):
-    pass
-
-  def write_images(self, step, images):
-    pass
-
-  def write_videos(self, step, videos):
-    pass
-
-  def write_audios(self, step, audios, *, sample_rate):
-    pass
-
-  def write_texts(self, step, texts):
-    pass
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    pass
-
-  def write_pointcloud(self, step, point_clouds, *, point_colors=None, configs=None):
-    pass
-
-  def write_hparams(self, hparams):
-    pass
-
   def flush(self):
     if self._f:
       self._f.flush()
@@ -105,11 +91,39 @@ class JsonlWriter(metric_writers.MetricWriter):
       self._f.close()
 
 
-class UploadingSummaryWriter(metric_writers.SummaryWriter):
-  """clu's TensorBoard SummaryWriter into a local staging directory, whose event files
-  are uploaded whole to `remote_dir` at every flush (the trainer flushes at each log
-  line) and at close, so MODEL_DIR/train shows the run up to its last flush, through
-  whichever filesystem epath uses (TensorFlow's or gcsfs: see vmx/storage.py)."""
+class TensorBoardWriter:
+  """Scalars as a TensorBoard event file under `logdir`: TFRecord-framed Event protos
+  written by tensorboard's pure-Python RecordWriter (its EventFileWriter would open the
+  file through TensorFlow's gfile, importing TensorFlow where it is installed)."""
+
+  def __init__(self, logdir):
+    # lazy: `tensorboard` is optional (create_writer checks it)
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+    os.makedirs(logdir, exist_ok=True)
+    name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.vmx"
+    self._file = open(os.path.join(logdir, name), "wb")
+    self._w = RecordWriter(self._file)
+    self._w.write(self._event(wall_time=time.time(), file_version="brain.Event:2")
+                  .SerializeToString())
+
+  def write_scalars(self, step, scalars):
+    values = [self._summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+    self._w.write(self._event(wall_time=time.time(), step=int(step),
+                              summary=self._summary(value=values)).SerializeToString())
+
+  def flush(self):
+    self._w.flush()
+
+  def close(self):
+    self._w.close()
+
+
+class UploadingTensorBoardWriter(TensorBoardWriter):
+  """TensorBoardWriter into a local staging directory, whose event files are uploaded
+  whole to `remote_dir` at every flush (the trainer flushes at each log line) and at
+  close, so MODEL_DIR/train shows the run up to its last flush."""
 
   def __init__(self, remote_dir):
     self.remote_dir = storage.path(remote_dir)
@@ -127,13 +141,36 @@ class UploadingSummaryWriter(metric_writers.SummaryWriter):
     self._staging.cleanup()
 
 
-def create_writer(model_dir, resume_step: int = 0) -> metric_writers.MetricWriter:
-  """TensorBoard under MODEL_DIR/train, MODEL_DIR/metrics.jsonl; process 0 only."""
+class MultiWriter:
+  """Writes to every writer it holds."""
+
+  def __init__(self, writers):
+    self.writers = list(writers)
+
+  def write_scalars(self, step, scalars):
+    for w in self.writers:
+      w.write_scalars(step, scalars)
+
+  def flush(self):
+    for w in self.writers:
+      w.flush()
+
+  def close(self):
+    for w in self.writers:
+      w.close()
+
+
+def create_writer(model_dir, resume_step: int = 0) -> MultiWriter:
+  """TensorBoard under MODEL_DIR/train (where `tensorboard` is installed) and
+  MODEL_DIR/metrics.jsonl; process 0 only (the others write nothing)."""
   if jax.process_index() > 0:
-    return metric_writers.LoggingWriter()
+    return MultiWriter([])
   model_dir = storage.path(model_dir)
+  writers = [JsonlWriter(layout.metrics_path(model_dir), resume_step)]
   board = model_dir / layout.TENSORBOARD_DIR
-  tensorboard = (UploadingSummaryWriter(board) if storage.is_remote(model_dir)
-                 else metric_writers.SummaryWriter(str(board)))
-  return metric_writers.MultiWriter([
-      tensorboard, JsonlWriter(layout.metrics_path(model_dir), resume_step)])
+  if importlib.util.find_spec("tensorboard") is None:
+    print("[vmx] no `tensorboard` package: metrics go to metrics.jsonl only", flush=True)
+  else:
+    writers.append(UploadingTensorBoardWriter(board) if storage.is_remote(model_dir)
+                   else TensorBoardWriter(board))
+  return MultiWriter(writers)

@@ -41,7 +41,7 @@ class TrainState:
 def input_shapes(dataset_cfg, model: BaseModel) -> dict:
   """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise
   (`task/feature` names for a MultiTaskConfig)."""
-  return pipeline.model_feature_shapes(dataset_cfg, model.FEATURE_CONVERTER_CLS)
+  return pipeline.model_feature_shapes(dataset_cfg, model.feature_layout())
 
 
 class Trainer:

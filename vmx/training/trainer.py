@@ -143,11 +143,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
         raise ConfigError(f"the data of task(s) {empty} have no examples")
       ph.model.validate_data(examples, batch_sizes)
       shapes = input_shapes(ph.train_dataset_cfg, ph.model)
-      converters = ph.model.FEATURE_CONVERTER_CLS
+      layouts = ph.model.feature_layout()
       trainers.append(Trainer(
           ph.model, ph.optimizer, partitioner, shapes, ph.learning_rate, grad_cache_chunks,
           packed=pipeline.packed_features(ph.train_dataset_cfg, ph.model, shapes),
-          token_features=pipeline.token_features(ph.train_dataset_cfg, converters)))
+          token_features=pipeline.token_features(ph.train_dataset_cfg, layouts)))
     except ConfigError as e:
       if not where:
         raise
@@ -158,7 +158,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
   # The longest input of any phase: what inference truncates to (vmx_model.json).
   max_length = max(n for ph in phases
                    for n in pipeline.token_lengths(ph.train_dataset_cfg,
-                                                   ph.model.FEATURE_CONVERTER_CLS))
+                                                   ph.model.feature_layout()))
   primary = jax.process_index() == 0
   operative_config = gin.operative_config_str()
   lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,

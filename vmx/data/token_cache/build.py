@@ -1,7 +1,7 @@
 """Finding a task's token cache, building it where it is missing, refusing where it differs.
 
 `open_table` looks for the cache of (task, split, lengths, converter) under a root
-(default `default_root()`, beside the vocabularies): the directory named by its
+(default `lookup.default_root()`, beside the vocabularies): the directory named by its
 fingerprint (vmx/data/token_cache/fingerprint.py). Missing, it is built in this process
 (`build_local`, a local root) or refused with what differs from the caches that are there
 and the command that writes it (a remote root: `launch/cache_tasks.py`, on Beam past one
@@ -23,13 +23,9 @@ from vmx.data import seqio_cache
 from vmx.data.token_cache import fingerprint as fp
 from vmx.data.token_cache import format as fmt
 from vmx.data.token_cache import writer
+from vmx.data.token_cache.lookup import default_root
 from vmx.data.token_cache.table import Table
 from vmx.errors import ConfigError, DataError
-
-
-def default_root() -> str:
-  """`VMX_CACHE_DIR`'s parent /arrays (beside the vocabularies and teacher caches)."""
-  return str(storage.cache_dir().parent / "arrays")
 
 
 def directory_of(root, task: seqio.Task, split: str, digest: str):
@@ -201,7 +197,7 @@ def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[
 def config_tasks(cfg) -> tuple[list, list]:
   """(tasks, rates) of a DatasetConfig: its task, or its mixture's tasks with a positive
   rate."""
-  provider = seqio.get_mixture_or_task(cfg.mixture_or_task_name)
+  provider = seqio.get_mixture_or_task(cfg.register())
   if isinstance(provider, seqio.Mixture):
     pairs = [(t, float(provider.get_rate(t))) for t in provider.tasks]
     pairs = [(t, r) for t, r in pairs if r > 0]

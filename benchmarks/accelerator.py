@@ -1,0 +1,416 @@
+#!/usr/bin/env python
+"""One command, one JSON: every family's training step on this machine's accelerator.
+
+  python benchmarks/accelerator.py                 # a GPU/TPU: base size, ~6 minutes
+  python benchmarks/accelerator.py --smoke         # CPU, tiny sizes, ~1 minute (CI)
+  OUT=/some/dir python benchmarks/accelerator.py   # also writes $OUT/accelerator.json
+
+What it measures (docs/performance.md, "On a GPU", has the figures and the command that
+carries what the device image lacks):
+- per family (CONTRASTIVE, VMSST, EMS, MPCL, InfoXLM's MMLM+TLM+XLCO, EMMA-X) at base
+  size (12 layers, d 768, the XLM-R vocabulary, bf16 activations, the papers' lengths),
+  on synthetic full-length batches: steps/s, examples/s, tokens/s, the step's FLOPs as
+  XLA counts them against an analytic count of the encoder passes, MFU (XLA's FLOPs over
+  the device's bf16 peak), the device's peak memory against the compiled step's own
+  estimate (`memory_analysis`, what benchmarks/memory_report.py reports ahead of time),
+  and input_wait_fraction (the step waiting for the next host batch from a prefetching
+  thread: synthetic batches, so this is the host's placement cost, not the reader's);
+- VMSST 24L at the largest batch that fits (halved from 1,024 until it compiles and runs);
+- bf16 against f32: the tiny CONTRASTIVE model trained on the same seeded batches; the
+  losses' largest relative difference over the last steps, against TOLERANCE;
+- restart: train, save with vmx's Checkpointer, restore, go on; the resumed parameters
+  must equal the uninterrupted run's bit for bit;
+- attention: `jax.nn.dot_product_attention` (cuDNN where the backend has it, else XLA)
+  against vmx's einsum attention with padding and segment masks, speed and numerics.
+
+Each measurement is timed and guarded on its own: a failure is recorded in the JSON and
+the others go on; an out-of-memory halves the batch (recorded); a deadline (--timeout)
+skips what would not finish. The JSON is rewritten after every measurement, so a killed
+run leaves what it had.
+"""
+import importlib.util  # noqa: F401  (gin-config 0.5 gotcha)
+import argparse
+import json
+import os
+import queue
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TOLERANCE = 0.05           # bf16 vs f32: largest relative loss difference, last 20% steps
+# Dense bf16 peak FLOP/s by device kind (vendor figures, no sparsity); others are measured.
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12,
+             "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
+             "TPU v6 lite": 918e12}
+TESTED_JAX = ("0.10.2", "0.11.2")
+BASE = ["NUM_LAYERS = 12", "EMB_DIM = 768", "NUM_HEADS = 12", "MLP_DIM = 3072",
+        "VOCAB_SIZE = 250002", "ACTIVATION_DTYPE = 'bfloat16'", "DROPOUT_RATE = 0.1"]
+# family: (experiment file, its base-size bindings beside BASE, base batch)
+FAMILIES = {
+    "contrastive": ("contrastive_tiny.gin", ["MAX_LENGTH = 32"], 512),
+    "vmsst": ("vmsst_tiny.gin", ["MAX_LENGTH = 32", "DECODER_LAYERS = 12"], 256),
+    "ems": ("ems_tiny.gin", ["MAX_LENGTH = 32"], 512),
+    "mpcl": ("mpcl_tiny.gin", ["MAX_LENGTH = 64"], 128),
+    "infoxlm": ("infoxlm_tiny.gin", ["MAX_LENGTH = 128", "UNIVERSAL_LAYER = 8"], 64),
+    "emmax": ("emmax_tiny.gin", ["MAX_LENGTH = 32"], 512),
+}
+SMOKE = ["NUM_LAYERS = 1", "EMB_DIM = 32", "NUM_HEADS = 2", "MLP_DIM = 64",
+         "VOCAB_SIZE = 500", "MAX_LENGTH = 12"]
+SMOKE_EXTRA = {"vmsst": ["DECODER_LAYERS = 1"], "infoxlm": ["UNIVERSAL_LAYER = 1",
+                                                           "QUEUE_SIZE = 16"]}
+
+
+class Deadline(Exception):
+  pass
+
+
+def out_of_memory(e: BaseException) -> bool:
+  text = f"{type(e).__name__}: {e}"
+  return any(s in text for s in ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory",
+                                 "OOM"))
+
+
+def scalar(metric) -> float:
+  """A step metric (a clu metric, or an array) as a float."""
+  return float(metric.compute() if hasattr(metric, "compute") else metric)
+
+
+def peak_flops(jax, jnp, dtype) -> tuple[float, str]:
+  """(peak FLOP/s, where the figure comes from) of device 0 in `dtype`."""
+  kind = jax.devices()[0].device_kind
+  for name, peak in PEAK_BF16.items():
+    if name in kind and dtype == jnp.bfloat16:
+      return peak, f"vendor bf16 peak of {name}"
+  n = 4096 if jax.default_backend() != "cpu" else 1024
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(5):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n ** 3 / best, f"a {n}x{n} {jnp.dtype(dtype).name} matmul timed here"
+
+
+def synthetic_batch(model, shapes: dict, vocab: int, seed: int):
+  """Full-length random token rows, language ids 0 (the model's only language here) and
+  normal float features, by the model's feature layouts."""
+  import numpy as np
+  layouts = model.feature_layout()
+  rng = np.random.default_rng(seed)
+  out = {}
+  for name, shape in shapes.items():
+    key, _, feat = name.rpartition("/")
+    layout = layouts[key] if isinstance(layouts, dict) else layouts
+    spec = layout.MODEL_FEATURES[feat]
+    if spec.dtype == "float32":
+      out[name] = rng.standard_normal(shape).astype(np.float32)
+    elif len(shape) == 1:
+      out[name] = np.zeros(shape, np.int32)
+    else:
+      out[name] = rng.integers(3, vocab, shape, dtype=np.int32)
+  return out
+
+
+def encoder_flops(model, shapes: dict) -> float:
+  """Analytic training FLOPs of the encoder passes over the batch's token rows: 3 x the
+  forward matmuls (projections, MLP, attention scores and values) of every row of every
+  token feature. Decoders, heads and embeddings are not counted."""
+  enc = getattr(model.module, "encoder", None)
+  if enc is None:
+    return 0.0
+  d, f, depth = enc.emb_dim, enc.mlp_dim, enc.num_layers
+  hd = (enc.head_dim or d // enc.num_heads) * enc.num_heads
+  total = 0.0
+  for name, shape in shapes.items():
+    if len(shape) != 2 or name.endswith("teacher"):
+      continue
+    rows, length = shape
+    per_token = 2 * (3 * d * hd + hd * d) + 2 * 2 * d * f + 2 * 2 * length * hd
+    total += rows * length * depth * per_token
+  return 3.0 * total
+
+
+class Bench:
+  """Builds a family's trainer at a size and measures its step."""
+
+  def __init__(self, args, jax, jnp, np):
+    self.args, self.jax, self.jnp, self.np = args, jax, jnp, np
+    self.t_end = time.time() + args.timeout
+
+  def left(self) -> float:
+    return self.t_end - time.time()
+
+  def build(self, gin_file: str, bindings: list, batch: int):
+    from vmx import experiment
+    from vmx.data import pipeline
+    from vmx.training import partitioning
+    from vmx.training.step import Trainer, input_shapes
+    import gin
+    gin.clear_config()
+    model, tx, _, length, _ = experiment.build_experiment(
+        [gin_file], [*bindings, f"BATCH_SIZE = {batch}"])
+    part = partitioning.Partitioner()
+    shapes = input_shapes(pipeline.uniform_config(model.feature_layout(), batch, length), model)
+    return model, Trainer(model, tx, part, shapes), shapes
+
+  def measure(self, gin_file: str, bindings: list, batch: int, steps: int,
+              vocab: int) -> dict:
+    jax, np = self.jax, self.np
+    t0 = time.time()
+    model, trainer, shapes = self.build(gin_file, bindings, batch)
+    state = trainer.create_state(0)
+    batches = [synthetic_batch(model, shapes, vocab, s) for s in range(2)]
+    placed = trainer.place(batches[0])
+    with trainer.partitioner.context():
+      compiled = trainer.train_step.lower(state, placed).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    xla_flops = float((cost or {}).get("flops", 0.0))
+    mem = compiled.memory_analysis()
+    estimate = None if mem is None else int(mem.argument_size_in_bytes
+                                            + mem.output_size_in_bytes
+                                            + mem.temp_size_in_bytes
+                                            - mem.alias_size_in_bytes)
+    compile_s = time.time() - t0
+    for _ in range(2):                      # warm-up (the step compiles once more: jit)
+      state, _ = trainer.step(state, placed)
+    jax.block_until_ready(state)
+    # timed steps, the batches placed by a prefetching thread (as the trainer's)
+    q = queue.Queue(maxsize=2)
+
+    def produce():
+      for i in range(steps):
+        q.put(trainer.place(batches[i % 2]))
+    threading.Thread(target=produce, daemon=True).start()
+    wait = 0.0
+    t = time.perf_counter()
+    for _ in range(steps):
+      w = time.perf_counter()
+      b = q.get()
+      wait += time.perf_counter() - w
+      state, metrics = trainer.step(state, b)
+    jax.block_until_ready(state)
+    step_s = (time.perf_counter() - t) / steps
+    stats = jax.devices()[0].memory_stats() or {}
+    tokens = sum(int(np.prod(s)) for n, s in shapes.items()
+                 if len(s) == 2 and not n.endswith("teacher"))
+    analytic = encoder_flops(model, shapes)
+    out = {"batch": batch, "max_length": max(s[-1] for s in shapes.values() if len(s) == 2),
+           "steps_per_s": 1.0 / step_s, "examples_per_s": sum(
+               trainer.batch_sizes.values()) / step_s,
+           "tokens_per_s": tokens / step_s, "xla_flops_per_step": xla_flops,
+           "analytic_encoder_flops_per_step": analytic,
+           "xla_over_analytic": xla_flops / analytic if analytic else None,
+           "mfu": xla_flops / step_s / self.peak,
+           "peak_bytes": stats.get("peak_bytes_in_use"),
+           "estimated_peak_bytes": estimate,
+           "input_wait_fraction": wait / (step_s * steps),
+           "compile_s": round(compile_s, 1),
+           "loss": scalar(metrics["loss"]) if "loss" in metrics else None}
+    if out["peak_bytes"] and estimate:
+      out["peak_over_estimate"] = out["peak_bytes"] / estimate
+    return out
+
+  def guarded(self, name: str, fn, batch: int, min_batch: int = 1) -> dict:
+    """fn(batch), halving the batch on out-of-memory; failures recorded, not raised."""
+    halved = 0
+    while True:
+      if self.left() < 20:
+        return {"skipped": f"deadline ({self.args.timeout} s) reached"}
+      try:
+        r = fn(batch)
+        if halved:
+          r["batch_halved"] = halved
+        return r
+      except Exception as e:  # noqa: BLE001  (one family's failure is its own record)
+        if out_of_memory(e) and batch // 2 >= min_batch:
+          print(f"[accelerator] {name}: out of memory at batch {batch}; halving", flush=True)
+          batch, halved = batch // 2, halved + 1
+          self.jax.clear_caches()
+          continue
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+                "trace": traceback.format_exc().splitlines()[-3:]}
+
+
+def bf16_vs_f32(bench, smoke: bool) -> dict:
+  """The tiny CONTRASTIVE model trained on the same seeded batches in f32 and in bf16."""
+  steps = 20 if smoke else 200
+  base = ["NUM_LAYERS = 2", "EMB_DIM = 128", "NUM_HEADS = 4", "MLP_DIM = 512",
+          "VOCAB_SIZE = 8000", "MAX_LENGTH = 32", "DROPOUT_RATE = 0.0"]
+  losses = {}
+  for dtype in ("float32", "bfloat16"):
+    model, trainer, shapes = bench.build("contrastive_tiny.gin",
+                                         [*base, f"ACTIVATION_DTYPE = '{dtype}'"], 64)
+    state = trainer.create_state(0)
+    out = []
+    for s in range(steps):
+      state, m = trainer.step(state, synthetic_batch(model, shapes, 8000, 1000 + s % 50))
+      out.append(scalar(m["loss"]))
+    losses[dtype] = out
+  tail = max(1, steps // 5)
+  rel = max(abs(a - b) / max(abs(a), 1e-6)
+            for a, b in zip(losses["float32"][-tail:], losses["bfloat16"][-tail:]))
+  return {"steps": steps, "loss_f32_last": losses["float32"][-1],
+          "loss_bf16_last": losses["bfloat16"][-1], "max_rel_diff_last_steps": rel,
+          "tolerance": TOLERANCE, "within_tolerance": rel <= TOLERANCE,
+          "loss_f32_first": losses["float32"][0], "loss_bf16_first": losses["bfloat16"][0]}
+
+
+def restart(bench, smoke: bool) -> dict:
+  """k steps, save, restore, m more steps against k + m uninterrupted: bitwise?"""
+  from vmx.modeldir.checkpoints import Checkpointer, CheckpointConfig
+  jax, np = bench.jax, bench.np
+  k, m = (3, 3) if smoke else (20, 20)
+  bindings = SMOKE if smoke else [*BASE[:5], "MAX_LENGTH = 32"]
+  model, trainer, shapes = bench.build("contrastive_tiny.gin", bindings, 32 if smoke else 128)
+  data = [synthetic_batch(model, shapes, 500 if smoke else 250002, s) for s in range(k + m)]
+  state = trainer.create_state(0)
+  for b in data:
+    state, _ = trainer.step(state, b)
+  straight = jax.device_get(state.params)
+  with tempfile.TemporaryDirectory() as d:
+    ck = Checkpointer(d, CheckpointConfig(period=1, keep=2))
+    state = trainer.create_state(0)
+    for b in data[:k]:
+      state, _ = trainer.step(state, b)
+    ck.save(k, state, {"step": k}, force=True)
+    del state
+    state, _ = ck.restore(k, trainer.abstract_state)
+    ck.close()
+  for b in data[k:]:
+    state, _ = trainer.step(state, b)
+  resumed = jax.device_get(state.params)
+  same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(straight),
+                                                  jax.tree.leaves(resumed)))
+  diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+             for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)))
+  return {"steps_before": k, "steps_after": m, "bitwise_equal": bool(same),
+          "max_abs_diff": diff}
+
+
+def attention(bench, smoke: bool) -> dict:
+  """dot_product_attention against vmx's einsum attention, padding + segment masks."""
+  jax, jnp = bench.jax, bench.jnp
+  from vmx import layers
+  B, L, H, D = (4, 16, 2, 8) if smoke else (256, 128, 12, 64)
+  dtype = jnp.float32 if smoke else jnp.bfloat16
+  ks = jax.random.split(jax.random.PRNGKey(0), 3)
+  q, k, v = (jax.random.normal(x, (B, L, H, D), dtype) for x in ks)
+  lengths = jax.random.randint(jax.random.PRNGKey(1), (B,), L // 4, L + 1)
+  pos = jnp.arange(L)[None]
+  segments = jnp.where(pos < lengths[:, None], 1 + (pos >= lengths[:, None] // 2), 0)
+  mask = layers.make_attention_mask(segments > 0, segments > 0, segment_ids_BxL=segments)
+
+  def einsum(q, k, v):
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(D).astype(
+        jnp.float32)
+    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1).astype(v.dtype), v)
+
+  def library(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, mask=mask)
+
+  out = {"shape": [B, L, H, D], "dtype": jnp.dtype(dtype).name}
+  results = {}
+  for name, fn in (("einsum", einsum), ("dot_product_attention", library)):
+    f = jax.jit(fn)
+    try:
+      y = f(q, k, v).block_until_ready()
+    except Exception as e:  # noqa: BLE001
+      out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+      continue
+    t = time.perf_counter()
+    n = 5 if smoke else 50
+    for _ in range(n):
+      y = f(q, k, v)
+    y.block_until_ready()
+    out[name] = {"ms": (time.perf_counter() - t) / n * 1e3}
+    results[name] = y
+  if len(results) == 2:
+    valid = (segments > 0)[:, :, None, None]
+    a, b = (jnp.where(valid, r.astype(jnp.float32), 0) for r in results.values())
+    out["max_abs_diff"] = float(jnp.max(jnp.abs(a - b)))
+  return out
+
+
+def main(argv):
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (CI)")
+  p.add_argument("--timeout", type=float, default=None,
+                 help="seconds for everything (default 420; smoke 240)")
+  p.add_argument("--families", default=",".join(FAMILIES))
+  p.add_argument("--steps", type=int, default=None, help="timed steps per family")
+  args = p.parse_args(argv)
+  args.timeout = args.timeout or (240 if args.smoke else 420)
+  if args.smoke:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  t_start = time.time()
+  result = {"command": "benchmarks/accelerator.py" + (" --smoke" if args.smoke else ""),
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "device": jax.devices()[0].device_kind, "devices": jax.device_count()}
+  if jax.__version__ not in TESTED_JAX:
+    platform = getattr(jax.devices()[0].client, "platform_version", "?")
+    print(f"[accelerator] warning: jax {jax.__version__} with {platform} is not a tested "
+          f"version (tested: jax {', '.join(TESTED_JAX)})", flush=True)
+  out_dir = os.environ.get("OUT")
+
+  def save():
+    result["wall_s"] = round(time.time() - t_start, 1)
+    if out_dir:
+      with open(os.path.join(out_dir, "accelerator.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+  bench = Bench(args, jax, jnp, np)
+  dtype = jnp.bfloat16
+  try:
+    (jnp.ones((8, 8), dtype) @ jnp.ones((8, 8), dtype)).block_until_ready()
+  except Exception:  # noqa: BLE001  (a device without bf16)
+    dtype = jnp.float32
+    result["bf16"] = "unsupported: f32 activations"
+  bench.peak, result["peak_flops_source"] = peak_flops(jax, jnp, dtype)
+  result["peak_flops"] = bench.peak
+  steps = args.steps or (3 if args.smoke else 20)
+  result["families"] = {}
+  for name in [f for f in args.families.split(",") if f]:
+    gin_file, extra, batch = FAMILIES[name]
+    if args.smoke:
+      bindings, batch, vocab = [*SMOKE, *SMOKE_EXTRA.get(name, [])], 8, 500
+    else:
+      bindings, vocab = [*BASE, *extra], 250002
+      if dtype == jnp.float32:
+        bindings.append("ACTIVATION_DTYPE = 'float32'")
+    print(f"[accelerator] {name} ...", flush=True)
+    result["families"][name] = bench.guarded(
+        name, lambda b, g=gin_file, x=bindings, v=vocab: bench.measure(g, x, b, steps, v), batch)
+    print(f"[accelerator] {name}: {json.dumps(result['families'][name])}", flush=True)
+    save()
+  if not args.smoke:
+    result["vmsst_24l"] = bench.guarded(
+        "vmsst_24l", lambda b: bench.measure("vmsst_24l.gin", [
+            "NUM_PARTITIONS = 1", "ACTIVATION_DTYPE = 'bfloat16'"], b, 10, 32000), 1024)
+    save()
+  for key, fn in (("bf16_vs_f32", bf16_vs_f32), ("restart", restart),
+                  ("attention", attention)):
+    print(f"[accelerator] {key} ...", flush=True)
+    result[key] = bench.guarded(key, lambda _, f=fn: f(bench, args.smoke), 1)
+    print(f"[accelerator] {key}: {json.dumps(result[key])}", flush=True)
+    save()
+  save()
+  print(json.dumps(result))
+  failed = [k for k, v in result["families"].items() if "error" in v]
+  return 1 if failed and args.smoke else 0
+
+
+if __name__ == "__main__":
+  from vmx import cli
+  cli.run_main(main)
