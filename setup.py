@@ -28,11 +28,13 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vmx", "vmx.*", "tasks", "tasks.*"]),
     package_data={"vmx.data": ["registry.tsv"]},
-    # Ranges tested on Python 3.11 / CPU (see README, "Tested versions").
+    # Ranges tested on CPU (see README, "Tested versions"): Python 3.11 with jax 0.10.2 (the
+    # whole suite), Python 3.12 with jax 0.11.2 and flax 0.12.12 (the accelerator image's
+    # jax: benchmarks/accelerator.py --smoke and a recorded-cache run, docs/performance.md).
     # The base install is inference and evaluation (vmx.inference.Encoder, launch/eval.py,
     # vmx.evaluation on any encoder, checkpoint import/export): no TensorFlow, no SeqIO.
     install_requires=[
-        "jax>=0.10,<0.11",
+        "jax>=0.10,<0.12",          # 0.10.2 (the suite, py3.11) and 0.11.2 (py3.12)
         "flax>=0.12,<0.13",
         "optax>=0.2.8,<0.3",
         "orbax-checkpoint>=0.12,<0.13",

@@ -20,8 +20,10 @@ from vmx.errors import ConfigError  # noqa: E402
 
 
 def require_training_extra():
-  """`pip install vmx` is inference only; say how to get the training pipeline."""
-  missing = [m for m in ("seqio", "tensorflow", "grain") if importlib.util.find_spec(m) is None]
+  """`pip install vmx` is inference only; say how to get the training pipeline. (SeqIO and
+  TensorFlow are checked where a task must be registered: a run whose token cache is
+  built and recorded needs neither, vmx/data/deferred.py.)"""
+  missing = [m for m in ("grain",) if importlib.util.find_spec(m) is None]
   if missing:
     raise ConfigError(
         f"training needs {' and '.join(missing)}, which the base install leaves out "

@@ -67,3 +67,26 @@ def test_resume_equals_uninterrupted_for_every_family():
                        capture_output=True, text=True, env=env, timeout=3600)
   rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
   assert out.returncode == 0 and rows[-1]["all_equal"], (rows, out.stderr[-2000:])
+
+
+def test_accelerator_benchmark_smoke_reports_every_family(tmp_path):
+  """benchmarks/accelerator.py --smoke (what a GPU runs, at tiny sizes on CPU): one JSON
+  with every family's figures, bf16 within tolerance, and a bitwise restart."""
+  env = dict(os.environ, OUT=str(tmp_path), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "accelerator.py"),
+                        "--smoke"], capture_output=True, text=True, env=env, timeout=900)
+  assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+  r = json.loads((tmp_path / "accelerator.json").read_text())
+  assert r == json.loads(out.stdout.strip().splitlines()[-1])
+  keys = {"steps_per_s", "examples_per_s", "tokens_per_s", "mfu", "peak_bytes",
+          "estimated_peak_bytes", "input_wait_fraction"}
+  assert set(r["families"]) == {"contrastive", "vmsst", "ems", "mpcl", "infoxlm", "emmax"}
+  for name, fam in r["families"].items():
+    assert keys <= set(fam), (name, fam)
+    assert fam["steps_per_s"] > 0 and 0 < fam["mfu"] < 1 and fam["estimated_peak_bytes"] > 0
+    assert fam["examples_per_s"] == pytest.approx(fam["steps_per_s"] * fam["batch"]
+                                                  * (3 if name == "infoxlm" else 1))
+  assert r["bf16_vs_f32"]["within_tolerance"], r["bf16_vs_f32"]
+  assert r["restart"]["bitwise_equal"], r["restart"]
+  assert r["attention"]["max_abs_diff"] < 1e-5

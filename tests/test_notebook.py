@@ -13,7 +13,7 @@ from conftest import DATA_DIR, REPO, toy_train
 
 # What `pip install vmx` (no [train] extra) leaves out.
 TRAINING_ONLY = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio",
-                 "tensorboard")
+                 "tensorboard", "grain")
 BLOCK = ("import sys\n"
          f"for m in {TRAINING_ONLY!r}:\n"
          "  sys.modules[m] = None   # import raises ModuleNotFoundError, as if not installed\n")

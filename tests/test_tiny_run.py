@@ -129,3 +129,31 @@ def test_tiny_mpcl_run_lifts_tatoeba(tmp_path):
   train = [r for r in rows if "train/loss" in r]
   assert train[0]["train/multi_positive_phase"] == 0 and train[-1]["train/multi_positive_phase"] == 1
   assert train[-1]["train/positive_accuracy"] > train[0]["train/positive_accuracy"]
+
+
+_MODULES = """
+import atexit, json, runpy, sys
+atexit.register(lambda: print("MODULES " + json.dumps(
+    {m: m in sys.modules for m in ("seqio", "tensorflow")}), flush=True))
+sys.argv = ["launch/train.py"] + sys.argv[1:]
+runpy.run_path("launch/train.py", run_name="__main__")
+"""
+
+
+@needs_data
+def test_a_run_whose_token_cache_is_built_imports_neither_seqio_nor_tensorflow(tiny_run,
+                                                                              tmp_path):
+  """The same experiment again (its token cache built by tiny_run): it finds the caches
+  by their record and trains without importing SeqIO or TensorFlow (issue 52)."""
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(
+      [sys.executable, "-c", _MODULES, "--gin_file=contrastive_tiny.gin",
+       f"--gin.MODEL_DIR={tmp_path / 'again'}", "--gin.TRAIN_STEPS=2",
+       "--gin.EVAL_PERIOD=0", "--gin.CHECKPOINT_PERIOD=2"],
+      capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout + proc.stderr
+  assert "found by their record" in out, out[-3000:]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("MODULES "))
+  assert json.loads(line[len("MODULES "):]) == {"seqio": False, "tensorflow": False}

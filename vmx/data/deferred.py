@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import inspect
 import json
 import os
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import gin
+
+from vmx.errors import ConfigError
 
 DATA_DIR_VARIABLE = "VMX_DATA_DIR"   # (vmx/data/download.py resolves data paths in it)
 
@@ -81,6 +84,14 @@ class Deferred:
   def name(self) -> str:
     """Registers the task or mixture with SeqIO (imports it) and returns its name."""
     if self._name is None:
+      missing = [m for m in ("seqio", "tensorflow") if importlib.util.find_spec(m) is None]
+      if missing:
+        raise ConfigError(
+            f"{self!r}: no recorded token cache of this data matches, and registering its "
+            f"tasks to build one needs {' and '.join(missing)}: pip install 'vmx[train]' "
+            f"(in a checkout: pip install -e '.[train]'), or build the cache where they are "
+            f"installed (launch/cache_tasks.py --gin_file=...) into the same "
+            f"DatasetConfig.array_cache_dir")
       self._name = self.fn(**self.arguments)
     return self._name
 

@@ -330,6 +330,9 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
     tables = c.record and c.record.tables(c.split, c.task_feature_lengths, layout,
                                           c.array_cache_dir)
     if tables:
+      if progress:
+        print(f"[vmx] {c.mixture_or_task_name}: {len(tables)} token cache(s) found by their "
+              f"record {c.record.path} (SeqIO not imported)", flush=True)
       names = [t["name"] for t in c.record.tasks]
       rates = [t["rate"] for t in c.record.tasks]
       draws = [t["draw"] and views.Draw(**t["draw"]) for t in c.record.tasks]
