@@ -153,5 +153,7 @@ def test_tensorboard_scalars_are_written_without_tensorflow(tmp_path):
   from tensorboard.backend.event_processing import event_accumulator
   acc = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
   acc.Reload()
-  assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(3, 1.5), (4, 1.25)]
+  from tensorboard.util import tensor_util
+  assert [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+          for e in acc.Tensors("train/loss")] == [(3, 1.5), (4, 1.25)]
   assert os.listdir(tmp_path / "tb")

@@ -70,8 +70,9 @@ class DatasetConfig:
   slots: Optional[int] = None
   shuffle_window: int = 1024
   pack: bool = False
-  deferred: Optional[Deferred] = dataclasses.field(default=None, init=False,
-                                                            repr=False, compare=False)
+  # what the name was resolved from (not arguments: set by __post_init__)
+  deferred: Optional[Deferred] = dataclasses.field(default=None, init=False, repr=False,
+                                                   compare=False)
   record: Optional[lookup.Record] = dataclasses.field(default=None, init=False, repr=False,
                                                       compare=False)
 

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 import jax
+import numpy as np
 
 from vmx import storage
 from vmx.modeldir import layout
@@ -99,8 +100,11 @@ class TensorBoardWriter:
   def __init__(self, logdir):
     # lazy: `tensorboard` is optional (create_writer checks it)
     from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.plugins.scalar import metadata
     from tensorboard.summary.writer.record_writer import RecordWriter
+    from tensorboard.util import tensor_util
     self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+    self._metadata, self._tensor = metadata.create_summary_metadata, tensor_util.make_tensor_proto
     os.makedirs(logdir, exist_ok=True)
     name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.vmx"
     self._file = open(os.path.join(logdir, name), "wb")
@@ -109,7 +113,11 @@ class TensorBoardWriter:
                   .SerializeToString())
 
   def write_scalars(self, step, scalars):
-    values = [self._summary.Value(tag=k, simple_value=float(v)) for k, v in scalars.items()]
+    """Each scalar as tf.summary.scalar writes it: a float32 tensor of the `scalars`
+    plugin (what clu's SummaryWriter wrote before; EventAccumulator.Tensors reads it)."""
+    values = [self._summary.Value(tag=k, tensor=self._tensor(np.float32(v)),
+                                  metadata=self._metadata(display_name=k, description=""))
+              for k, v in scalars.items()]
     self._w.write(self._event(wall_time=time.time(), step=int(step),
                               summary=self._summary(value=values)).SerializeToString())
 
