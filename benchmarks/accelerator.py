@@ -15,13 +15,15 @@ carries what the device image lacks):
   estimate (`memory_analysis`, what benchmarks/memory_report.py reports ahead of time),
   and input_wait_fraction (the step waiting for the next host batch from a prefetching
   thread: synthetic batches, so this is the host's placement cost, not the reader's);
-- VMSST 24L at the largest batch that fits (halved from 1,024 until it compiles and runs);
 - bf16 against f32: the tiny CONTRASTIVE model trained on the same seeded batches; the
   losses' largest relative difference over the last steps, against TOLERANCE;
 - restart: train, save with vmx's Checkpointer, restore, go on; the resumed parameters
   must equal the uninterrupted run's bit for bit;
+- packing: base CONTRASTIVE on batches as full as the one-hour recipe's, unpacked and
+  packed (vmx/data/packing.py), examples/s and the useful token fraction;
 - attention: `jax.nn.dot_product_attention` (cuDNN where the backend has it, else XLA)
-  against vmx's einsum attention with padding and segment masks, speed and numerics.
+  against vmx's einsum attention with padding and segment masks, speed and numerics;
+- last, VMSST 24L at the largest batch that fits (halved from 512 until it runs).
 
 Each measurement is timed and guarded on its own: a failure is recorded in the JSON and
 the others go on; an out-of-memory halves the batch (recorded); a deadline (--timeout)
@@ -51,13 +53,18 @@ BASE = ["NUM_LAYERS = 12", "EMB_DIM = 768", "NUM_HEADS = 12", "MLP_DIM = 3072",
         "VOCAB_SIZE = 250002", "ACTIVATION_DTYPE = 'bfloat16'", "DROPOUT_RATE = 0.1"]
 # family: (experiment file, its base-size bindings beside BASE, base batch)
 FAMILIES = {
-    "contrastive": ("contrastive_tiny.gin", ["MAX_LENGTH = 32"], 512),
-    "vmsst": ("vmsst_tiny.gin", ["MAX_LENGTH = 32", "DECODER_LAYERS = 12"], 256),
+    # VMSST's own vocabulary (vmsst_24l.gin: 32,000 pieces) for it and its CONTRASTIVE
+    # baseline; the XLM-R-based families keep XLM-R's 250,002
+    "contrastive": ("contrastive_tiny.gin", ["MAX_LENGTH = 32", "VOCAB_SIZE = 32000"], 512),
+    "vmsst": ("vmsst_tiny.gin", ["MAX_LENGTH = 32", "DECODER_LAYERS = 12",
+                                 "VOCAB_SIZE = 32000"], 256),
     "ems": ("ems_tiny.gin", ["MAX_LENGTH = 32"], 512),
     "mpcl": ("mpcl_tiny.gin", ["MAX_LENGTH = 64"], 128),
-    "infoxlm": ("infoxlm_tiny.gin", ["MAX_LENGTH = 128", "UNIVERSAL_LAYER = 8"], 64),
+    "infoxlm": ("infoxlm_tiny.gin", ["MAX_LENGTH = 128", "UNIVERSAL_LAYER = 8",
+                                     "TransformerEncoder.max_length = 256"], 64),
     "emmax": ("emmax_tiny.gin", ["MAX_LENGTH = 32"], 512),
 }
+PARTS = ("families", "vmsst_24l", "bf16_vs_f32", "restart", "packing", "attention")
 SMOKE = ["NUM_LAYERS = 1", "EMB_DIM = 32", "NUM_HEADS = 2", "MLP_DIM = 64",
          "VOCAB_SIZE = 500", "MAX_LENGTH = 12"]
 SMOKE_EXTRA = {"vmsst": ["DECODER_LAYERS = 1"], "infoxlm": ["UNIVERSAL_LAYER = 1",
@@ -146,17 +153,22 @@ class Bench:
   def left(self) -> float:
     return self.t_end - time.time()
 
-  def build(self, gin_file: str, bindings: list, batch: int):
+  def parts(self, gin_file: str, bindings: list, batch: int):
+    """(model, optimizer, partitioner, dataset config of full-length rows, shapes)."""
     from vmx import experiment
     from vmx.data import pipeline
     from vmx.training import partitioning
-    from vmx.training.step import Trainer, input_shapes
+    from vmx.training.step import input_shapes
     import gin
     gin.clear_config()
     model, tx, _, length, _ = experiment.build_experiment(
         [gin_file], [*bindings, f"BATCH_SIZE = {batch}"])
-    part = partitioning.Partitioner()
-    shapes = input_shapes(pipeline.uniform_config(model.feature_layout(), batch, length), model)
+    cfg = pipeline.uniform_config(model.feature_layout(), batch, length)
+    return model, tx, partitioning.Partitioner(), cfg, input_shapes(cfg, model)
+
+  def build(self, gin_file: str, bindings: list, batch: int):
+    from vmx.training.step import Trainer
+    model, tx, part, _, shapes = self.parts(gin_file, bindings, batch)
     return model, Trainer(model, tx, part, shapes), shapes
 
   def measure(self, gin_file: str, bindings: list, batch: int, steps: int,
@@ -298,6 +310,49 @@ def restart(bench, smoke: bool) -> dict:
           "max_abs_diff": diff}
 
 
+def packing(bench, smoke: bool) -> dict:
+  """CONTRASTIVE (base size) on batches whose sentences fill the rows as the one-hour
+  recipe's do (lengths log-normal around 0.4 of the row: ~0.45 of the positions hold a
+  token, 0.46 measured there), unpacked and packed by the trainer's own layout
+  (vmx/data/packing.py: every row count met compiles once, before the timing)."""
+  import dataclasses
+  from vmx.data import pipeline
+  from vmx.training.step import Trainer
+  jax, np = bench.jax, bench.np
+  batch, vocab, steps = (8, 500, 4) if smoke else (512, 250002, 20)
+  bindings = SMOKE if smoke else [*BASE, "MAX_LENGTH = 32"]
+  model, tx, part, cfg, shapes = bench.parts("contrastive_tiny.gin", bindings, batch)
+  length = shapes["left_tokens"][1]
+
+  def batch_of(seed):
+    b = synthetic_batch(model, shapes, vocab, seed)
+    r = np.random.default_rng(seed)
+    for name in ("left_tokens", "right_tokens"):
+      n = np.clip(np.round(r.lognormal(np.log(0.4 * length), 0.5, batch)), 2, length)
+      b[name][np.arange(length)[None] >= n[:, None]] = 0
+    return b
+  data = [batch_of(s) for s in range(8)]
+  out = {}
+  for mode in ("unpacked", "packed"):
+    c = dataclasses.replace(cfg, pack=mode == "packed")
+    trainer = Trainer(model, tx, part, shapes, packed=pipeline.packed_features(c, model, shapes),
+                      token_features=pipeline.token_features(c, model.feature_layout()))
+    state = trainer.create_state(0)
+    for b in data:                  # every row count these batches need, compiled
+      state, m = trainer.step(state, b)
+    jax.block_until_ready(state)
+    t = time.perf_counter()
+    for i in range(steps):
+      state, m = trainer.step(state, data[i % len(data)])
+    jax.block_until_ready(state)
+    step_s = (time.perf_counter() - t) / steps
+    out[mode] = {"examples_per_s": batch / step_s,
+                 "useful_token_fraction": scalar(m["useful_token_fraction"]),
+                 "row_counts": sorted(trainer.row_counts)}
+  out["speedup"] = out["packed"]["examples_per_s"] / out["unpacked"]["examples_per_s"]
+  return out
+
+
 def attention(bench, smoke: bool) -> dict:
   """dot_product_attention against vmx's einsum attention, padding + segment masks."""
   jax, jnp = bench.jax, bench.jnp
@@ -351,7 +406,15 @@ def main(argv):
                  help="seconds for everything (default 420; smoke 240)")
   p.add_argument("--families", default=",".join(FAMILIES))
   p.add_argument("--steps", type=int, default=None, help="timed steps per family")
+  p.add_argument("--batch", type=int, default=None,
+                 help="every family's batch (default: each family's own)")
+  p.add_argument("--parts", default=",".join(PARTS),
+                 help=f"what to run, of {','.join(PARTS)}")
   args = p.parse_args(argv)
+  parts = [x for x in args.parts.split(",") if x]
+  unknown = sorted(set(parts) - set(PARTS))
+  if unknown:
+    p.error(f"--parts: unknown {unknown}; known: {', '.join(PARTS)}")
   args.timeout = args.timeout or (240 if args.smoke else 420)
   if args.smoke:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -385,29 +448,34 @@ def main(argv):
   result["peak_flops"] = bench.peak
   steps = args.steps or (3 if args.smoke else 20)
   result["families"] = {}
-  for name in [f for f in args.families.split(",") if f]:
+  for name in [f for f in args.families.split(",") if f and "families" in parts]:
     gin_file, extra, batch = FAMILIES[name]
     if args.smoke:
       bindings, batch, vocab = [*SMOKE, *SMOKE_EXTRA.get(name, [])], 8, 500
     else:
-      bindings, vocab = [*BASE, *extra], 250002
+      bindings = [*BASE, *extra]
+      vocab = int(next(b for b in reversed(bindings) if b.startswith("VOCAB_SIZE"))
+                  .split("=")[1])
       if dtype == jnp.float32:
         bindings.append("ACTIVATION_DTYPE = 'float32'")
+    batch = args.batch or batch
     print(f"[accelerator] {name} ...", flush=True)
     result["families"][name] = bench.guarded(
         name, lambda b, g=gin_file, x=bindings, v=vocab: bench.measure(g, x, b, steps, v), batch)
     print(f"[accelerator] {name}: {json.dumps(result['families'][name])}", flush=True)
     save()
-  if not args.smoke:
-    result["vmsst_24l"] = bench.guarded(
-        "vmsst_24l", lambda b: bench.measure("vmsst_24l.gin", [
-            "NUM_PARTITIONS = 1", "ACTIVATION_DTYPE = 'bfloat16'"], b, 10, 32000), 1024)
-    save()
   for key, fn in (("bf16_vs_f32", bf16_vs_f32), ("restart", restart),
-                  ("attention", attention)):
+                  ("packing", packing), ("attention", attention)):
+    if key not in parts:
+      continue
     print(f"[accelerator] {key} ...", flush=True)
     result[key] = bench.guarded(key, lambda _, f=fn: f(bench, args.smoke), 1)
     print(f"[accelerator] {key}: {json.dumps(result[key])}", flush=True)
+    save()
+  if not args.smoke and "vmsst_24l" in parts:   # last: its halving may take compilations
+    result["vmsst_24l"] = bench.guarded(
+        "vmsst_24l", lambda b: bench.measure("vmsst_24l.gin", [
+            "NUM_PARTITIONS = 1", "ACTIVATION_DTYPE = 'bfloat16'"], b, 10, 32000), 512)
     save()
   save()
   print(json.dumps(result))

@@ -90,3 +90,5 @@ def test_accelerator_benchmark_smoke_reports_every_family(tmp_path):
   assert r["bf16_vs_f32"]["within_tolerance"], r["bf16_vs_f32"]
   assert r["restart"]["bitwise_equal"], r["restart"]
   assert r["attention"]["max_abs_diff"] < 1e-5
+  packed, unpacked = r["packing"]["packed"], r["packing"]["unpacked"]
+  assert packed["useful_token_fraction"] > 1.5 * unpacked["useful_token_fraction"]
