@@ -48,7 +48,6 @@ TOLERANCE = 0.05           # bf16 vs f32: largest relative loss difference, last
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L4": 121e12,
              "TPU v4": 275e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v5p": 459e12,
              "TPU v6 lite": 918e12}
-TESTED_JAX = ("0.10.2", "0.11.2")
 BASE = ["NUM_LAYERS = 12", "EMB_DIM = 768", "NUM_HEADS = 12", "MLP_DIM = 3072",
         "VOCAB_SIZE = 250002", "ACTIVATION_DTYPE = 'bfloat16'", "DROPOUT_RATE = 0.1"]
 # family: (experiment file, its base-size bindings beside BASE, base batch)
@@ -425,10 +424,8 @@ def main(argv):
   result = {"command": "benchmarks/accelerator.py" + (" --smoke" if args.smoke else ""),
             "jax": jax.__version__, "backend": jax.default_backend(),
             "device": jax.devices()[0].device_kind, "devices": jax.device_count()}
-  if jax.__version__ not in TESTED_JAX:
-    platform = getattr(jax.devices()[0].client, "platform_version", "?")
-    print(f"[accelerator] warning: jax {jax.__version__} with {platform} is not a tested "
-          f"version (tested: jax {', '.join(TESTED_JAX)})", flush=True)
+  from vmx import cli
+  cli.warn_untested_versions()
   out_dir = os.environ.get("OUT")
 
   def save():

@@ -400,3 +400,14 @@ def test_encode_counts_truncation(toy_encoder):
   assert cut == 2
   np.testing.assert_array_equal(v2, v)
   assert toy_encoder.encode([], lang="xx").shape == (0, 0)
+
+
+def test_an_untested_jax_version_is_one_warning_line(monkeypatch, capsys):
+  import jax
+  from vmx import cli
+  cli.warn_untested_versions()
+  assert capsys.readouterr().out == ""          # this suite's jax is a tested one
+  monkeypatch.setattr(jax, "__version__", "0.99.0")
+  cli.warn_untested_versions()
+  out = capsys.readouterr().out.splitlines()
+  assert len(out) == 1 and "jax 0.99.0" in out[0] and "not a tested version" in out[0]

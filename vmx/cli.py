@@ -51,3 +51,17 @@ def run_main(main, argv=None):
       traceback.print_exc()
     print(f"{e.prefix}: {one_line(e)}", file=sys.stderr)
     sys.exit(e.exit_code)
+
+
+# jax versions the suite or the accelerator benchmark ran on (README, "Tested versions").
+TESTED_JAX = ("0.10.2", "0.11.2")
+
+
+def warn_untested_versions():
+  """One warning line when jax (and the accelerator's runtime) is not a tested version."""
+  import jax  # (the caller has started jax)
+  if jax.__version__ in TESTED_JAX:
+    return
+  runtime = getattr(jax.devices()[0].client, "platform_version", "") or jax.default_backend()
+  print(f"[vmx] warning: jax {jax.__version__} with {runtime.strip()} is not a tested version "
+        f"(tested: jax {', '.join(TESTED_JAX)}; README, 'Tested versions')", flush=True)

@@ -31,6 +31,7 @@ import gin
 import jax
 import optax
 
+from vmx import cli
 from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError
@@ -160,6 +161,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
                    for n in pipeline.token_lengths(ph.train_dataset_cfg,
                                                    ph.model.feature_layout()))
   primary = jax.process_index() == 0
+  if primary:
+    cli.warn_untested_versions()
   operative_config = gin.operative_config_str()
   lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,
                           primary, lambda: data_changes(model_dir, phases, random_seed),
