@@ -150,7 +150,6 @@ def pad_views(dataset: tf.data.Dataset, sequence_length):
 # Hard negatives for N-way groups (MPCL's "XLM-R w/ hard negative" variant, §3.5).
 
 
-
 class NwayHardNegativeSource(NwaySource):
   """N-way groups, each with a sentence that contradicts it: `rows[i]` the group's
   sentence in the N `languages` (the views, as NwaySource) and `negatives[i]` the

@@ -291,7 +291,7 @@ def record_caches(cfg: DatasetConfig, layout: features.Layout, tasks, rates, tab
   if cfg.deferred is None:
     return
   paths = [getattr(t.source, "paths", None) for t in tasks]
-  if any(p is None for p in paths):   # a source that cannot say what it reads
+  if not all(paths):   # a source that cannot say which files it reads: never recorded
     return
   files = sorted({str(f) for p in paths for f in p} | set(_vocabulary_files(cfg.deferred)))
   counts = [t.num_input_examples(cfg.split) for t in tasks]
