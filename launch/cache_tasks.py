@@ -89,8 +89,8 @@ def cache_experiment(args, bindings):
   import time
   from collections.abc import Mapping
   from vmx import experiment  # lazy: jax, seqio
-  from vmx.data import pipeline  # lazy: seqio
-  from vmx.data.token_cache import beam, build, fingerprint as fp, format as fmt  # lazy
+  from vmx.data import pipeline  # lazy
+  from vmx.data.token_cache import beam, build, fingerprint as fp, format as fmt, lookup  # lazy
   from vmx.data.token_cache.table import Table  # lazy
   from vmx.errors import ConfigError
   if args.beam_runner:
@@ -106,7 +106,7 @@ def cache_experiment(args, bindings):
     for key, c in pipeline.task_configs(cfg).items():
       if c.reader != "index":
         continue
-      root = args.array_cache_dir or c.array_cache_dir or build.default_root()
+      root = args.array_cache_dir or c.array_cache_dir or lookup.default_root()
       layout = layouts[key] if isinstance(layouts, Mapping) else layouts
       converter = layout.converter()
       tasks, rates = build.config_tasks(c)

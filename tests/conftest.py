@@ -72,20 +72,26 @@ def write_lines(path, lines, gz=False):
 TOY_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
+def toy_pairs(seed: int, n: int, longest: int = 6) -> tuple[list[str], list[str]]:
+  """n toy pairs of 2..longest words: 'xx' lower-case words, 'en' the same upper-case."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  src, tgt = [], []
+  for _ in range(n):
+    ws = list(rng.choice(TOY_WORDS, size=rng.integers(2, longest + 1)))
+    src.append(" ".join(ws))
+    tgt.append(" ".join(w.upper() for w in ws))
+  return src, tgt
+
+
 @pytest.fixture(scope="session")
 def toy_task(tmp_path_factory):
   """(task name, vocabulary path, source file, target file) of a registered 300-pair toy
   task: 'xx' = lower-case words, 'en' = the same words upper-case."""
-  import numpy as np
   import tasks
   from vmx.data import vocab
   d = tmp_path_factory.mktemp("toy")
-  rng = np.random.default_rng(0)
-  src, tgt = [], []
-  for _ in range(300):
-    ws = list(rng.choice(TOY_WORDS, size=rng.integers(2, 7)))
-    src.append(" ".join(ws))
-    tgt.append(" ".join(w.upper() for w in ws))
+  src, tgt = toy_pairs(0, 300)
   s = write_lines(d / "toy.xx", src)
   t = write_lines(d / "toy.en", tgt)
   TOY_FILES.update(xx=s, en=t)

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import TOY_WORDS, write_lines
+from conftest import toy_pairs, write_lines
 
 LENGTHS = {"inputs": 8, "targets": 8}
 
@@ -17,12 +17,7 @@ LENGTHS = {"inputs": 8, "targets": 8}
 def toy_files(tmp_path):
   """Two aligned line files and a vocabulary of their words."""
   from vmx.data import vocab
-  rng = np.random.default_rng(3)
-  src, tgt = [], []
-  for _ in range(120):
-    ws = list(rng.choice(TOY_WORDS, size=rng.integers(2, 6)))
-    src.append(" ".join(ws))
-    tgt.append(" ".join(w.upper() for w in ws))
+  src, tgt = toy_pairs(3, 120, longest=5)
   s = write_lines(tmp_path / "data" / "a.xx", src)
   t = write_lines(tmp_path / "data" / "a.en", tgt)
   vp = vocab.train_sentencepiece([s, t], str(tmp_path / "toy.model"), 60, ["xx", "en"])

@@ -16,15 +16,13 @@ import hashlib
 import importlib.util
 import inspect
 import json
-import os
 from pathlib import Path
 from typing import Callable, Mapping
 
 import gin
 
+from vmx.data import download
 from vmx.errors import ConfigError
-
-DATA_DIR_VARIABLE = "VMX_DATA_DIR"   # (vmx/data/download.py resolves data paths in it)
 
 # What a cache's examples are made of besides the arguments: the code that reads, filters,
 # tokenizes and converts them (the `tasks` package and vmx/data, registry included).
@@ -32,16 +30,17 @@ _CODE_DIRS = (Path(__file__).resolve().parent,
               Path(__file__).resolve().parent.parent.parent / "tasks")
 
 
-def _value(v):
-  """A JSON-able stand-in for an argument (a nested Deferred: its description)."""
+def stand_in(v):
+  """A JSON-able stand-in for an argument (a nested Deferred: its description); what a
+  record's key and a token cache's fingerprint (fingerprint.py) hash."""
   if isinstance(v, Deferred):
     return v.description()
   if isinstance(v, (int, float, bool, type(None), str)):
     return v
   if isinstance(v, (list, tuple)):
-    return [_value(x) for x in v]
+    return [stand_in(x) for x in v]
   if isinstance(v, Mapping):
-    return {str(k): _value(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    return {str(k): stand_in(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
   return repr(v)
 
 
@@ -71,13 +70,13 @@ class Deferred:
     return f"{self.fn.__module__}.{self.fn.__qualname__}"
 
   def description(self) -> dict:
-    return {"fn": self.qualname, "arguments": _value(self.arguments)}
+    return {"fn": self.qualname, "arguments": stand_in(self.arguments)}
 
   def key(self) -> str:
     """sha256 of the description, the data directory it resolves paths in and the code
     that makes the examples."""
     return hashlib.sha256(json.dumps({"description": self.description(),
-                                      "data_dir": os.environ.get(DATA_DIR_VARIABLE),
+                                      "data_dir": str(download.configured_data_dir(None)),
                                       "code": code_digest()},
                                      sort_keys=True).encode()).hexdigest()
 

@@ -56,10 +56,15 @@ class Layout:
     """The model features that are token sequences (int32, rank 1): what packs."""
     return [k for k, s in self.MODEL_FEATURES.items() if s.dtype == "int32" and s.rank == 1]
 
-  def converter(self):
-    """The SeqIO converter that writes these features (imports SeqIO and TensorFlow)."""
+  def converter_cls(self):
+    """The SeqIO converter class that writes these features (a functools.partial with
+    the layout's settings, if any; imports SeqIO and TensorFlow): FEATURE_CONVERTER_CLS."""
     cls = getattr(importlib.import_module(FEATURE_CONVERTERS), self.NAME)
-    return cls(pack=False, **self.settings)
+    return functools.partial(cls, **self.settings) if self.settings else cls
+
+  def converter(self):
+    """An instance of `converter_cls()`."""
+    return self.converter_cls()(pack=False)
 
   def describe(self) -> dict:
     return {"name": self.NAME, "settings": dict(sorted(self.settings.items()))}

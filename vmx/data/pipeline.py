@@ -339,7 +339,6 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
       draws = [t["draw"] and views.Draw(**t["draw"]) for t in c.record.tasks]
     else:
       from vmx.data.token_cache import build  # SeqIO: caches not found by their record
-      c.register()
       tasks, rates, tables = build.open_tables(c, layout.converter(), progress)
       record_caches(c, layout, tasks, rates, tables)
       names, draws = [t.name for t in tasks], [_view_draw(t) for t in tasks]
@@ -370,8 +369,6 @@ def described_config(cfg, seed: int) -> dict:
 
 def _seqio_iterator(cfg, layouts, seed: int):
   from vmx.data import seqio_reader  # SeqIO and TensorFlow: the seqio reader only
-  for c in task_configs(cfg).values():
-    c.register()
   return seqio_reader.seqio_iterator(
       task_configs(cfg), {k: v.converter() for k, v in _layouts(cfg, layouts).items()}, seed)
 

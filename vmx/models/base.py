@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import functools
 import importlib
 from typing import Any, Mapping, Optional
 
@@ -74,17 +73,6 @@ from vmx.losses import l2_normalize, token_row_key
 
 
 GRAD_CACHE_ROW = "grad_cache/row"   # see the module docstring (GradCache)
-
-
-FEATURE_CONVERTERS = "vmx.data.feature_converters"
-
-
-def _converter(spec):
-  """A feature converter class (or functools.partial of it) of a spec: its name in
-  vmx.data.feature_converters, or (name, {keyword arguments})."""
-  name, kwargs = (spec, {}) if isinstance(spec, str) else spec
-  cls = getattr(importlib.import_module(FEATURE_CONVERTERS), name)
-  return functools.partial(cls, **kwargs) if kwargs else cls
 
 
 class BaseModel(abc.ABC):
@@ -125,10 +113,10 @@ class BaseModel(abc.ABC):
   @property
   def FEATURE_CONVERTER_CLS(self):  # noqa: N802  (t5x's name; resolved on use)
     """The converter class(es) of `feature_converter()`, imported now (seqio)."""
-    spec = self.feature_converter()
-    if isinstance(spec, Mapping):
-      return {k: _converter(v) for k, v in spec.items()}
-    return _converter(spec)
+    layouts = self.feature_layout()
+    if isinstance(layouts, Mapping):
+      return {k: v.converter_cls() for k, v in layouts.items()}
+    return layouts.converter_cls()
 
   def get_config(self) -> dict:
     """JSON-serializable description that `model_from_config` rebuilds."""

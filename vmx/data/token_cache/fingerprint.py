@@ -17,6 +17,7 @@ from typing import Mapping
 import seqio
 
 from vmx.data import seqio_vocab
+from vmx.data.deferred import stand_in
 from vmx.data.token_cache import format as fmt
 from vmx.errors import ConfigError
 
@@ -29,29 +30,18 @@ def _code(obj) -> str:
     return getattr(obj, "__qualname__", type(obj).__qualname__)
 
 
-def _value(v):
-  """A JSON-able stand-in for an argument."""
-  if isinstance(v, (int, float, bool, type(None), str)):
-    return v
-  if isinstance(v, (list, tuple)):
-    return [_value(x) for x in v]
-  if isinstance(v, Mapping):
-    return {str(k): _value(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
-  return repr(v)
-
-
 def callable_fingerprint(fn) -> dict:
   """What a preprocessor (function, functools.partial, seqio placeholder) or a feature
   converter is: its qualified name, a hash of its source code, its arguments."""
   if isinstance(fn, functools.partial):
-    return {**callable_fingerprint(fn.func), "args": _value(fn.args),
-            "kwargs": _value(fn.keywords)}
+    return {**callable_fingerprint(fn.func), "args": stand_in(fn.args),
+            "kwargs": stand_in(fn.keywords)}
   if isinstance(fn, seqio.CacheDatasetPlaceholder):
     return {"name": "CacheDatasetPlaceholder"}
   target = fn if inspect.isfunction(fn) or inspect.isclass(fn) else type(fn)
   out = {"name": f"{target.__module__}.{target.__qualname__}", "code": _code(target)}
   if not (inspect.isfunction(fn) or inspect.isclass(fn)):   # an instance: its settings
-    out["settings"] = {k: _value(v) for k, v in sorted(vars(fn).items())
+    out["settings"] = {k: stand_in(v) for k, v in sorted(vars(fn).items())
                        if isinstance(v, (int, float, bool, str, type(None)))}
   wrapped = getattr(fn, "__wrapped__", None)   # seqio.map_over_dataset
   if wrapped is not None:
