@@ -34,7 +34,8 @@ FAMILIES = {
     "mpcl": ("mpcl_tiny.gin", ["--gin.BATCH_SIZE=8"]),
     "infoxlm": ("infoxlm_tiny.gin", ["--gin.BATCH_SIZE=8", "--gin.QUEUE_SIZE=32",
                                     "--gin.NUM_LAYERS=3"]),  # its XLCO layer is 2
-    "emmax": ("emmax_tiny.gin", ["--gin.BATCH_SIZE=16", "--gin.QUEUE_SIZE=32"]),
+    "emmax": ("emmax_tiny.gin", ["--gin.BATCH_SIZE=16", "--gin.QUEUE_SIZE=32",
+                                 "--gin.EM_TEXT_BATCH_SIZE=8", "--gin.EM_PAIRS_BATCH_SIZE=4"]),
     "distill": ("distill_minilm_1h.gin", ["--gin.BATCH_SIZE=16"]),
 }
 DEFAULT = "contrastive,vmsst,ems,mpcl,infoxlm,emmax"

@@ -86,9 +86,29 @@ def test_accelerator_benchmark_smoke_reports_every_family(tmp_path):
     assert keys <= set(fam), (name, fam)
     assert fam["steps_per_s"] > 0 and 0 < fam["mfu"] < 1 and fam["estimated_peak_bytes"] > 0
     assert fam["examples_per_s"] == pytest.approx(fam["steps_per_s"] * fam["batch"]
-                                                  * (3 if name == "infoxlm" else 1))
+                                                  * {"infoxlm": 3, "emmax": 2}.get(name, 1))
+    assert fam["xla_mfu"] > 0 and fam["analytic_encoder_flops_per_step"] > 0
+    assert fam["mfu"] == pytest.approx(fam["analytic_encoder_flops_per_step"]
+                                       * fam["steps_per_s"] / r["peak_flops"])
   assert r["bf16_vs_f32"]["within_tolerance"], r["bf16_vs_f32"]
   assert r["restart"]["bitwise_equal"], r["restart"]
   assert r["attention"]["max_abs_diff"] < 1e-5
   packed, unpacked = r["packing"]["packed"], r["packing"]["unpacked"]
   assert packed["useful_token_fraction"] > 1.5 * unpacked["useful_token_fraction"]
+
+
+def test_accelerator_benchmark_isolates_a_family_in_its_own_process(tmp_path):
+  """--isolate (the default off --smoke): the family is measured by a child process (its
+  peak memory its own) and its figures come back into the parent's JSON; --gin reaches
+  the child's bindings."""
+  env = dict(os.environ, OUT=str(tmp_path), JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "accelerator.py"),
+                        "--smoke", "--isolate", "--families=contrastive", "--parts=families",
+                        "--gin", "NUM_LAYERS = 2"],
+                       capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+  fam = json.loads(out.stdout.strip().splitlines()[-1])["families"]["contrastive"]
+  assert fam["steps_per_s"] > 0, fam
+  # two layers: twice the one-layer smoke's encoder FLOPs
+  assert fam["analytic_encoder_flops_per_step"] == pytest.approx(2 * 10321920.0)

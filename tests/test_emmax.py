@@ -67,14 +67,12 @@ def test_mixup_ranks_follow_eq_3():
 def np_ranking_infonce(sim, ranks, valid, taus):
   total = 0.0
   for r, tau in enumerate(taus):
-    terms = []
-    for b in range(sim.shape[0]):
+    for b in range(sim.shape[0]):   # Eq. 7: the expectation over every anchor x_b
       pos = valid[b] & (ranks[b] == r)
-      if not pos.any():
-        continue
-      den = valid[b] & (ranks[b] >= r)
-      terms.append(-math.log(np.exp(sim[b][pos] / tau).sum() / np.exp(sim[b][den] / tau).sum()))
-    total += np.mean(terms) if terms else 0.0
+      if pos.any():
+        den = valid[b] & (ranks[b] >= r)
+        total += -math.log(np.exp(sim[b][pos] / tau).sum()
+                           / np.exp(sim[b][den] / tau).sum()) / sim.shape[0]
   return total
 
 
@@ -247,6 +245,32 @@ def test_queue_and_state_after_steps_and_1_vs_8_devices():
   assert_same_loss_and_grads_on_1_and_8_devices(
       wm, _batch("warmup"),
       lambda p, b: wm.compute_loss(p, b, jax.random.PRNGKey(7), full)[0])
+
+
+def test_eq_11_counts_each_anchor_s_own_key_as_rank_1():
+  """The authors' update_mean: the pairs of known rank (an anchor and its own key) enter
+  Eq. 11 with rank 1, so s_1 keeps meaning "the same sentence" on text alone, where G
+  gives rank 1 to strays only (docs/emmax.md, the collapse)."""
+  model = tiny_model("em", rank_ema=1.0)
+  batch = _batch("em")
+  v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 8)})
+  mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
+  mut["queue"] = {"keys": losses.l2_normalize(jax.random.normal(jax.random.PRNGKey(1), (16, 16))),
+                  "next": jnp.int32(0), "filled": jnp.int32(16)}
+  params = jax.tree.map(lambda a: a, v["params"])   # G: every pair "unrelated" (rank N)
+  params["classifier"] = {**params["classifier"],
+                          "prior_logits": jnp.asarray([-1e4, -1e4, -1e4, 0.0])}
+  _, m, new = model.compute_loss(params, batch, None, mut)
+  x = model._gamma(params, jnp.asarray(batch["tokens"]), None)
+  keys = model._keys(params, mut, jnp.asarray(batch["tokens"]))
+  own = np.sum(np.asarray(x) * np.asarray(keys), axis=1)
+  sim = np.asarray(x) @ np.concatenate([np.asarray(keys), np.asarray(mut["queue"]["keys"])]).T
+  others = sim[~np.eye(8, 24, dtype=bool)]
+  sims = np.asarray(new["rank_sims"])
+  np.testing.assert_allclose(sims[0], own.mean(), rtol=1e-5)       # own keys: rank 1
+  np.testing.assert_allclose(sims[3], others.mean(), rtol=1e-5)    # G's rank N: the rest
+  np.testing.assert_allclose(sims[1:3], np.asarray(mut["rank_sims"])[1:3])   # no pair: kept
+  assert float(m["rank1_fraction"]) == 0.0   # the metric counts G's ranks of valid pairs
 
 
 def _parallel_batch(n_t=4, n_p=2, rng=0):

@@ -429,8 +429,13 @@ def ranking_infonce_loss(sim_BxK: Array, ranks_BxK: Array, valid_BxK: Array,
   """Eq. 7, ranking InfoNCE: for every rank r < N (T = N - 1 temperatures, increasing:
   tau_1 < ... < tau_{N-1}), the pairs of rank r are the positives and the pairs of rank
   >= r (as or less similar) the denominator:
-    L = sum_{r<N} mean_{b: rank r occurs} -log sum_{k: rank r} exp(s_bk / tau_r)
-                                              / sum_{k: rank >= r} exp(s_bk / tau_r).
+    L = mean_b sum_{r<N} -log sum_{k: rank r} exp(s_bk / tau_r)
+                              / sum_{k: rank >= r} exp(s_bk / tau_r),
+  an anchor without a pair of rank r adding nothing to that rank's term. The mean is over
+  every anchor, as Eq. 7's expectation over x_i and the authors' criterion.py (which adds a
+  constant for such anchors) take it: a rank that G gives to a few pairs weighs by how few
+  they are (a mean over only the anchors that have one would give a handful of spurious
+  rank-1 pairs the weight of a batch of translations, the EM collapse of docs/emmax.md).
   `ranks_BxK` are 0-based targets (not differentiated); `valid_BxK` drops pairs (empty
   queue slots, an anchor's own key). Returns (loss, metrics)."""
   sim = sim_BxK.astype(jnp.float32)
@@ -441,7 +446,6 @@ def ranking_infonce_loss(sim_BxK: Array, ranks_BxK: Array, valid_BxK: Array,
     den = valid_BxK & (ranks_BxK >= r)
     log_num = jax.nn.logsumexp(jnp.where(pos, logits, _NEG), axis=1)
     log_den = jax.nn.logsumexp(jnp.where(den, logits, _NEG), axis=1)
-    has = jnp.any(pos, axis=1)
-    term = jnp.where(has, log_den - log_num, 0.0)
-    total = total + term.sum() / jnp.maximum(has.sum(), 1)
+    term = jnp.where(jnp.any(pos, axis=1), log_den - log_num, 0.0)
+    total = total + jnp.mean(term)
   return total, {"loss": total}

@@ -41,9 +41,11 @@ The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
          temperatures tau_1 < ... < tau_{N-1}), G learns from c*_M (Eq. 6, cross-entropy
          on `classifier_batch_size` pairs drawn from the B x (B + K) matrix; the anchor's
          own key counts as rank 1, as the authors' gmm mask);
-      s_r <- (1 - eta) s_r + eta mean{s(x, y) : c*_G(x, y) = r} (Eq. 11).
-      `em_parallel=True` (the authors' code, is_pair; off by default: the paper's phase 2
-      reads non-parallel text only) adds a batch of translation pairs to the anchors
+      s_r <- (1 - eta) s_r + eta mean{s(x, y) : c*_G(x, y) = r} (Eq. 11), an anchor's
+      own key and its translation counted as rank 1 (the authors' update_mean).
+      `em_parallel=True` (the authors' code, is_pair, which always has it; emmax_tiny.gin:
+      on text alone Eq. 7 collapses, docs/emmax.md; the paper's phase 2 reads non-parallel
+      text only) adds a batch of translation pairs to the anchors
       (MultiTaskConfig tasks 'text' and 'pairs'): both sides are anchors, and each pair's
       translation is rank 1 for both targets, c*_G and c*_M, as their golden mask.
 Loss = encoder term + classifier term; each updates its own parameters only (G sees
@@ -316,6 +318,8 @@ class EmmaXModel(SentenceEncoderModel):
               else self._keys(params, flax_mutables, packing.tokens(batch, "right_tokens")))
       new = {**flax_mutables, "rank_sims": rank_sims,
              "queue": moco.enqueue(flax_mutables["queue"], keys)}
+      for r in range(n):     # what phase 2 starts from (benchmarks/emmax_em_phase.py)
+        metrics[f"rank{r + 1}_similarity"] = rank_sims[r]
     return l_m, l_g, metrics, new
 
   def _em_anchors(self, batch):
@@ -388,10 +392,16 @@ class EmmaXModel(SentenceEncoderModel):
       metrics[f"rank{r + 1}_fraction"] = jnp.sum((c_g == r) * vf) / jnp.maximum(vf.sum(), 1.0)
     new = flax_mutables
     if flax_mutables is not None:
+      # Eq. 11 over G's ranks, the pairs of known rank included as rank 1 (the anchor's own
+      # key, a translation), as the authors' update_mean counts them: they hold s_1 at
+      # what rank 1 means. Without them, text alone gives s_1 only G's stray rank-1
+      # pairs, s_1 sinks below s_2 within 200 steps and Eq. 10 stops ranking (the
+      # collapse of docs/emmax.md).
+      known = (valid | own) & valid_k[None, :]
       new = {**flax_mutables,
-             "rank_sims": losses.rank_similarity_ema(rank_sims, sim_t.reshape(-1),
-                                                     c_g.reshape(-1), vf.reshape(-1),
-                                                     self.rank_ema),
+             "rank_sims": losses.rank_similarity_ema(
+                 rank_sims, sim_t.reshape(-1), jnp.where(own, 0, c_g).reshape(-1),
+                 known.astype(jnp.float32).reshape(-1), self.rank_ema),
              "queue": moco.enqueue(flax_mutables["queue"], keys)}
       for r in range(n):
         metrics[f"rank{r + 1}_similarity"] = new["rank_sims"][r]
