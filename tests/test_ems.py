@@ -360,6 +360,30 @@ def test_three_epochs_are_counted_from_the_training_mixture(toy_task, capsys):
     gin.clear_config()
 
 
+def test_holdout_of_mldoc_and_amazon_is_by_sentence(tmp_path):
+  """EMS §4.2 removes the sentences of every evaluation dataset: a training sentence found
+  inside a multi-sentence MLDoc or Amazon document is dropped (the whole document, each
+  sentence, in Latin, Chinese, Arabic and Hindi script), a sentence of no document kept."""
+  from conftest import write_lines
+  from vmx.evaluation import heldout
+  assert heldout.document_sentences("First one. Second one!  Third?\nFourth…  Fifth") == [
+      "First one.", "Second one!", "Third?", "Fourth…", "Fifth"]
+  assert heldout.document_sentences("第一句。第二句！第三句") == ["第一句。", "第二句！", "第三句"]
+  assert heldout.document_sentences("هل أنت هنا؟ نعم") == ["هل أنت هنا؟", "نعم"]
+  assert heldout.document_sentences("पहला वाक्य। दूसरा") == ["पहला वाक्य।", "दूसरा"]
+  mldoc = tmp_path / "mldoc"
+  write_lines(mldoc / "en.train.tsv", ["Stocks fell on Monday. Traders were nervous.\tCCAT"])
+  write_lines(mldoc / "zh.test.tsv", ["股市周一下跌。交易员很紧张。\tECAT"])
+  amazon = tmp_path / "amazon"
+  write_lines(amazon / "fr.dvd.dev.tsv", ["Un bon film. Je le recommande !\tpos"])
+  h = heldout.EvaluationHeldOut([], str(tmp_path / "data"),
+                                {"mldoc": str(mldoc), "amazon_v1": str(amazon)})
+  for text in ("Traders were nervous.", "Stocks fell on Monday.", "交易员很紧张。",
+               "Je le recommande !", "Stocks fell on Monday. Traders were nervous."):
+    assert not h.keeps(["unrelated", text]), text
+  assert h.keeps(["Traders were calm.", "Un film."])
+
+
 def test_training_skips_every_evaluation_dataset_the_user_supplies(tmp_path):
   """EMS §4.2: training skips the sentences of every evaluation dataset, not only Tatoeba:
   BUCC (the data directory's), and the ParaCrawl pools, MLDoc and Amazon files when their

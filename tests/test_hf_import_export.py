@@ -98,6 +98,91 @@ def test_family_hidden_states_equal_transformers(kind, scan, tmp_path):
     np.testing.assert_allclose(out[i, :n], ref[i, :n], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["xlmr", "bert"])
+def test_masked_lm_head_is_imported_and_infoxlm_logits_equal_transformers(kind, tmp_path):
+  """A masked-LM checkpoint (XLM-R's lm_head, BERT's cls.predictions; random head weights)
+  is imported with its head in `mlm_head/`; InfoXLM started from the directory takes it
+  (nothing of it left new) and its masked-token logits equal Hugging Face's (float32,
+  1e-4), pad and id 0 swapped as vmx's token table is."""
+  import jax
+  from flax import traverse_util
+  from vmx import encoders
+  from vmx.modeldir.hf_import import encoder_settings, import_checkpoint, read_hf_config
+  from vmx.models.infoxlm import InfoXLM, InfoXLMModel
+  from vmx.training.initial_checkpoint import assign, flatten, read_params
+  torch.manual_seed(0)
+  if kind == "xlmr":
+    cfg = transformers.XLMRobertaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=37,
+                                        max_position_embeddings=66, type_vocab_size=1,
+                                        pad_token_id=1, layer_norm_eps=1e-5)
+    m = transformers.XLMRobertaForMaskedLM(cfg).eval()
+    head = m.lm_head
+    parts = (head.dense.weight, head.dense.bias, head.layer_norm.weight,
+             head.layer_norm.bias, head.bias)
+  else:
+    cfg = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=37,
+                                  max_position_embeddings=64)
+    m = transformers.BertForMaskedLM(cfg).eval()
+    t = m.cls.predictions.transform
+    parts = (t.dense.weight, t.dense.bias, t.LayerNorm.weight, t.LayerNorm.bias,
+             m.cls.predictions.bias)
+  with torch.no_grad():          # a head that is not its initializer's (ones, zeros)
+    for p in parts:
+      p.normal_(0, 0.5)
+  hf = tmp_path / "hf"
+  m.save_pretrained(hf)       # a WordPiece vocabulary of the model's 99 ids (no data needed)
+  (hf / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                          + [f"w{i}" for i in range(94)]) + "\n")
+  summary = import_checkpoint(hf, tmp_path / "vmx")
+  assert (tmp_path / "vmx" / "mlm_head").is_dir() and summary["mlm_head_tensors"] >= 5
+  assert not [n for n in summary["ignored"] if n.startswith(("lm_head.", "cls.predictions."))]
+  source, _ = read_params(tmp_path / "vmx")
+  enc = encoders.TransformerEncoder(**encoder_settings(read_hf_config(hf)))
+  model = InfoXLMModel(InfoXLM(encoder=enc))
+  target = {k: v.shape for k, v in flatten(model.abstract_params(8)).items()}
+  loaded, new, _ = assign(target, source, InfoXLMModel.INITIAL_CHECKPOINT_ASSIGNMENT)
+  assert not [n for n in new if n.startswith("mlm_head/")], new
+  params = traverse_util.unflatten_dict(
+      {k: loaded.get(k, np.zeros(v)) for k, v in target.items()}, sep="/")
+  pad = cfg.pad_token_id or 0
+  ids = padded_ids(pad, 0 if kind == "xlmr" else 2)
+  with torch.no_grad():
+    ref = m(input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor((ids != pad).astype(np.int64))).logits.numpy()
+  vmx_ids = np.where(ids == pad, 0, np.where(ids == 0, pad, ids)) if pad else ids
+  got = np.array(model.module.apply({"params": params}, jax.numpy.asarray(vmx_ids, "int32"),
+                                      method=InfoXLM.mlm_logits))
+  if pad:                        # vmx's id 0 is the checkpoint's pad, and the other way
+    got[..., [0, pad]] = got[..., [pad, 0]]
+  for i, n in enumerate((ids != pad).sum(1)):
+    np.testing.assert_allclose(got[i, :n], ref[i, :n], atol=1e-4, rtol=0)
+
+
+def test_a_masked_lm_head_that_does_not_fit_is_one_line(tmp_path):
+  """A head of another vocabulary or width, or an untied output projection: one
+  CheckpointError naming both shapes."""
+  from vmx.errors import CheckpointError
+  from vmx.modeldir.hf_mlm_head import convert_mlm_head
+  rng = np.random.default_rng(0)
+  emb = rng.normal(size=(99, 32)).astype(np.float32)
+  head = {"lm_head.dense.weight": rng.normal(size=(32, 32)), "lm_head.dense.bias": np.zeros(32),
+          "lm_head.layer_norm.weight": np.ones(32), "lm_head.layer_norm.bias": np.zeros(32),
+          "lm_head.bias": np.zeros(99), "lm_head.decoder.weight": emb}
+  flat, used = convert_mlm_head(head, emb, 1, "HF")
+  assert set(flat) == {"dense/kernel", "dense/bias", "layer_norm/scale", "layer_norm/bias",
+                       "bias"} and "lm_head.decoder.weight" in used
+  with pytest.raises(CheckpointError, match=r"lm_head.bias \(120,\) against the word "
+                     r"embeddings' \(99, 32\)"):
+    convert_mlm_head({**head, "lm_head.bias": np.zeros(120)}, emb, 1, "HF")
+  with pytest.raises(CheckpointError, match=r"lm_head.dense.weight \(48, 48\)"):
+    convert_mlm_head({**head, "lm_head.dense.weight": np.zeros((48, 48))}, emb, 1, "HF")
+  with pytest.raises(CheckpointError, match="not the word embeddings"):
+    convert_mlm_head({**head, "lm_head.decoder.weight": emb + 1}, emb, 1, "HF")
+  assert convert_mlm_head({"embeddings.word_embeddings.weight": emb}, emb, 1, "HF") == ({}, [])
+
+
 def tiny_mt5_seq2seq(kind: str = "mt5"):
   """A random tiny MT5ForConditionalGeneration (3 decoder layers, 2 encoder layers), or
   the same T5ForConditionalGeneration (`kind='t5'`: transformers 5 scales its tied output)."""

@@ -463,3 +463,21 @@ def test_from_scratch_initialization_is_uniform_0_02():
     finally:
       gin.clear_config()
     assert model.uniform_init == want, name
+
+
+@pytest.mark.parametrize("gin_file", [
+    "infoxlm_base.gin", "infoxlm_large.gin", "infoxlm15.gin", "infoxlm_scratch.gin",
+    "ablations/infoxlm_no_tlm.gin", "ablations/infoxlm_scratch_no_tlm.gin"])
+def test_paper_files_use_eqs_5_6_without_a_temperature(gin_file):
+  """Eqs. 5-6 score exp(g_Q(c1) . g_K(c2)) with no temperature: the files named after the
+  paper (and the ablations on them) bind InfoXLMModel.temperature to 1.0; the authors'
+  0.25 is a flag (docs/departures.md)."""
+  import importlib.util  # noqa: F401  (gin-config 0.5 gotcha)
+  import gin
+  from vmx import experiment
+  gin.clear_config()
+  try:
+    experiment.parse_experiment([gin_file], ["INITIAL_CHECKPOINT_PATH = '/x'"])
+    assert gin.query_parameter("%TEMPERATURE") == 1.0
+  finally:
+    gin.clear_config()

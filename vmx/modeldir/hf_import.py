@@ -11,7 +11,9 @@ checkpoint's own tokenizer (vmx/data/vocab.py: HfTokenizer) and `checkpoint_0/pa
 with its checksum manifest. With `decoder=True` (`--decoder`), a T5 / mT5
 encoder-decoder checkpoint's decoder is kept too, in `decoder/checkpoint_0/params`
 (layout.PRETRAINED_DECODER_DIR), as a vmx `ConditionedDecoder(family='t5')` without its
-cross-attention: VMSST's and BITRANSLATION's decoders start from it (VMSST §6.5).
+cross-attention: VMSST's and BITRANSLATION's decoders start from it (VMSST §6.5). A
+masked-LM checkpoint's head (XLM-R's `lm_head`, BERT's `cls.predictions`) is kept in
+`mlm_head/` (hf_mlm_head.py), where InfoXLM's head starts from it.
 `Encoder.from_checkpoint` opens the directory, and a training run starts from it with
 `INITIAL_CHECKPOINT_PATH` (vmx/training/initial_checkpoint.py).
 Part of vmx/modeldir/ (the MODEL_DIR layout: layout.py); the deprecated path
@@ -42,7 +44,8 @@ from vmx.data.vocab import TOKENIZER_SPEC, HfTokenizer
 from vmx.errors import CheckpointError, ConfigError
 from vmx.models.dual_encoder import DualEncoder, DualEncoderModel
 from vmx.modeldir.checkpoints import flatten, save_params
-from vmx.modeldir.layout import PRETRAINED_DECODER_DIR, write_model_info
+from vmx.modeldir.hf_mlm_head import convert_mlm_head
+from vmx.modeldir.layout import PRETRAINED_DECODER_DIR, PRETRAINED_MLM_HEAD_DIR, write_model_info
 
 # model_type in config.json -> (encoder family, HF weight-name prefixes to strip)
 MODEL_TYPES = {"bert": "bert", "xlm-roberta": "bert", "roberta": "bert", "t5": "t5", "mt5": "t5"}
@@ -524,6 +527,12 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
   leftover = sorted(set(expected) - set(flat))
   if leftover:  # a vmx parameter no HF tensor fills: a bug in the weight map
     raise CheckpointError(f"no Hugging Face tensor for vmx parameters {leftover}")
+  head, head_used = {}, []
+  if family == "bert":       # a masked-LM checkpoint's head (hf_mlm_head.py): mlm_head/
+    head, head_used = convert_mlm_head(
+        tensors, _normalize_names(tensors)["embeddings.word_embeddings.weight"],
+        spec["pad_id"], str(hf_dir))
+    ignored = sorted(set(ignored) - set(head_used))
   dec_flat, dec_settings = {}, None
   if decoder:
     dec_settings = decoder_settings(cfg)
@@ -548,13 +557,17 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
     if decoder:
       save_params((tmp / PRETRAINED_DECODER_DIR).absolute(), 0,
                   traverse_util.unflatten_dict(dec_flat, sep="/"))
+    if head:
+      save_params((tmp / PRETRAINED_MLM_HEAD_DIR).absolute(), 0,
+                  traverse_util.unflatten_dict(head, sep="/"))
     (tmp / "IMPORTED_FROM.json").write_text(json.dumps(
         {"hf_dir": str(hf_dir.absolute()), "architectures": cfg.get("architectures"),
          "model_type": cfg["model_type"], "ignored_tensors": ignored,
-         "decoder": dec_settings}, indent=1))
+         "decoder": dec_settings, "mlm_head": bool(head)}, indent=1))
   n = sum(a.size for a in flat.values())
   return {"family": family, "pooling": pooling, "max_length": max_length,
           "tokenizer": spec["kind"], "parameters": int(n), "tensors": len(flat),
           "decoder_parameters": int(sum(a.size for a in dec_flat.values())),
           "decoder_tensors": len(dec_flat), "decoder": dec_settings,
+          "mlm_head_tensors": len(head_used),
           "ignored": ignored, "output_dir": str(output_dir)}

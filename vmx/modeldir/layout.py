@@ -36,6 +36,7 @@ BEST_STEP = BEST_DIR                      # the `step` argument naming best/'s c
 BEST_RECORD = "best.json"
 DAMAGED_DIR = "damaged"
 PRETRAINED_DECODER_DIR = "decoder"        # an imported model directory's T5 / mT5 decoder
+PRETRAINED_MLM_HEAD_DIR = "mlm_head"     # ... and its masked-LM head (XLM-R's lm_head)
 LOCK_FILE = "vmx.lock"                    # the run's one writer (vmx/modeldir/run.py)
 PREVIOUS_SUFFIX = ".previous-"            # --fresh moves a run aside to MODEL_DIR.previous-<time>
 T5X_STATE_DIR = "state"                   # t5x's Orbax layout: checkpoint_<step>/state/

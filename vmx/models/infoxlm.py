@@ -171,8 +171,10 @@ def key_params(params, xlco_layer: int):
 
 class InfoXLMModel(SentenceEncoderModel):
   """InfoXLM: MMLM + TLM + XLCO with a momentum key encoder and a queue."""
-  # An imported XLM-R (or any dual encoder's `encoder/...`) fills the encoder; the MLM
-  # head (an XLM-R MLM checkpoint's lm_head is not imported) and the projection start fresh.
+  # An imported XLM-R (or any dual encoder's `encoder/...`) fills the encoder, and an
+  # imported masked-LM checkpoint's head (`mlm_head/...`, vmx/modeldir/hf_mlm_head.py) the
+  # MLM head, under its own names (§4.1: initialized with XLM-R); the projection starts
+  # fresh, and so does the head when the checkpoint has none.
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"encoder/(.*)", r"encoder/\1"),)
   CONFIG_FIELDS = ("module", "mask_id", "special_ids", "random_low", "mmlm_weight",
                    "tlm_weight", "xlco_weight", "temperature", "queue_size", "momentum",

@@ -17,7 +17,8 @@ encoders and EMS's sentence encoder. Scanned and unscanned layer stacks convert
 both ways (`layers/x` [N, ...] <-> `layers_<i>/x`), and into scanned segments
 (`layers_from_<s>/x` [n, ...] <- `layers_<s..s+n-1>/x` or rows s..s+n-1 of `layers/x`).
 An imported model directory's T5 / mT5 decoder (`decoder/`, launch/import_checkpoint.py
---decoder) is read with it, under the names `decoder/...`.
+--decoder) and masked-LM head (`mlm_head/`, XLM-R's lm_head) are read with it, under the
+names `decoder/...` and `mlm_head/...`.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from flax import traverse_util
 from vmx import storage
 from vmx.errors import CheckpointError, ConfigError
 from vmx.modeldir.checkpoints import flatten, read_only_manager, restore_intact
-from vmx.modeldir.layout import PRETRAINED_DECODER_DIR
+from vmx.modeldir.layout import PRETRAINED_DECODER_DIR, PRETRAINED_MLM_HEAD_DIR
 
 _LAYER = re.compile(r"(^|/)layers_(\d+)(/|$)")
 _SEGMENT = re.compile(r"(^|/)layers_from_(\d+)(/|$)")
@@ -80,10 +81,10 @@ def read_params(model_dir) -> tuple[dict, int]:
   finally:
     mngr.close()
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
-  decoder_dir = model_dir / PRETRAINED_DECODER_DIR
-  if decoder_dir.is_dir():
-    dec, _ = read_params(decoder_dir)
-    flat.update({f"{PRETRAINED_DECODER_DIR}/{k}": v for k, v in dec.items()})
+  for part in (PRETRAINED_DECODER_DIR, PRETRAINED_MLM_HEAD_DIR):
+    if (model_dir / part).is_dir():
+      sub, _ = read_params(model_dir / part)
+      flat.update({f"{part}/{k}": v for k, v in sub.items()})
   return flat, step
 
 
