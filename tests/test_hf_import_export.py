@@ -66,7 +66,7 @@ def test_family_hidden_states_equal_transformers(kind, scan, tmp_path):
   """Imported through launch's code path; padded batch; valid positions within 1e-4."""
   import jax
   from vmx import encoders
-  from vmx.modeldir.hf_import import convert, encoder_settings, read_hf_config, read_hf_tensors
+  from vmx.modeldir.hf_weights import convert, encoder_settings, read_hf_config, read_hf_tensors
   from vmx.training.initial_checkpoint import assign
   m = tiny_hf_model(kind).eval()
   m.save_pretrained(tmp_path)
@@ -107,7 +107,8 @@ def test_masked_lm_head_is_imported_and_infoxlm_logits_equal_transformers(kind, 
   import jax
   from flax import traverse_util
   from vmx import encoders
-  from vmx.modeldir.hf_import import encoder_settings, import_checkpoint, read_hf_config
+  from vmx.modeldir.hf_import import import_checkpoint
+  from vmx.modeldir.hf_weights import encoder_settings, read_hf_config
   from vmx.models.infoxlm import InfoXLM, InfoXLMModel
   from vmx.training.initial_checkpoint import assign, flatten, read_params
   torch.manual_seed(0)
@@ -209,8 +210,8 @@ def test_mt5_decoder_logits_equal_transformers(scan, lm_head, kind, tmp_path):
   import jax
   from flax import traverse_util
   from vmx import decoders
-  from vmx.modeldir.hf_import import read_hf_config, read_hf_tensors
-  from vmx.modeldir.hf_import import convert_decoder, decoder_settings, decoder_shapes
+  from vmx.modeldir.hf_weights import read_hf_config, read_hf_tensors
+  from vmx.modeldir.hf_weights import convert_decoder, decoder_settings, decoder_shapes
   from vmx.training.initial_checkpoint import assign, flatten
   from safetensors.numpy import save_file
   m = tiny_mt5_seq2seq(kind).eval()
@@ -259,7 +260,7 @@ def test_mt5_decoder_logits_equal_transformers(scan, lm_head, kind, tmp_path):
 
 
 def decoders_fresh(path: str) -> bool:
-  from vmx.modeldir.hf_import import DECODER_FRESH
+  from vmx.modeldir.hf_weights import DECODER_FRESH
   return bool(DECODER_FRESH.fullmatch(path))
 
 
@@ -693,7 +694,8 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   (padding id 1 swapped with 0 in vmx, position offset, SentencePiece, CLS pooling)."""
   import shutil
   st = pytest.importorskip("sentence_transformers")
-  from vmx.modeldir.hf_import import _normalize_names, import_checkpoint, read_hf_tensors
+  from vmx.modeldir.hf_import import import_checkpoint
+  from vmx.modeldir.hf_weights import _normalize_names, read_hf_tensors
   from vmx.inference import Encoder
   sents = tatoeba_sentences(n=8)
   if kind == "minilm":

@@ -6,7 +6,9 @@
   checkpoints.py  orbax checkpoints checkpoint_<step>/ with checksum manifests, damaged/,
                   best/, the run's checkpointer and `restore_params` for inference
   t5x_format.py   t5x's own checkpoint layouts (Orbax and legacy msgpack), read without t5x
-  hf_import.py    Hugging Face checkpoints -> a vmx model directory
+  hf_import.py    Hugging Face checkpoints -> a vmx model directory (its tokenizer, its
+                  files), from hf_weights.py (the tensors' map: encoder, T5 decoder)
+                  and hf_mlm_head.py (a masked-LM head, mlm_head/)
   hf_export.py    a vmx model directory -> a sentence-transformers folder
 Training, inference and the converters all read and write MODEL_DIR through these.
 """

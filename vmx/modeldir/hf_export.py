@@ -27,10 +27,11 @@ from safetensors.numpy import save_file
 from vmx.errors import ConfigError
 from vmx.models.base import model_from_config
 from vmx.modeldir.checkpoints import flatten, restore_params
-from vmx.modeldir.hf_import import atomic_output_dir, weight_map
+from vmx.modeldir.hf_import import atomic_output_dir
+from vmx.modeldir.hf_weights import weight_map
 from vmx.modeldir.layout import read_model_info
 
-# vmx activation -> Hugging Face hidden_act (inverse of hf_import.encoder_settings)
+# vmx activation -> Hugging Face hidden_act (inverse of hf_weights.encoder_settings)
 _ACTIVATIONS = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu"}
 _POOLING = {"mean": "pooling_mode_mean_tokens", "first": "pooling_mode_cls_token"}
 
@@ -73,7 +74,7 @@ def hf_config(enc, pad_id: int) -> dict:
 
 
 def hf_tensors(enc, encoder_params: dict, pad_id: int) -> dict[str, np.ndarray]:
-  """{Hugging Face name: array} of the encoder (inverse of hf_import.convert)."""
+  """{Hugging Face name: array} of the encoder (inverse of hf_weights.convert)."""
   flat = {k: np.asarray(v, np.float32) for k, v in flatten(encoder_params).items()}
   if pad_id:   # vmx keeps padding at id 0: swap the rows back
     emb = flat["token_embed/embedding"].copy()

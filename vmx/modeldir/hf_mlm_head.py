@@ -39,7 +39,7 @@ def convert_mlm_head(tensors: dict, word_embeddings_VxD: np.ndarray, pad_id: int
                      where: str) -> tuple[dict, list[str]]:
   """({MlmHead path: float32 array}, the tensors used), or ({}, []) for a checkpoint
   without a masked-LM head. `word_embeddings_VxD` is the checkpoint's own table (in its
-  ids); `pad_id` the padding id vmx swaps with id 0 (hf_import.convert), which the output
+  ids); `pad_id` the padding id vmx swaps with id 0 (hf_weights.convert), which the output
   bias follows. A head whose width or vocabulary is not the encoder's, or an output
   projection not tied to the word embeddings, is one CheckpointError naming the shapes."""
   for dense, norm, bias_name, tied in HEADS.values():
