@@ -161,6 +161,42 @@ def test_masked_lm_head_is_imported_and_infoxlm_logits_equal_transformers(kind, 
     np.testing.assert_allclose(got[i, :n], ref[i, :n], atol=1e-4, rtol=0)
 
 
+def test_layer_k_is_transformers_hidden_states_k(tmp_path):
+  """InfoXLM §4.2's "seventh layer": vmx's layer k (vmx/evaluation/layerwise.py, the
+  `--tatoeba_vector` / `--tatoeba_layers` numbering) is the output of the first k layers,
+  transformers' `hidden_states[k]` (index 0: the embeddings). XTREME's LAYER=7, a 0-based
+  index into the layer outputs without the embeddings, is hidden_states[8]: vmx's layer 8
+  (docs/departures.md)."""
+  import jax.numpy as jnp
+  from vmx.evaluation.layerwise import LayerModel
+  from vmx.inference import Encoder
+  from vmx.modeldir.hf_import import import_checkpoint
+  torch.manual_seed(0)
+  cfg = transformers.XLMRobertaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3,
+                                      num_attention_heads=4, intermediate_size=37,
+                                      max_position_embeddings=66, type_vocab_size=1,
+                                      pad_token_id=1, layer_norm_eps=1e-5)
+  m = transformers.XLMRobertaModel(cfg).eval()
+  hf = tmp_path / "hf"
+  m.save_pretrained(hf)
+  (hf / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                                          + [f"w{i}" for i in range(94)]) + "\n")
+  import_checkpoint(hf, tmp_path / "vmx")
+  enc = Encoder.from_checkpoint(tmp_path / "vmx")
+  ids = padded_ids(1, 0)
+  mask = ids != 1
+  with torch.no_grad():
+    states = m(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
+               output_hidden_states=True).hidden_states
+  vmx_ids = jnp.asarray(np.where(ids == 1, 0, np.where(ids == 0, 1, ids)), jnp.int32)
+  for k in (1, 2, 3):
+    h = states[k].numpy()
+    want = (h * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    got = np.asarray(LayerModel(enc.model, k).encode_tokens(enc.params, vmx_ids, None))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
 def test_a_masked_lm_head_that_does_not_fit_is_one_line(tmp_path):
   """A head of another vocabulary or width, or an untied output projection: one
   CheckpointError naming both shapes."""
