@@ -107,7 +107,7 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
                      shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
                      validation_percent: int = task_settings.VALIDATION_PERCENT,
                      lazy: bool = False, holdout: Sequence[str] = (),
-                     holdout_dirs: Optional[dict] = None) -> str:
+                     holdout_dirs: Optional[dict] = None, emptied: str = "error") -> str:
   """Registers one pair task per language (xx -> pivot), `<corpus>.<xx>_<pivot>`, and
   their mixture `<corpus>.mix_<languages>_a<alpha>` (`languages_key`); returns its name.
 
@@ -118,18 +118,22 @@ def parallel_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = gin.
   sets (`vmx.data.devsets`), test sets and evaluation benchmarks whose sentences are
   skipped, `holdout_dirs` the user's evaluation data to skip as well ({'paracrawl' |
   'mldoc' | 'amazon_v1' | 'amazon_v2': directory or None}; EMS §4.2, `held_out`); names
-  end in `.minus_<sets>`.
+  end in `.minus_<sets>`. A language whose every pair the hold-out removes is an error
+  when the task is first counted (it would drop out of the mixture unseen); `emptied =
+  'warn'` trains without it after one warning line.
   """
   h, suffix = held_out(holdout, data_dir, "tasks.parallel_mixture", holdout_dirs)
   names = _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
-                      shuffle_buffer_size, validation_percent, h, suffix)
+                      shuffle_buffer_size, validation_percent, h, suffix,
+                      emptied=emptied, switch="tasks.parallel_mixture.emptied")
   key = languages_key(languages, corpus_languages(corpus))
   prefix = corpus.replace("-", "_")  # SeqIO names: [\w.:#]
   return registration.register_mixture(f"{prefix}.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
 
 
 def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_lines,
-                shuffle_buffer_size, validation_percent, h, suffix, teacher=None) -> list[str]:
+                shuffle_buffer_size, validation_percent, h, suffix, teacher=None,
+                emptied="error", switch="emptied") -> list[str]:
   """Registers `<corpus>.<xx>_<pivot><suffix>` for each language; returns the names."""
   c = _corpus(corpus)
   prefix = corpus.replace("-", "_")
@@ -137,7 +141,8 @@ def _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir, empty_
   # a teacher cache that embeds a sample of the pivots: the pairs with an embedded pivot
   pivots_in = teacher if teacher and teacher_lib.partial(teacher) else None
   for lang, src, piv in corpus_files(corpus, languages, data_dir):
-    source = sources.moses_source(src, piv, empty_lines, validation_percent, h, pivots_in)
+    source = sources.moses_source(src, piv, empty_lines, validation_percent, h, pivots_in,
+                                  emptied, switch)
     names.append(registration.register_pair_task(
         f"{prefix}.{lang}_{c.pivot}{suffix}", source, lang, c.pivot, vocabulary,
         model_languages, shuffle_buffer_size, teacher))
@@ -151,7 +156,7 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
                              shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
                              validation_percent: int = task_settings.VALIDATION_PERCENT,
                              lazy: bool = False, holdout: Sequence[str] = (),
-                             teacher: Optional[str] = None) -> str:
+                             teacher: Optional[str] = None, emptied: str = "error") -> str:
   """The pair tasks of several corpora ({corpus: languages}, e.g. tatoeba-challenge and
   wmt-newstest) in one mixture, every (corpus, language) task sampled with p ∝ n^alpha:
   `pairs.mix_<hash of the task names>_a<alpha>[.minus_<sets>][.teacher_<hash>]`. Other
@@ -159,7 +164,8 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
   and pivot. `teacher`: a teacher-embedding cache (`teacher_embeddings`): every pair also
   yields `teacher` [D], the teacher's embedding of its pivot sentence (distillation); a
   partial cache (`max_sentences_per_file`) keeps the pairs whose pivot it embeds, and the
-  mixing rates count those."""
+  mixing rates count those. `emptied`: as in `parallel_mixture` (the teacher's filter
+  too)."""
   if not isinstance(corpora, dict) or not corpora:
     raise DataError(f"tasks.parallel_corpora_mixture.corpora={corpora!r}: expected a "
                     f"non-empty {{corpus: [languages]}} dict (corpora: {', '.join(CORPORA)})")
@@ -170,7 +176,7 @@ def parallel_corpora_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRE
   for corpus, languages in corpora.items():
     names += _pair_tasks(corpus, languages, vocabulary, model_languages, data_dir,
                          empty_lines, shuffle_buffer_size, validation_percent, h, suffix,
-                         teacher)
+                         teacher, emptied, "tasks.parallel_corpora_mixture.emptied")
   key = registration.short_hash("|".join(names))
   return registration.register_mixture(f"pairs.mix_{key}_a{alpha}{suffix}", names, alpha, lazy)
 
@@ -219,14 +225,15 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
                         disjoint_pairs: bool = False,
                         shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
                         validation_percent: int = task_settings.VALIDATION_PERCENT,
-                        lazy: bool = False, holdout: Sequence[str] = ()) -> str:
+                        lazy: bool = False, holdout: Sequence[str] = (),
+                        emptied: str = "error") -> str:
   """Monolingual text from single sides of a parallel corpus (InfoXLM's MMLM data): one
   task per language (its side of the xx-pivot pairs), `<corpus>.mono_<xx>`, and, with
   `pivot`, one for the pivot language (the pivot side of every pair),
   `<corpus>.mono_<pivot>.<languages>`; languages sampled with p ∝ n^alpha (n = lines).
   `disjoint_pairs` (EMMA-X's non-parallel text): the xx side of the even pairs and the
   pivot side of the odd ones, so that no pair gives both of its sides (names end in
-  `_even` / `_odd`). `holdout`: as in `parallel_mixture`. Returns the mixture name,
+  `_even` / `_odd`). `holdout`, `emptied`: as in `parallel_mixture`. Returns the mixture name,
   `<corpus>.mono_mix_<languages>_a<alpha>`."""
   c = _corpus(corpus)
   h, hsuffix = held_out(holdout, data_dir, "tasks.monolingual_mixture")
@@ -241,7 +248,9 @@ def monolingual_mixture(corpus: str = gin.REQUIRED, languages: Sequence[str] = g
     parity = None if not disjoint_pairs else int(lang == c.pivot and pivot)
     suffix = "" if parity is None else ("_even", "_odd")[parity]
     names.append(registration.register_text_task(
-        name + suffix + hsuffix, sources.text_source(paths, parity, validation_percent, h),
+        name + suffix + hsuffix,
+        sources.text_source(paths, parity, validation_percent, h, emptied,
+                            "tasks.monolingual_mixture.emptied"),
         vocabulary, shuffle_buffer_size))
   variant = ("" if pivot else "_nopivot") + ("_disjoint" if disjoint_pairs else "")
   return registration.register_mixture(f"{prefix}.mono_mix_{key}{variant}_a{alpha}{hsuffix}", names,

@@ -152,3 +152,33 @@ def test_temperature_rates():
   np.testing.assert_allclose(temperature_rates([100, 400], 1.0), [0.2, 0.8])
   np.testing.assert_allclose(temperature_rates([100, 400], 0.0), [0.5, 0.5])
   np.testing.assert_allclose(temperature_rates([100, 400], 0.5), [1 / 3, 2 / 3])
+
+
+def test_a_source_its_hold_out_empties_is_an_error_naming_file_and_filter(tmp_path):
+  """A language whose every pair a hold-out removes would drop out of its mixture unseen
+  (a task of rate 0): one DataError naming the files, the filter and the switch; with the
+  switch ('warn') one warning and an empty task; a partial removal is no error."""
+  import warnings
+  from vmx.data import devsets, sources
+
+  class HeldOut(devsets.HeldOut):
+    def __init__(self, sentences, name="tatoeba"):   # (its name keys the cached counts)
+      self.names, self.data_dir, self._sentences = [name], None, set(sentences)
+
+  src = write_lines(tmp_path / "train.fra", ["bonjour", "merci"])
+  tgt = write_lines(tmp_path / "train.eng", ["hello", "thanks"])
+  every = HeldOut({"bonjour", "thanks"})
+  with pytest.raises(DataError, match=r"train\.fra .*the hold-out of tatoeba removed every "
+                     r"one of its 2 examples.*tasks\.parallel_mixture\.emptied='warn'"):
+    sources.moses_source(src, tgt, holdout=every, validation_percent=0,
+                         switch="tasks.parallel_mixture.emptied").counts()
+  with pytest.warns(UserWarning, match="removed every one of its 2 examples"):
+    counts = sources.moses_source(src, tgt, holdout=every, validation_percent=0,
+                                  emptied="warn").counts()
+  assert counts == {"train": 0}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    assert sources.moses_source(src, tgt, holdout=HeldOut({"merci"}, "newstest2013"),
+                                validation_percent=0).counts() == {"train": 1}
+  with pytest.raises(DataError, match=r"emptied='skip'; expected one of \('error', 'warn'\)"):
+    sources.moses_source(src, tgt, emptied="skip")

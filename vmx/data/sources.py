@@ -18,6 +18,7 @@ cache (vmx/data/token_cache).
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Optional, Sequence
 
 import numpy as np
@@ -61,6 +62,11 @@ def in_validation(text: tf.Tensor, validation_percent: int) -> tf.Tensor:
   return tf.strings.to_hash_bucket_fast(text, 100) < validation_percent
 
 
+# What an example filter (hold-out, teacher pivots) that removes every example of a source
+# gets: an error, or (the user's opt-in) one warning line.
+EMPTIED = ("error", "warn")
+
+
 class SplitSource(seqio.FunctionDataSource):
   """The examples of `make_dataset()` (finite, text features) split by content into
   `train` and `validation` (`key(example)` is the text hashed, see `in_validation`).
@@ -72,12 +78,20 @@ class SplitSource(seqio.FunctionDataSource):
 
   def __init__(self, make_dataset, key, check, validation_percent: int = VALIDATION_PERCENT,
                description: str = "source", paths: Sequence[str] = (), kind: str = "",
-               holdout: Optional[devsets.HeldOut] = None, pivots_in: Optional[str] = None):
+               holdout: Optional[devsets.HeldOut] = None, pivots_in: Optional[str] = None,
+               emptied: str = "error", switch: str = "emptied"):
     if (isinstance(validation_percent, bool) or not isinstance(validation_percent, int)
         or not 0 <= validation_percent < 100):
       raise DataError(f"{description}: validation_percent={validation_percent!r}; expected an "
                       f"integer in [0, 100) (the share of examples held out as `validation`)")
+    if emptied not in EMPTIED:
+      raise DataError(f"{switch}={emptied!r}; expected one of {EMPTIED}")
     self._check = check
+    self._raw = make_dataset
+    # what may remove examples after the files are read (an emptied source is an error)
+    self._filters = ([f"the hold-out of {', '.join(holdout.names)}"] if holdout else []) + (
+        [f"the teacher cache {pivots_in}'s pivots"] if pivots_in else [])
+    self._emptied, self._switch = emptied, switch
     self._make = _without_held_out(make_dataset, holdout) if holdout else make_dataset
     self._kind = f"{kind}:holdout={holdout.key}" if holdout else kind
     if pivots_in:
@@ -113,7 +127,25 @@ class SplitSource(seqio.FunctionDataSource):
                                       self._paths, self._count)
       else:
         self._counts = self._count()
+      self._check_not_emptied()
     return self._counts
+
+  def _check_not_emptied(self):
+    """A filter that removed every training example of non-empty files: DataError (the
+    language would silently drop out of its mixture: the builder drops a task of rate 0),
+    or, with `emptied='warn'` (the user's opt-in), one warning line."""
+    if sum(self._counts.values()) or not self._filters:   # (train may be empty by the split)
+      return
+    raw = int(self._raw().reduce(np.int64(0), lambda n, _: n + 1))
+    if not raw:
+      return
+    msg = (f"{self.description}: {' and '.join(self._filters)} removed every one of its "
+           f"{raw} examples; the task would train on nothing and its mixture without it. "
+           f"Drop it from the mixture, or set {self._switch}='warn' to train without it")
+    if self._emptied == "error":
+      raise DataError(msg)
+    warnings.warn(msg.split("; the task")[0] + "; training without it "
+                  f"({self._switch}='warn')", stacklevel=2)
 
   def _count(self) -> dict:
     if not self.validation_percent:
@@ -176,7 +208,8 @@ def _only_pivots_in(make_dataset, cache: str):
 def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
                  validation_percent: int = VALIDATION_PERCENT,
                  holdout: Optional[devsets.HeldOut] = None,
-                 pivots_in: Optional[str] = None) -> SplitSource:
+                 pivots_in: Optional[str] = None, emptied: str = "error",
+                 switch: str = "emptied") -> SplitSource:
   """Aligned line files; validated (line counts, empty lines, UTF-8) on first use.
   `holdout`: dev sets whose sentences the source skips. `pivots_in`: a teacher cache;
   the source keeps the pairs whose target sentence it embeds."""
@@ -187,12 +220,13 @@ def moses_source(src_path: str, tgt_path: str, empty_lines: str = "error",
   return SplitSource(make, _pair_key,
                      lambda: readers.validate_parallel(src_path, tgt_path, empty_lines),
                      validation_percent, f"{src_path} + {tgt_path}", [src_path, tgt_path],
-                     f"moses:{empty_lines}", holdout, pivots_in)
+                     f"moses:{empty_lines}", holdout, pivots_in, emptied, switch)
 
 
 def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "error",
                validation_percent: int = VALIDATION_PERCENT,
-               holdout: Optional[devsets.HeldOut] = None) -> SplitSource:
+               holdout: Optional[devsets.HeldOut] = None, emptied: str = "error",
+               switch: str = "emptied") -> SplitSource:
   """`source<TAB>target` lines (columns configurable); validated on first use."""
   columns = tuple(columns)
 
@@ -206,12 +240,13 @@ def tsv_source(path: str, columns: Sequence[int] = (0, 1), empty_lines: str = "e
 
   return SplitSource(make, _pair_key, lambda: readers.validate_tsv(path, columns, empty_lines),
                      validation_percent, str(path), [path], f"tsv:{columns}:{empty_lines}",
-                     holdout)
+                     holdout, emptied=emptied, switch=switch)
 
 
 def text_source(paths: Sequence[str], line_parity: int | None = None,
                 validation_percent: int = VALIDATION_PERCENT,
-                holdout: Optional[devsets.HeldOut] = None) -> SplitSource:
+                holdout: Optional[devsets.HeldOut] = None, emptied: str = "error",
+                switch: str = "emptied") -> SplitSource:
   """Monolingual text: the non-empty lines of one or more files as `inputs` (validated
   on first use: UTF-8, at least one line per file). `line_parity` 0 or 1 keeps only the
   even or odd lines of each file (line numbers from 0, empty lines counted): two sides
@@ -239,4 +274,4 @@ def text_source(paths: Sequence[str], line_parity: int | None = None,
 
   return SplitSource(make, lambda ex: ex["inputs"], check, validation_percent,
                      ", ".join(paths[:3]) + (" …" if len(paths) > 3 else ""), paths,
-                     f"text:{line_parity}", holdout)
+                     f"text:{line_parity}", holdout, emptied=emptied, switch=switch)
