@@ -112,6 +112,35 @@ def test_a_damaged_byte_is_never_trained_on(toy_task, tmp_path):
     Table(t.dir)
 
 
+def test_the_caches_records_are_a_contract(toy_task, tmp_path):
+  """A manifest that claims fewer or more rows than its shards hold (a run trained on the
+  smaller task, or crashed with an IndexError), or a shard record that disagrees with
+  the manifest (its count, digests, input range, build): refused at open with one
+  DataError naming the file and both values."""
+  from vmx.data.token_cache.table import Table
+  from vmx.errors import DataError
+  built = _build(toy_task[0], tmp_path, 256)
+  assert len(built["shards"]) >= 2
+  manifest = tmp_path / "manifest.json"
+  good = manifest.read_text()
+  n = built["count"]
+  for claim in (n - 100, n + 1000):
+    manifest.write_text(json.dumps({**built, "count": claim}))
+    with pytest.raises(DataError, match=rf"{manifest}: it claims {claim} rows, its 2 shards "
+                       rf"{n}: the token cache's records disagree"):
+      Table(tmp_path)
+  manifest.write_text(good)
+  record = tmp_path / "rows-00001-of-00002.json"
+  rec = json.loads(record.read_text())
+  for key, value in (("sums_sha256", "0" * 64), ("input", [0, rec["count"]]),
+                     ("fingerprint", "another build"), ("count", rec["count"] - 1)):
+    record.write_text(json.dumps({**rec, key: value}))
+    with pytest.raises(DataError, match=rf"{record}: {key} .*, the manifest says"):
+      Table(tmp_path)
+  record.write_text(json.dumps(rec))
+  assert len(Table(tmp_path)) == n
+
+
 def test_a_damaged_block_is_found_in_a_large_table(toy_task, tmp_path):
   """Blocks are verified one by one: in a table of several blocks, reading rows of intact
   blocks works and the damaged block's rows fail, naming that block."""

@@ -115,5 +115,15 @@ def manifest(fingerprint: str, built_from: dict, features: dict, shards: Sequenc
           "built_at": built_at, "built_from": built_from}
 
 
+def records_disagree(info: Mapping) -> str:
+  """'' when a manifest's row count is its shards' sum, else what disagrees, in words. A
+  manifest has no digest of its own: this, the shards' sizes and digests and their own
+  records (table.Table) are what bind its numbers to the bytes."""
+  counts = [int(s.get("count", -1)) for s in info.get("shards") or []]
+  if int(info.get("count", -1)) != sum(counts):
+    return f"it claims {info.get('count')} rows, its {len(counts)} shards {sum(counts)}"
+  return ""
+
+
 def dumps(obj) -> str:
   return json.dumps(obj, indent=1, sort_keys=False)

@@ -51,6 +51,9 @@ def read_manifest(directory, rebuild: str) -> dict:
   if info.get("format") != fmt.FORMAT:
     raise DataError(f"{path}: token cache format {info.get('format')!r}, this vmx reads "
                     f"format {fmt.FORMAT}; {rebuild}")
+  wrong = fmt.records_disagree(info)
+  if wrong:
+    raise DataError(f"{path}: {wrong}: the token cache's records disagree; {rebuild}")
   return info
 
 
@@ -214,8 +217,29 @@ class Table:
     self._lock = threading.Lock()
     if not self.remote:   # sizes now (cheap); a remote short object fails at its read
       for i, s in enumerate(shards):
+        self._check_record(i, s)
         self._check_size(self._bins[i], int(s["count"]) * self.row_bytes)
         self._check_size(self._sums_files[i], self._num_blocks(i) * fmt.DIGEST_BYTES)
+
+  def _check_record(self, i: int, entry: dict):
+    """Shard i's own .json record (written with its .bin, before the manifest) against the
+    manifest: its count and digest list's sha256, its input range where the shards
+    before it end, its fingerprint the cache's. A DataError naming the record and both
+    values where they disagree (local caches: one small read a shard)."""
+    f = self.dir / f"{entry['name']}.json"
+    if not os.path.exists(f):
+      return
+    try:
+      rec = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+      raise DataError(f"{f}: unreadable ({type(e).__name__}); {self.rebuild}") from None
+    want = {"count": entry.get("count"), "sums_sha256": entry.get("sums_sha256"),
+            "input": [int(self.starts[i]), int(self.starts[i + 1])],
+            "fingerprint": self.info.get("fingerprint")}
+    for key, value in want.items():
+      if key in rec and rec[key] != value:
+        raise DataError(f"{f}: {key} {rec[key]!r}, the manifest says {value!r}: the token "
+                        f"cache's records disagree; {self.rebuild}")
 
   def __len__(self) -> int:
     return self.count
