@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main(argv):
   from vmx.data import normalize, vocab  # lazy: after cli.run_main's host set-up
-  p = argparse.ArgumentParser(description=__doc__,
+  from vmx import cli   # (light: neither jax nor TensorFlow)
+  p = cli.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--output", required=True,
                  help="path of the .model to write (with --pretokenize: a directory)")

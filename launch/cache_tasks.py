@@ -38,7 +38,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def main(argv):
   from vmx import gin_utils
   bindings, argv = gin_utils.split_gin_bindings(argv)
-  p = argparse.ArgumentParser(description=__doc__,
+  from vmx import cli   # (light: neither jax nor TensorFlow)
+  p = cli.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   gin_utils.add_gin_flags(p)
   p.add_argument("--array_cache_dir", default=None,

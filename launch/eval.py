@@ -44,7 +44,8 @@ def parse_args(argv):
     except ValueError:
       raise argparse.ArgumentTypeError(f"{s!r}: a step number or {BEST_STEP!r}") from None
 
-  p = argparse.ArgumentParser(description=__doc__,
+  from vmx import cli   # (light: neither jax nor TensorFlow)
+  p = cli.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True, help="a vmx model_dir")
   p.add_argument("--suite", default="standard", help=f"one of {sorted(harness.SUITES)}")

@@ -30,7 +30,7 @@ from vmx import cli, gin_utils, signals  # noqa: E402
 def main(argv):
   signals.install()   # SIGTERM / SIGINT: the run saves at the next step, exit 75
   bindings, rest = gin_utils.split_gin_bindings(argv)
-  parser = argparse.ArgumentParser(description=__doc__,
+  parser = cli.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   gin_utils.add_gin_flags(parser)
   parser.add_argument("--protocol", default="",

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv):
-  p = argparse.ArgumentParser(description=__doc__,
+  from vmx import cli   # (light: neither jax nor TensorFlow)
+  p = cli.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--hf_dir", required=True, help="Hugging Face model directory")
   p.add_argument("--output_dir", required=True, help="vmx model directory to create")

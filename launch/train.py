@@ -36,7 +36,7 @@ def main(argv):
   if not multihost:   # (several processes: JAX's preemption service owns SIGTERM)
     signals.install()   # SIGTERM / SIGINT from here on: exit 75, one `preempted:` line
   bindings, rest = gin_utils.split_gin_bindings(argv)
-  parser = argparse.ArgumentParser(description=__doc__,
+  parser = cli.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   gin_utils.add_gin_flags(parser)
   parser.add_argument("--multihost", action="store_true",

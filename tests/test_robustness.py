@@ -310,6 +310,24 @@ def test_cli_errors_are_one_line_and_verbose_adds_the_traceback(tmp_path):
   assert not any(tmp_path.iterdir())  # nothing written before the config was checked
 
 
+@pytest.mark.parametrize("launcher,args,needle", [
+    ("eval.py", ["--checkpoint_dir={model_dir}", "--tasks=nosuch"],
+     "unknown task(s) ['nosuch']"),
+    ("train.py", ["--nosuch"], "unrecognized arguments: --nosuch"),
+    ("cache_tasks.py", [], "give --gin_file"),
+])
+def test_a_launchers_flag_errors_are_one_line(launcher, args, needle, tmp_path):
+  """argparse printed its whole usage (26 lines for launch/eval.py) before the message:
+  every launcher's flag error is now one line, exit 2."""
+  (tmp_path / "vmx_model.json").write_text("{}")
+  args = [a.format(model_dir=tmp_path) for a in args]
+  proc = subprocess.run([sys.executable, str(REPO / "launch" / launcher), *args],
+                        capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and needle in lines[0] and "--help lists the flags" in lines[0], lines
+
+
 # --- encode() input ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("sentences,batch_size,match", [

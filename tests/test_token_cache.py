@@ -293,3 +293,18 @@ def test_cache_tasks_builds_an_experiments_cache_locally_and_on_beam(tmp_path):
   _, _, tables = build.open_tables(cfg, model.FEATURE_CONVERTER_CLS(), progress=False,
                                    build=False)
   assert len(tables) == 2 and all(len(t) > 1000 for t in tables)
+
+
+@pytest.mark.parametrize("name,value", [("VMX_REMOTE_THREADS", "many"),
+                                        ("VMX_REMOTE_THREADS", "0"),
+                                        ("VMX_REMOTE_CACHE_MB", "-5"),
+                                        ("VMX_REMOTE_RETRY_S", "nan")])
+def test_a_malformed_remote_setting_is_one_line_naming_it(monkeypatch, name, value):
+  """The remote reader's environment settings: a value that is not a number of the
+  accepted range is a ConfigError naming the variable (it was a ValueError traceback)."""
+  from vmx.data.token_cache.table import Blocks
+  from vmx.errors import ConfigError
+  monkeypatch.setenv(name, value)
+  with pytest.raises(ConfigError, match=rf"^{name}='{value}': expected an? (integer|number) "
+                     r">= \d+ \(unset: \d+\)$"):
+    Blocks()

@@ -15,6 +15,7 @@ launcher imports what needs them (vmx.experiment, the trainer) inside `main`.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import traceback
@@ -22,6 +23,15 @@ import traceback
 from vmx import host_memory, quiet
 from vmx.errors import ConfigError, Interrupted, VmxError
 from vmx.gin_utils import GIN_ERRORS, one_line, with_suggestion
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """argparse's parser, its errors one line: argparse prints the whole usage (26 lines for
+  launch/eval.py) before the message. `<prog>: error: <message> (--help lists the flags)`
+  on stderr, exit 2, as argparse."""
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
 
 
 def run_main(main, argv=None):

@@ -32,12 +32,31 @@ import numpy as np
 
 from vmx import storage
 from vmx.data.token_cache import format as fmt
-from vmx.errors import DataError
+from vmx.errors import ConfigError, DataError
 
 RETRY_ENV = "VMX_REMOTE_RETRY_S"
 CACHE_ENV = "VMX_REMOTE_CACHE_MB"
 DEFAULT_CACHE_MB = 1024
-FETCH_THREADS = int(os.environ.get("VMX_REMOTE_THREADS", 16))
+THREADS_ENV = "VMX_REMOTE_THREADS"
+
+
+def env_number(name: str, default: float, kind=float, minimum: float = 0.0):
+  """Environment variable `name` as a `kind` >= `minimum` (unset: `default`); anything
+  else is a ConfigError naming the variable and what it accepts."""
+  raw = os.environ.get(name)
+  if raw is None or raw.strip() == "":
+    return kind(default)
+  try:
+    value = kind(raw)
+  except ValueError:
+    value = None
+  if value is None or value < minimum or value != value:
+    what = "an integer" if kind is int else "a number"
+    raise ConfigError(f"{name}={raw!r}: expected {what} >= {minimum:g} (unset: {default:g})")
+  return value
+
+
+FETCH_THREADS = 16                        # VMX_REMOTE_THREADS
 FETCH_BLOCKS = 4                          # digest blocks per ranged read of a remote shard
 FETCH_ROWS = FETCH_BLOCKS * fmt.BLOCK_ROWS   # (the stream's default window: one read)
 
@@ -62,11 +81,12 @@ class Blocks:
   pool for parallel and ahead-of-time fetches, retries with backoff. Counts its requests
   and bytes (`requests`, `bytes`)."""
 
-  def __init__(self, capacity_bytes: Optional[int] = None, threads: int = FETCH_THREADS,
+  def __init__(self, capacity_bytes: Optional[int] = None, threads: Optional[int] = None,
                retry_s: Optional[float] = None):
-    mb = float(os.environ.get(CACHE_ENV, DEFAULT_CACHE_MB))
-    self.capacity = int(capacity_bytes if capacity_bytes is not None else mb * (1 << 20))
-    self.retry_s = float(retry_s if retry_s is not None else os.environ.get(RETRY_ENV, 600))
+    threads = threads or env_number(THREADS_ENV, FETCH_THREADS, int, 1)
+    self.capacity = int(capacity_bytes if capacity_bytes is not None else
+                        env_number(CACHE_ENV, DEFAULT_CACHE_MB) * (1 << 20))
+    self.retry_s = float(retry_s if retry_s is not None else env_number(RETRY_ENV, 600))
     self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="vmx-fetch")
     self._lock = threading.Lock()
     self._lru: collections.OrderedDict = collections.OrderedDict()   # key -> bytes
