@@ -182,3 +182,20 @@ def test_a_source_its_hold_out_empties_is_an_error_naming_file_and_filter(tmp_pa
                                 validation_percent=0).counts() == {"train": 1}
   with pytest.raises(DataError, match=r"emptied='skip'; expected one of \('error', 'warn'\)"):
     sources.moses_source(src, tgt, emptied="skip")
+
+
+def test_an_nway_source_its_hold_out_empties_names_the_hold_out():
+  """N-way groups (MPCL): every group removed by the hold-out is an error that says so."""
+  from vmx.data import devsets
+  from vmx.data.nway import NwaySource
+
+  class HeldOut(devsets.HeldOut):
+    def __init__(self, sentences):
+      self.names, self.data_dir, self._sentences = ["newstest2013"], None, set(sentences)
+
+  rows = [["guten tag", "good day", "bonjour"], ["danke", "thanks", "merci"]]
+  assert NwaySource(["de", "en", "fr"], rows, 2, 0, HeldOut({"merci"})).num_input_examples(
+      "train") == 1
+  with pytest.raises(DataError, match=r"no N-way group has 2 languages \(of \['de', 'en', "
+                     r"'fr'\]\) after the hold-out of newstest2013 removed 2 of its 2 groups"):
+    NwaySource(["de", "en", "fr"], rows, 2, 0, HeldOut({"good day", "danke"}))

@@ -46,11 +46,15 @@ class NwaySource(seqio.FunctionDataSource):
                validation_percent: int = VALIDATION_PERCENT,
                holdout: Optional[devsets.HeldOut] = None, paths: Sequence[str] = ()):
     self.paths = [str(p) for p in paths]   # the files the rows were read from (if known)
+    read = len(rows)
     if holdout:
       rows = [r for r in rows if holdout.keeps(r)]
     kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
     if not kept:
-      raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})")
+      by = (f" after the hold-out of {', '.join(holdout.names)} removed {read - len(rows)} of "
+            f"its {read} groups" if holdout and len(rows) < read else "")
+      raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})"
+                      f"{by}")
     splits = {"train": [], "validation": []}
     for r in kept:
       splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in r])
