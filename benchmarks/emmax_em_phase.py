@@ -50,6 +50,7 @@ def main(argv):
   p.add_argument("--languages", default="", help="dev languages (default: the model's)")
   p.add_argument("--max_sentences", type=int, default=1000)
   args = p.parse_args(argv)
+  import jax
   import jax.numpy as jnp
   import numpy as np
   from vmx.data import devsets
@@ -62,17 +63,18 @@ def main(argv):
 
   steps = ([int(s) for s in args.steps.split(",") if s] or
            sorted(read_only_manager(args.model_dir).all_steps()))
+  texts = english = langs = None
   for step in steps:
     enc = Encoder.from_checkpoint(args.model_dir, step)
     model = enc.model
     if not isinstance(model, EmmaXModel):
       raise InputError(f"{args.model_dir} is a {type(model).__name__} run, not EMMA-X")
     n = model.num_ranks
-    d = devsets.dev_set(args.dev_set)
-    wanted = [l for l in args.languages.split(",") if l]
-    langs = [l for l in d.languages if (not wanted or iso3(l) in wanted)
-             and resolve(iso3(l), enc.languages)]
-    texts, english = devsets.read(args.dev_set, None, langs, args.max_sentences)
+    if texts is None:    # the dev pairs once: every checkpoint has the run's languages
+      wanted = [l for l in args.languages.split(",") if l]
+      langs = [l for l in devsets.dev_set(args.dev_set).languages
+               if (not wanted or iso3(l) in wanted) and resolve(iso3(l), enc.languages)]
+      texts, english = devsets.read(args.dev_set, None, langs, args.max_sentences)
     sims = logged_rank_sims(args.model_dir, step, n)
     rank_sims = jnp.asarray(sims if sims else model.initial_rank_sims(), jnp.float32)
     out = {"step": step, "s_r": [round(float(s), 4) for s in rank_sims],
@@ -109,8 +111,7 @@ def main(argv):
     if "mean" in cls:
       out["gmm"] = {
           "prior": [round(float(v), 4) for v in np.asarray(
-              jnp.exp(cls["prior_logits"] - jnp.max(cls["prior_logits"]))
-              / jnp.sum(jnp.exp(cls["prior_logits"] - jnp.max(cls["prior_logits"]))))],
+              jax.nn.softmax(cls["prior_logits"]))],
           "mean_norm": [round(float(v), 4) for v in np.linalg.norm(np.asarray(cls["mean"]), axis=1)],
           "mean_variance": [float(f"{v:.3g}") for v in np.exp(np.asarray(cls["log_var"])).mean(1)]}
     print(json.dumps(out), flush=True)

@@ -731,7 +731,7 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   import shutil
   st = pytest.importorskip("sentence_transformers")
   from vmx.modeldir.hf_import import import_checkpoint
-  from vmx.modeldir.hf_weights import _normalize_names, read_hf_tensors
+  from vmx.modeldir.hf_weights import normalize_names, read_hf_tensors
   from vmx.inference import Encoder
   sents = tatoeba_sentences(n=8)
   if kind == "minilm":
@@ -752,7 +752,7 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   r = _export_cli(vmx_dir, out)
   assert r.returncode == 0, r.stderr[-2000:]
-  orig, back = _normalize_names(read_hf_tensors(src)), read_hf_tensors(out)
+  orig, back = normalize_names(read_hf_tensors(src)), read_hf_tensors(out)
   encoder_names = {k for k in orig if not k.startswith("pooler.")}
   assert encoder_names <= set(back)
   for k in encoder_names:

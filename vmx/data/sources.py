@@ -139,13 +139,13 @@ class SplitSource(seqio.FunctionDataSource):
     raw = int(self._raw().reduce(np.int64(0), lambda n, _: n + 1))
     if not raw:
       return
-    msg = (f"{self.description}: {' and '.join(self._filters)} removed every one of its "
-           f"{raw} examples; the task would train on nothing and its mixture without it. "
-           f"Drop it from the mixture, or set {self._switch}='warn' to train without it")
+    what = (f"{self.description}: {' and '.join(self._filters)} removed every one of its "
+            f"{raw} examples")
     if self._emptied == "error":
-      raise DataError(msg)
-    warnings.warn(msg.split("; the task")[0] + "; training without it "
-                  f"({self._switch}='warn')", stacklevel=2)
+      raise DataError(f"{what}; the task would train on nothing and its mixture without it. "
+                      f"Drop it from the mixture, or set {self._switch}='warn' to train "
+                      f"without it")
+    warnings.warn(f"{what}; training without it ({self._switch}='warn')", stacklevel=2)
 
   def _count(self) -> dict:
     if not self.validation_percent:

@@ -41,7 +41,7 @@ from vmx.errors import CheckpointError, ConfigError
 from vmx.models.dual_encoder import DualEncoder, DualEncoderModel
 from vmx.modeldir.checkpoints import flatten, save_params
 from vmx.modeldir.hf_mlm_head import convert_mlm_head
-from vmx.modeldir.hf_weights import (MODEL_TYPES, _normalize_names, convert, convert_decoder,
+from vmx.modeldir.hf_weights import (MODEL_TYPES, normalize_names, convert, convert_decoder,
                                      decoder_settings, decoder_shapes, decoder_weight_map,
                                      encoder_settings, read_hf_config, read_hf_tensors)
 from vmx.modeldir.layout import PRETRAINED_DECODER_DIR, PRETRAINED_MLM_HEAD_DIR, write_model_info
@@ -172,9 +172,9 @@ def import_checkpoint(hf_dir, output_dir, pooling: Optional[str] = None,
     raise CheckpointError(f"no Hugging Face tensor for vmx parameters {leftover}")
   head, head_used = {}, []
   if family == "bert":       # a masked-LM checkpoint's head (hf_mlm_head.py): mlm_head/
-    head, head_used = convert_mlm_head(
-        tensors, _normalize_names(tensors)["embeddings.word_embeddings.weight"],
-        spec["pad_id"], str(hf_dir))
+    named = normalize_names(tensors)
+    head, head_used = convert_mlm_head(named, named["embeddings.word_embeddings.weight"],
+                                       spec["pad_id"], str(hf_dir))
     ignored = sorted(set(ignored) - set(head_used))
   dec_flat, dec_settings = {}, None
   if decoder:

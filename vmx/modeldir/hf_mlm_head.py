@@ -12,8 +12,6 @@ included, with XLM-R. Models without such a head list them as ignored.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from vmx.errors import CheckpointError
@@ -28,17 +26,11 @@ HEADS = {
 }
 
 
-def _get(tensors: dict, *names: str) -> Optional[np.ndarray]:
-  for n in names:
-    if n in tensors:
-      return tensors[n]
-  return None
-
-
 def convert_mlm_head(tensors: dict, word_embeddings_VxD: np.ndarray, pad_id: int,
                      where: str) -> tuple[dict, list[str]]:
   """({MlmHead path: float32 array}, the tensors used), or ({}, []) for a checkpoint
-  without a masked-LM head. `word_embeddings_VxD` is the checkpoint's own table (in its
+  without a masked-LM head. `tensors` as hf_weights.normalize_names leaves them (old
+  LayerNorm gamma/beta names mapped). `word_embeddings_VxD` is the checkpoint's own table (in its
   ids); `pad_id` the padding id vmx swaps with id 0 (hf_weights.convert), which the output
   bias follows. A head whose width or vocabulary is not the encoder's, or an output
   projection not tied to the word embeddings, is one CheckpointError naming the shapes."""
@@ -47,9 +39,8 @@ def convert_mlm_head(tensors: dict, word_embeddings_VxD: np.ndarray, pad_id: int
     if kernel is None:
       continue
     dense_bias = tensors.get(f"{dense}.bias")
-    scale = _get(tensors, f"{norm}.weight", f"{norm}.gamma")
-    shift = _get(tensors, f"{norm}.bias", f"{norm}.beta")
-    bias = _get(tensors, bias_name, tied.replace(".weight", ".bias"))
+    scale, shift = tensors.get(f"{norm}.weight"), tensors.get(f"{norm}.bias")
+    bias = tensors.get(bias_name, tensors.get(tied.replace(".weight", ".bias")))
     missing = [n for n, a in ((f"{dense}.bias", dense_bias), (f"{norm}.weight", scale),
                               (f"{norm}.bias", shift), (bias_name, bias)) if a is None]
     if missing:

@@ -230,7 +230,7 @@ def _t5_block(p: str, v: str, h: int, attention: str, mlp_sublayer: int) -> list
                 (p + m + "layer_norm.weight", v + "pre_mlp_norm/scale", _same)]
 
 
-def _normalize_names(tensors: dict) -> dict:
+def normalize_names(tensors: dict) -> dict:
   """Strips a model-class prefix ('bert.', 'roberta.'), maps old gamma/beta names."""
   out = {}
   for k, v in tensors.items():
@@ -254,7 +254,7 @@ def convert(cfg: dict, tensors: dict, expected_shapes: dict, pooler: bool = Fals
   listing every unknown, missing and mis-shaped tensor.
   """
   settings = encoder_settings(cfg)
-  tensors = _normalize_names(tensors)
+  tensors = normalize_names(tensors)
   flat, ignored = _convert(weight_map(settings, pooler), tensors, expected_shapes,
                            lambda k: bool(_IGNORABLE.match(k)),
                            f"{settings['family']} checkpoint",
@@ -357,7 +357,7 @@ def convert_decoder(cfg: dict, tensors: dict, expected_shapes: dict
   DECODER_FRESH, may be absent). Tensors of the encoder are not looked at; one
   CheckpointError lists every unknown, missing and mis-shaped decoder tensor."""
   settings = decoder_settings(cfg)
-  tensors = _normalize_names(tensors)
+  tensors = normalize_names(tensors)
   if not any(k.startswith("decoder.") for k in tensors):
     raise CheckpointError(f"--decoder: the checkpoint has no decoder tensors ({cfg.get('architectures')}); "
                           f"use an encoder-decoder checkpoint (MT5ForConditionalGeneration)")
