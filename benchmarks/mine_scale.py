@@ -1,0 +1,99 @@
+#!/usr/bin/env python
+"""The mining job at scale: N x N sentences through launch/mine.py's stages, each timed,
+the job's peak memory, faiss on the same vectors, and an estimate for larger corpora.
+
+  python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=100000 [--faiss]
+
+Sentences are made up (6-20 words of a 2,000-word list, numbered: no two alike), so the
+cost is the encoder's and the search's, not the data's. The job runs in this process
+(vmx/bitext.py, shards of --shard_size); `--faiss` then searches the job's own vectors
+with faiss `IndexFlatIP` both ways (two exact searches, as LASER's mine_bitexts) and
+compares the top-1 neighbours. The estimate scales the measured stages: scan, embed and
+score linearly in N, the search as N^2. Prints one JSON line. Figures:
+docs/performance.md, "Mining".
+"""
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _rss_gb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6   # (KiB on Linux)
+
+
+def main(argv):
+  from vmx import cli
+  p = cli.ArgumentParser(description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--checkpoint_dir", required=True)
+  p.add_argument("--n", type=int, default=100_000, help="sentences a side")
+  p.add_argument("--shard_size", type=int, default=100_000)
+  p.add_argument("--faiss", action="store_true", help="also faiss IndexFlatIP (faiss-cpu)")
+  p.add_argument("--estimate", type=int, nargs="*", default=[1_000_000, 10_000_000])
+  args = p.parse_args(argv)
+  import numpy as np
+  from vmx import bitext
+  from vmx.inference import Encoder
+  enc = Encoder.from_checkpoint(args.checkpoint_dir, batch_size=256)
+  enc.encode(["warm up"], lang=enc.languages[0] if enc.languages else None)
+  base_rss = _rss_gb()
+  rng = np.random.default_rng(0)
+  words = np.array([f"w{i}" for i in range(2000)])
+  lang = {"source": None, "target": None}
+  if enc.languages:
+    lang = {"source": enc.languages[0], "target": enc.languages[-1]}
+  with tempfile.TemporaryDirectory() as d:
+    for side in ("source", "target"):
+      with open(os.path.join(d, side), "w") as f:
+        for i in range(args.n):
+          f.write(" ".join(rng.choice(words, rng.integers(6, 21))) + f" {side[0]}{i}\n")
+    s = bitext.mine(enc, args.checkpoint_dir, os.path.join(d, "source"),
+                    os.path.join(d, "target"), os.path.join(d, "out.tsv"),
+                    os.path.join(d, "work"), bitext.Settings(
+                        retrieval="forward", shard_size=args.shard_size,
+                        source_lang=lang["source"], target_lang=lang["target"]))
+    job_rss = _rss_gb()
+    stages = dict(s["stage_seconds"])
+    stages["score"] = round(s["seconds"] - sum(stages.values()), 2)
+    dim = int(np.load(os.path.join(d, "work", "source", "00000.npy"), mmap_mode="r").shape[1])
+    out = {"n": args.n, "dim": dim, "shard_size": args.shard_size,
+           "checkpoint": args.checkpoint_dir, "stage_seconds": stages,
+           "job_seconds": s["seconds"], "peak_rss_gb": round(job_rss, 3),
+           "rss_before_job_gb": round(base_rss, 3),
+           "two_float32_matrices_gb": round(2 * args.n * dim * 4 / 1e9, 3)}
+    if args.faiss:
+      import faiss
+      from vmx.evaluation import knn
+      load = lambda side: np.concatenate([
+          np.load(os.path.join(d, "work", side, f"{i:05d}.npy"))
+          for i in range(-(-args.n // args.shard_size))])
+      x, y = load("source"), load("target")
+      t = time.perf_counter()
+      ix, iy = faiss.IndexFlatIP(dim), faiss.IndexFlatIP(dim)
+      iy.add(y)
+      ix.add(x)
+      fv, fi = iy.search(x, 4)
+      bv, bi = ix.search(y, 4)
+      out["faiss_flat_ip_seconds"] = round(time.perf_counter() - t, 2)
+      out["faiss_threads"] = faiss.omp_get_max_threads()
+      fwd = np.concatenate([np.load(os.path.join(d, "work", "knn", f"fwd_{i:05d}.npz"))["idx"]
+                            for i in range(-(-args.n // args.shard_size))])
+      out["top1_agreement_with_faiss"] = float(np.mean(fwd[:, 0] == fi[:, 0]))
+      out["knn_speedup_over_faiss"] = round(out["faiss_flat_ip_seconds"] / stages["knn"], 2)
+      del x, y, knn
+  linear = stages["scan"] + stages["embed"] + stages["score"]
+  out["estimates_seconds"] = {f"{m:,}": round(linear * m / args.n
+                                              + stages["knn"] * (m / args.n) ** 2)
+                              for m in args.estimate}
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  from vmx.cli import run_main
+  run_main(main)

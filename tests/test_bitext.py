@@ -1,0 +1,251 @@
+"""Bitext mining as a job (vmx/bitext.py, launch/mine.py): the pairs and scores of a job
+run in shards equal a brute-force NumPy reference from the same encoder's vectors, for
+every margin and retrieval; a job killed in any stage continues and writes the same
+bytes; a rerun re-scores without encoding; bad input is one error naming the file."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import REPO, write_lines
+
+WORDS = ("sun moon star tree river stone house road cloud rain wind fire snow bird fish "
+         "dog cat horse apple bread water light night day green red blue old new big").split()
+
+
+def _sentences(seed: int, n: int) -> list:
+  r = np.random.default_rng(seed)
+  return [" ".join(r.choice(WORDS, r.integers(3, 9))) + f" {i}" for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  """A 1-layer dual encoder (initialized, not trained) as a vmx model directory."""
+  from vmx import encoders
+  from vmx.data import vocab
+  from vmx.models import DualEncoder, DualEncoderModel
+  from vmx.modeldir import checkpoints, layout
+  root = tmp_path_factory.mktemp("mine")
+  text = write_lines(root / "text.txt", _sentences(0, 400))
+  vp = vocab.train_sentencepiece([str(text)], str(root / "v.model"), 80)
+  enc = encoders.TransformerEncoder(vocab_size=80, num_layers=1, emb_dim=32, num_heads=2,
+                                    mlp_dim=64, max_length=32)
+  model = DualEncoderModel(DualEncoder(enc))
+  params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(32))
+  d = root / "ckpt"
+  checkpoints.save_params(str(d), 0, params["params"])
+  layout.write_inference_files(str(d), model, ["eng", "deu"], 32, vp)
+  return d
+
+
+@pytest.fixture(scope="module")
+def encoder(ckpt):
+  from vmx.inference import Encoder
+  return Encoder.from_checkpoint(str(ckpt))
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+  """57 source and 43 target sentences, with empty and blank lines among them; 30 of the
+  targets are copies of sources with a word changed (something to mine)."""
+  root = tmp_path_factory.mktemp("corpora")
+  src = _sentences(1, 57)
+  tgt = [s.replace(" ", " the ", 1) for s in src[:30]] + _sentences(2, 13)
+  np.random.default_rng(3).shuffle(tgt)
+  src_lines = src[:10] + [""] + src[10:40] + ["   "] + src[40:]
+  return (write_lines(root / "src.txt", src_lines), write_lines(root / "tgt.txt", tgt + [""]),
+          src, tgt)
+
+
+def _reference(encoder, src, tgt, k, margin, retrieval):
+  """Every pair's score from the whole similarity matrix in NumPy."""
+  from vmx.evaluation import knn, mining
+  x, y = encoder.encode(src), encoder.encode(tgt)
+  s = x.astype(np.float64) @ y.astype(np.float64).T
+  x_mean = np.sort(s, axis=1)[:, ::-1][:, :k].mean(1)
+  y_mean = np.sort(s.T, axis=1)[:, ::-1][:, :k].mean(1)
+  nn = knn.dense_topk(x, y, k)
+  sc = mining.score_candidates(nn, {"cosine": "absolute"}.get(margin, margin))
+  a, b, score = mining.best_pairs(sc, retrieval)
+  den = (x_mean[a] + y_mean[b]) / 2
+  exact = {"ratio": s[a, b] / den, "distance": s[a, b] - den, "cosine": s[a, b]}[margin]
+  np.testing.assert_allclose(score, exact, rtol=1e-5, atol=1e-6)   # the margin itself
+  return [(src[i], tgt[j]) for i, j in zip(a, b)], exact
+
+
+def _read(path):
+  rows = [l.split("\t") for l in Path(path).read_text(encoding="utf-8").splitlines()]
+  return [(r[1], r[2]) for r in rows], np.array([float(r[0]) for r in rows])
+
+
+@pytest.mark.parametrize("margin,retrieval", [("ratio", "max"), ("ratio", "forward"),
+                                              ("distance", "intersect"),
+                                              ("cosine", "backward")])
+def test_job_in_shards_equals_numpy_reference(encoder, ckpt, corpora, tmp_path, margin,
+                                              retrieval):
+  from vmx import bitext
+  src_file, tgt_file, src, tgt = corpora
+  s = bitext.mine(encoder, str(ckpt), str(src_file), str(tgt_file), str(tmp_path / "out.tsv"),
+                  str(tmp_path / "work"),
+                  bitext.Settings(k=4, margin=margin, retrieval=retrieval, shard_size=10))
+  pairs, scores = _read(tmp_path / "out.tsv")
+  ref_pairs, ref_scores = _reference(encoder, src, tgt, 4, margin, retrieval)
+  assert pairs == ref_pairs
+  np.testing.assert_allclose(scores, ref_scores, atol=2e-6)
+  assert list(scores) == sorted(scores, reverse=True)
+  assert s["source_sentences"] == 57 and s["source_empty_lines_skipped"] == 2
+  assert s["target_sentences"] == 43 and s["target_empty_lines_skipped"] == 1
+  if retrieval == "forward":       # every source sentence, its best target
+    assert sorted(p[0] for p in pairs) == sorted(src)
+  assert json.loads((tmp_path / "out.tsv.json").read_text())["pairs"] == len(pairs)
+
+
+def test_threshold_top_n_and_rescoring_reuse_the_work(encoder, ckpt, corpora, tmp_path,
+                                                      monkeypatch):
+  from vmx import bitext
+  src_file, tgt_file, *_ = corpora
+  run = lambda out, **kw: bitext.mine(encoder, str(ckpt), str(src_file), str(tgt_file),
+                                      str(tmp_path / out), str(tmp_path / "work"),
+                                      bitext.Settings(shard_size=16, **kw))
+  run("all.tsv")
+  _, all_scores = _read(tmp_path / "all.tsv")
+  # a rerun on the same work dir encodes nothing and finds no neighbour again
+  monkeypatch.setattr(encoder, "encode_counting", lambda *a, **k: pytest.fail("encoded"))
+  monkeypatch.setattr(bitext, "_tile_topk", lambda *a: pytest.fail("searched"))
+  t = float(np.median(all_scores))
+  run("thr.tsv", threshold=t)
+  _, thr = _read(tmp_path / "thr.tsv")
+  assert len(thr) == int((all_scores >= t).sum()) and thr.min() >= t
+  run("top.tsv", top_n=5)
+  assert (tmp_path / "top.tsv").read_text().splitlines() == \
+      (tmp_path / "all.tsv").read_text().splitlines()[:5]
+
+
+class Kill(BaseException):
+  pass
+
+
+@pytest.mark.parametrize("stage,after", [("embed", 2), ("embed", 7), ("knn", 1),
+                                         ("knn", 11)])
+def test_killed_job_continues_to_the_same_bytes(encoder, ckpt, corpora, tmp_path,
+                                                monkeypatch, stage, after):
+  """Killed after `after` shard encodings / tile searches, then rerun: the same output,
+  byte for byte, as an uninterrupted job; finished shards are not redone."""
+  from vmx import bitext
+  src_file, tgt_file, *_ = corpora
+  run = lambda out, work: bitext.mine(encoder, str(ckpt), str(src_file), str(tgt_file),
+                                      str(tmp_path / out), str(tmp_path / work),
+                                      bitext.Settings(shard_size=10))
+  run("straight.tsv", "w1")
+  calls = []
+  real = {"embed": encoder.encode_counting, "knn": bitext._tile_topk}[stage]
+
+  def dying(*a, **k):
+    calls.append(1)
+    if len(calls) > after:
+      raise Kill()
+    return real(*a, **k)
+  if stage == "embed":
+    monkeypatch.setattr(encoder, "encode_counting", dying)
+  else:
+    monkeypatch.setattr(bitext, "_tile_topk", dying)
+  with pytest.raises(Kill):
+    run("resumed.tsv", "w2")
+  assert not (tmp_path / "resumed.tsv").exists()
+  assert not [p for p in (tmp_path / "w2").rglob("*") if ".tmp-" in p.name]
+  monkeypatch.undo()
+  calls.clear()
+  counting = lambda *a, **k: calls.append(1) or real(*a, **k)
+  if stage == "embed":
+    monkeypatch.setattr(encoder, "encode_counting", counting)
+  else:
+    monkeypatch.setattr(bitext, "_tile_topk", counting)
+  run("resumed.tsv", "w2")
+  if stage == "embed":          # 6 source shards, then 5 target shards
+    assert len(calls) == 6 + 5 - after
+  else:                         # 6 x 5 tiles; a source shard's tiles are kept whole
+    assert len(calls) == 6 * 5 - (after // 5) * 5
+  assert (tmp_path / "resumed.tsv").read_bytes() == (tmp_path / "straight.tsv").read_bytes()
+
+
+def test_bad_input_is_one_error_naming_the_file(encoder, ckpt, corpora, tmp_path):
+  from vmx import bitext
+  from vmx.errors import DataError, InputError
+  src_file, tgt_file, *_ = corpora
+  run = lambda src=src_file, tgt=tgt_file, out="o.tsv", work="w", **kw: bitext.mine(
+      encoder, str(ckpt), str(src), str(tgt), str(tmp_path / out), str(tmp_path / work),
+      bitext.Settings(shard_size=10, **kw))
+  with pytest.raises(DataError, match="nowhere.txt: no such file"):
+    run(src=tmp_path / "nowhere.txt")
+  bad = tmp_path / "bad.txt"
+  bad.write_bytes(b"one fine line\nanother\n\xff\xfe broken\n")
+  with pytest.raises(DataError, match=r"bad.txt:3: invalid UTF-8"):
+    run(tgt=bad)
+  blank = write_lines(tmp_path / "blank.txt", ["", "  "])
+  with pytest.raises(DataError, match="blank.txt: no sentence to mine"):
+    run(src=blank)
+  with pytest.raises(InputError, match="k=50 is more than the 43 sentences"):
+    run(k=50)
+  run()
+  with pytest.raises(InputError, match="o.tsv exists: pass --overwrite"):
+    run()
+  with pytest.raises(InputError, match=r"holds another mining job \(k: 4 there, 5 now\)"):
+    run(out="o2.tsv", k=5)
+  # the same work dir, a corpus changed in place: the shard is refused, naming it
+  changed = write_lines(tmp_path / "c.txt", Path(src_file).read_text().splitlines())
+  run(src=changed, out="c1.tsv", work="wc")
+  lines = Path(changed).read_text().splitlines()
+  write_lines(changed, lines[:3] + ["a changed line"] + lines[4:])
+  with pytest.raises(InputError, match=r"source/00000.npy holds other sentences than shard 0"):
+    run(src=changed, out="c2.tsv", work="wc")
+
+
+def test_launcher_flags_and_summary(ckpt, corpora, tmp_path):
+  src_file, tgt_file, *_ = corpora
+  cmd = [sys.executable, str(REPO / "launch" / "mine.py"), f"--checkpoint_dir={ckpt}",
+         f"--source={src_file}", f"--target={tgt_file}", f"--output={tmp_path / 'm.tsv'}",
+         "--retrieval=forward", "--shard_size=20"]
+  r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  assert "mined 57 pairs from 57 x 43 sentences (ratio margin, k=4, forward)" in r.stdout
+  assert "[mine] source:" in r.stdout and "2 empty line(s) skipped" in r.stdout
+  assert len((tmp_path / "m.tsv").read_text().splitlines()) == 57
+  r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+      f"error: {tmp_path / 'm.tsv'} exists: pass --overwrite to replace it"]
+  r = subprocess.run(cmd + ["--margin=cos"], capture_output=True, text=True, timeout=60)
+  assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sigterm_exits_75_and_the_rerun_writes_the_same_bytes(ckpt, tmp_path):
+  """The signal contract (vmx/signals.py): SIGTERM mid-job is one `preempted:` line and
+  exit 75, nothing partial is left, and the same command continues to the bytes of an
+  uninterrupted job."""
+  import signal
+  src = write_lines(tmp_path / "s.txt", _sentences(4, 1500))
+  tgt = write_lines(tmp_path / "t.txt", _sentences(5, 1200))
+  cmd = lambda out: [sys.executable, str(REPO / "launch" / "mine.py"), f"--checkpoint_dir={ckpt}",
+                     f"--source={src}", f"--target={tgt}", f"--output={tmp_path / out}",
+                     "--shard_size=100", "--batch_size=1"]
+  assert subprocess.run(cmd("straight.tsv"), capture_output=True, timeout=600).returncode == 0
+  p = subprocess.Popen(cmd("killed.tsv"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  for line in p.stdout:                 # a few shards in: then the signal
+    if "embedded source shard 3/" in line:
+      p.send_signal(signal.SIGTERM)
+      break
+  rest, err = p.communicate(timeout=300)
+  assert p.returncode == 75, err
+  assert err.strip().splitlines()[-1].startswith("preempted: SIGTERM while embedding")
+  assert len(err.strip().splitlines()) == 1, err
+  assert "finished shards and neighbour lists are kept" in err
+  assert not (tmp_path / "killed.tsv").exists()
+  assert not [q for q in (tmp_path / "killed.tsv.work").rglob("*") if ".tmp-" in q.name]
+  r = subprocess.run(cmd("killed.tsv"), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr
+  assert "embedded source shard 1/" not in r.stdout     # the finished shards were kept
+  assert (tmp_path / "killed.tsv").read_bytes() == (tmp_path / "straight.tsv").read_bytes()

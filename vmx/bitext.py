@@ -1,0 +1,345 @@
+"""Bitext mining as a job: two monolingual corpora in, margin-scored sentence pairs out
+(Artetxe & Schwenk 2019a; LASER's mine_bitexts.py), at any corpus size, resumable.
+
+`mine(encoder, source, target, output, work_dir, settings)` runs four stages. Every file
+it writes appears whole (vmx/storage.py's `write_atomic`), so a killed job reruns from
+its last finished file and its output equals an uninterrupted run's, byte for byte:
+
+1. **scan**: each corpus read once. Lines are numbered from 1; empty (or whitespace-only)
+   lines are skipped and counted; invalid UTF-8 or a missing file is an error naming the
+   file (and line) before anything is encoded. Every `shard_size` kept lines form a shard.
+2. **embed**: each shard encoded by the checkpoint (the vector its protocol scores, unit
+   rows) into WORK_DIR/{source,target}/NNNNN.npy, beside NNNNN.json: the SHA-256 of the
+   shard's lines, its size and the encoder's revision. A shard whose record matches is not
+   encoded again; one whose record does not (another corpus, another checkpoint) is an
+   error naming the shard and the WORK_DIR.
+3. **knn**: the exact k nearest neighbours both ways (vmx/evaluation/knn.py's blocked kernel
+   over every local device, or NumPy for small tiles), one source shard against every
+   target shard at a time: WORK_DIR/knn/fwd_NNNNN.npz holds the source shard's lists, and
+   WORK_DIR/knn/bwd.npz every target's lists so far, with the number of source shards they
+   include. Memory: one source and one target shard of vectors and the target's [M, k]
+   lists; nothing holds a whole corpus's vectors.
+4. **score**: LASER's margin over the k neighbours' mean similarities
+   (`mining.score_candidates`), the retrieval (`mining.best_pairs`: forward, backward,
+   intersect, or max's greedy one-to-one merge), then the threshold and / or the top N;
+   the pairs' texts read back from the corpora; OUTPUT written as
+   `score<TAB>source<TAB>target` lines, the best first, and OUTPUT.json the summary.
+
+Stages 1-3 depend on the corpora, the checkpoint, k and the shard size (WORK_DIR/job.json
+records them and a rerun with others is refused); stage 4's settings may change from run
+to run on the same WORK_DIR (another threshold re-scores in seconds). Duplicate lines are
+kept as they are (LASER's `--unify` is a corpus step before mining: a duplicate target
+counts twice among a source's k neighbours). The [N, k] and [M, k] neighbour lists
+(12 bytes an entry) are held in memory by the score stage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from vmx import signals, storage
+from vmx.data import readers
+from vmx.errors import DataError, InputError
+from vmx.evaluation import knn as knn_lib
+from vmx.evaluation import mining
+
+MARGINS = {"ratio": "ratio", "distance": "distance", "cosine": "absolute"}
+SIDES = ("source", "target")
+JOB_FILE = "job.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What a mining job does. `k`, `shard_size` fix stages 1-3; the rest only stage 4."""
+  k: int = 4
+  margin: str = "ratio"            # ratio | distance | cosine (MARGINS)
+  retrieval: str = "max"           # forward | backward | intersect | max (mining.RETRIEVALS)
+  threshold: Optional[float] = None
+  top_n: Optional[int] = None
+  shard_size: int = 100_000
+  source_lang: Optional[str] = None
+  target_lang: Optional[str] = None
+  batch_size: Optional[int] = None
+
+  def check(self):
+    if self.margin not in MARGINS:
+      raise InputError(f"margin={self.margin!r}: expected one of {sorted(MARGINS)}")
+    if self.retrieval not in mining.RETRIEVALS:
+      raise InputError(f"retrieval={self.retrieval!r}: expected one of {mining.RETRIEVALS}")
+    if not isinstance(self.k, int) or self.k < 1:
+      raise InputError(f"k={self.k!r}: expected a positive integer")
+    if self.shard_size < 1:
+      raise InputError(f"shard_size={self.shard_size}: expected a positive integer")
+    if self.top_n is not None and self.top_n < 1:
+      raise InputError(f"top_n={self.top_n}: expected a positive integer")
+
+
+class Corpus:
+  """A text file's kept lines: their count, their shards and the lines skipped."""
+
+  def __init__(self, path: str, shard_size: int):
+    self.path, self.shard_size = str(path), shard_size
+    self.kept = self.empty = 0
+    for _, line in readers.iter_lines(path):   # invalid UTF-8: DataError naming path:line
+      if line.strip():
+        self.kept += 1
+      else:
+        self.empty += 1
+    if not self.kept:
+      raise DataError(f"{path}: no sentence to mine (empty or blank lines only)")
+
+  @property
+  def shards(self) -> int:
+    return -(-self.kept // self.shard_size)
+
+  def shard_lines(self):
+    """Yields (shard index, its kept lines), in order."""
+    lines, shard = [], 0
+    for _, line in readers.iter_lines(self.path):
+      if line.strip():
+        lines.append(line)
+        if len(lines) == self.shard_size:
+          yield shard, lines
+          lines, shard = [], shard + 1
+    if lines:
+      yield shard, lines
+
+  def texts(self, wanted: np.ndarray) -> dict:
+    """{kept-line index: text} for the indices in `wanted`."""
+    want = set(int(i) for i in wanted)
+    out, i = {}, 0
+    for _, line in readers.iter_lines(self.path):
+      if line.strip():
+        if i in want:
+          out[i] = line
+        i += 1
+    return out
+
+
+def _digest(lines) -> str:
+  h = hashlib.sha256()
+  for line in lines:
+    h.update(line.encode("utf-8"))
+    h.update(b"\n")
+  return h.hexdigest()
+
+
+def _save_arrays(path, **arrays):
+  buf = io.BytesIO()
+  np.savez(buf, **arrays)
+  storage.write_atomic(path, buf.getvalue())
+
+
+def _load_arrays(path) -> dict:
+  with np.load(io.BytesIO(storage.path(path).read_bytes())) as z:
+    return {k: z[k] for k in z.files}
+
+
+def _log(msg: str):
+  print(f"[mine] {msg}", flush=True)
+
+
+class Job:
+  """A mining job's WORK_DIR: its record, its shards and its neighbour lists."""
+
+  def __init__(self, work_dir, encoder, checkpoint: str, source: Corpus, target: Corpus,
+               settings: Settings):
+    self.dir = storage.path(work_dir)
+    self.encoder, self.settings = encoder, settings
+    self.corpora = {"source": source, "target": target}
+    self.record = {"checkpoint": checkpoint, "revision": encoder.revision, "model": encoder.name,
+                   "source": source.path, "target": target.path,
+                   "source_sentences": source.kept, "target_sentences": target.kept,
+                   "k": settings.k, "shard_size": settings.shard_size}
+
+  def open(self):
+    """Creates WORK_DIR or checks that it was made by this job."""
+    self.dir.mkdir(parents=True, exist_ok=True)
+    storage.remove_leftovers(self.dir)
+    f = self.dir / JOB_FILE
+    if f.exists():
+      old = json.loads(f.read_text())
+      diff = sorted(k for k in self.record if old.get(k) != self.record[k])
+      if diff:
+        what = ", ".join(f"{k}: {old.get(k)!r} there, {self.record[k]!r} now" for k in diff)
+        raise InputError(f"{self.dir} holds another mining job ({what}); pass another "
+                         "--work_dir or remove it")
+    else:
+      storage.write_atomic(f, json.dumps(self.record, indent=1))
+
+  # --- stage 2: embeddings in shards ---
+
+  def shard_path(self, side: str, i: int):
+    return self.dir / side / f"{i:05d}.npy"
+
+  def embed(self, side: str, lang: Optional[str]) -> int:
+    """Encodes the side's shards not yet on disk; returns the sentences truncated."""
+    corpus = self.corpora[side]
+    (self.dir / side).mkdir(parents=True, exist_ok=True)
+    storage.remove_leftovers(self.dir / side)
+    truncated, done, t0 = 0, 0, time.time()
+    for i, lines in corpus.shard_lines():
+      rec = {"sentences": len(lines), "sha256": _digest(lines), "revision": self.encoder.revision}
+      meta = self.shard_path(side, i).with_suffix(".json")
+      if meta.exists() and self.shard_path(side, i).exists():
+        old = json.loads(meta.read_text())
+        if old.get("sha256") != rec["sha256"] or old.get("sentences") != rec["sentences"]:
+          raise InputError(f"{self.shard_path(side, i)} holds other sentences than shard {i} "
+                           f"of {corpus.path} (the corpus changed?): pass another --work_dir")
+        truncated += old.get("truncated", 0)
+        done += len(lines)
+        continue
+      with signals.activity(f"embedding {side} shard {i + 1}/{corpus.shards}"):
+        emb, cut = self.encoder.encode_counting(lines, lang=lang, progress=False,
+                                                batch_size=self.settings.batch_size)
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(emb, np.float32))
+        storage.write_atomic(self.shard_path(side, i), buf.getvalue())
+        storage.write_atomic(meta, json.dumps({**rec, "truncated": int(cut),
+                                               "dim": int(emb.shape[1])}))
+      truncated += int(cut)
+      done += len(lines)
+      rate = done / max(time.time() - t0, 1e-9)
+      _log(f"embedded {side} shard {i + 1}/{corpus.shards} ({done:,}/{corpus.kept:,} "
+           f"sentences, {rate:,.0f}/s)")
+    return truncated
+
+  def vectors(self, side: str, i: int) -> np.ndarray:
+    return np.load(io.BytesIO(self.shard_path(side, i).read_bytes()))
+
+  # --- stage 3: neighbour lists ---
+
+  def knn(self, tile_topk: Callable = None):
+    """Forward lists per source shard and the running backward lists (resumable)."""
+    tile_topk = tile_topk or _tile_topk
+    k, src, tgt = self.settings.k, self.corpora["source"], self.corpora["target"]
+    d = self.dir / "knn"
+    d.mkdir(parents=True, exist_ok=True)
+    storage.remove_leftovers(d)
+    state = d / "bwd.npz"
+    if state.exists():
+      z = _load_arrays(state)
+      done, bwd_v, bwd_i = int(z["done"]), z["vals"], z["idx"]
+    else:
+      done = 0
+      bwd_v = np.full((tgt.kept, k), -np.inf, np.float32)
+      bwd_i = np.full((tgt.kept, k), -1, np.int64)
+    if done:
+      _log(f"knn: {done}/{src.shards} source shards done before, continuing")
+    t0 = time.time()
+    for i in range(done, src.shards):
+      with signals.activity(f"finding neighbours of source shard {i + 1}/{src.shards}"):
+        x = self.vectors("source", i)
+        x0 = i * self.settings.shard_size
+        fwd_v = np.full((len(x), k), -np.inf, np.float32)
+        fwd_i = np.full((len(x), k), -1, np.int64)
+        for j in range(tgt.shards):
+          y = self.vectors("target", j)
+          y0 = j * self.settings.shard_size
+          nn = tile_topk(x, y, min(k, len(x), len(y)))
+          fwd_v, fwd_i = _merge(fwd_v, fwd_i, nn.row_vals, nn.row_idx + y0, k)
+          rows = slice(y0, y0 + len(y))
+          bwd_v[rows], bwd_i[rows] = _merge(bwd_v[rows], bwd_i[rows], nn.col_vals,
+                                            nn.col_idx + x0, k)
+        _save_arrays(d / f"fwd_{i:05d}.npz", vals=fwd_v, idx=fwd_i)
+        _save_arrays(state, done=np.int64(i + 1), vals=bwd_v, idx=bwd_i)
+      n = min((i + 1) * self.settings.shard_size, src.kept) - done * self.settings.shard_size
+      _log(f"knn: source shard {i + 1}/{src.shards} against {tgt.shards} target shard(s) "
+           f"({n / max(time.time() - t0, 1e-9):,.0f} source sentences/s this run)")
+    fwd = [_load_arrays(d / f"fwd_{i:05d}.npz") for i in range(src.shards)]
+    return knn_lib.TopK(np.concatenate([f["vals"] for f in fwd]),
+                        np.concatenate([f["idx"] for f in fwd]), bwd_v, bwd_i)
+
+
+def _tile_topk(x, y, k) -> knn_lib.TopK:
+  import jax  # (the caller has started jax)
+  return knn_lib.topk(x, y, k=k, devices=jax.local_devices())
+
+
+def _merge(v1, i1, v2, i2, k):
+  """The k best of two [R, *] candidate lists per row, best first (the first list wins
+  ties: the merge order is the shards' order)."""
+  v = np.concatenate([v1, v2], axis=1)
+  i = np.concatenate([i1, i2], axis=1)
+  order = np.argsort(-v, axis=1, kind="stable")[:, :k]
+  return np.take_along_axis(v, order, axis=1), np.take_along_axis(i, order, axis=1)
+
+
+def select(nn: knn_lib.TopK, settings: Settings):
+  """(source index, target index, score) of the mined pairs, best first: the margin, the
+  retrieval, then the threshold and the top N."""
+  src, tgt, score = mining.best_pairs(mining.score_candidates(nn, MARGINS[settings.margin]),
+                                      settings.retrieval)
+  if settings.threshold is not None:
+    keep = score >= settings.threshold
+    src, tgt, score = src[keep], tgt[keep], score[keep]
+  if settings.top_n is not None:
+    src, tgt, score = src[:settings.top_n], tgt[:settings.top_n], score[:settings.top_n]
+  return src, tgt, score
+
+
+def check_output(output: str, overwrite: bool):
+  """OUTPUT's path; an existing OUTPUT is refused unless `overwrite`."""
+  out = storage.path(output)
+  if out.exists() and not overwrite:
+    raise InputError(f"{output} exists: pass --overwrite to replace it")
+  return out
+
+
+def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_dir: str,
+         settings: Settings, overwrite: bool = False) -> dict:
+  """Runs (or continues) a mining job with `encoder` (`checkpoint` names it in the job's
+  record); returns its summary (also OUTPUT.json, written before OUTPUT: a job is done
+  once OUTPUT exists)."""
+  settings.check()
+  out = check_output(output, overwrite)
+  t0 = time.time()
+  stages = {}
+  with signals.activity("reading the corpora"):
+    corpora = {"source": Corpus(source, settings.shard_size),
+               "target": Corpus(target, settings.shard_size)}
+  for side, c in corpora.items():
+    _log(f"{side}: {c.path}: {c.kept:,} sentences in {c.shards} shard(s)"
+         + (f", {c.empty:,} empty line(s) skipped" if c.empty else ""))
+  smaller = min(c.kept for c in corpora.values())
+  if settings.k > smaller:
+    raise InputError(f"k={settings.k} is more than the {smaller} sentences of the smaller "
+                     "corpus")
+  job = Job(work_dir, encoder, checkpoint, corpora["source"], corpora["target"], settings)
+  job.open()
+  signals.saved(f"finished shards and neighbour lists are kept in {job.dir}; rerun the "
+                "same command to continue")
+  stages["scan"] = time.time() - t0
+  truncated = {}
+  for side, lang in (("source", settings.source_lang), ("target", settings.target_lang)):
+    with signals.activity(f"embedding the {side} corpus"):   # (between shards)
+      truncated[side] = job.embed(side, lang)
+  stages["embed"] = time.time() - t0 - sum(stages.values())
+  with signals.activity("finding neighbours"):
+    nn = job.knn()
+  stages["knn"] = time.time() - t0 - sum(stages.values())
+  with signals.activity("scoring and writing the pairs"):
+    src, tgt, score = select(nn, settings)
+    texts = {side: corpora[side].texts(idx) for side, idx in (("source", src),
+                                                               ("target", tgt))}
+    lines = [f"{s:.6f}\t{texts['source'][a]}\t{texts['target'][b]}\n"
+             for s, a, b in zip(score.tolist(), src.tolist(), tgt.tolist())]
+  summary = {"output": str(out), "pairs": len(lines), "work_dir": str(job.dir),
+             **{f"{side}_sentences": c.kept for side, c in corpora.items()},
+             **{f"{side}_empty_lines_skipped": c.empty for side, c in corpora.items()},
+             **{f"{side}_truncated": n for side, n in truncated.items()},
+             "checkpoint": checkpoint, "revision": encoder.revision,
+             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "batch_size"},
+             "score_quantiles": ({q: float(np.quantile(score, float(q))) for q in
+                                  ("0.0", "0.1", "0.5", "0.9", "1.0")} if len(score) else {}),
+             "seconds": round(time.time() - t0, 1),
+             "stage_seconds": {k: round(v, 2) for k, v in stages.items()}}
+  storage.write_atomic(str(out) + ".json", json.dumps(summary, indent=1))
+  storage.write_atomic(out, "".join(lines))
+  return summary
