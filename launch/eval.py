@@ -58,6 +58,10 @@ def parse_args(argv):
                  help=f"checkpoint step, or {BEST_STEP!r} (MODEL_DIR/{BEST_DIR}/, kept by runs "
                       "with BEST_METRIC); default: the latest")
   p.add_argument("--output_dir", default=None)
+  p.add_argument("--fresh", action="store_true",
+                 help="run every task again (default: a task whose result file in the output "
+                      "directory was written for this checkpoint, vmx version and settings "
+                      "is kept, so an interrupted evaluation continues where it stopped)")
   p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR, else the cache")
   p.add_argument("--languages", default="", help="Tatoeba languages (ISO 639-3), or 'all'; "
                                                  "default: the model's trained languages")
@@ -196,17 +200,23 @@ def _check_paths(args):
 
 
 def main(argv):
-  from vmx import storage  # lazy: after cli.run_main
+  from vmx import signals, storage  # lazy: after cli.run_main
   from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
   from vmx.inference import Encoder  # lazy: jax
   args, cfg, tasks = parse_args(argv)
-  enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step, batch_size=args.batch_size)
+  signals.install()   # SIGTERM / SIGINT: exit 75, the finished tasks' results kept
+  with signals.activity("loading the checkpoint"):
+    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
+                                  batch_size=args.batch_size)
   out = storage.path(args.output_dir or
                      storage.path(args.checkpoint_dir) / "eval" / enc.revision)
+  signals.saved(f"the finished tasks' results are in {out}; rerun the same command to "
+                "continue (they are kept)")
   failed = None
   try:
     results = harness.run(enc, output_dir=out, config=cfg, tasks=tasks,
-                          model_info={"name": enc.name, "revision": enc.revision})
+                          model_info={"name": enc.name, "revision": enc.revision},
+                          resume=not args.fresh)
   except harness.EvaluationFailed as e:
     failed, results = e, e.results
   print((out / "summary.md").read_text())

@@ -1,5 +1,6 @@
 """Evaluation suite: every metric against hand-computed cases, NumPy, scipy, scikit-learn;
 blocked kNN == brute force (1 and 8 devices); the harness's files round-trip."""
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -687,6 +688,32 @@ def test_harness_writes_mteb_like_files_summary_and_plots(tmp_path):
                "g\tf\t2012\t2\t3.0\tw3 a\tw3 b"])
   again = harness.run(enc, tasks=["stsb"], config=cfg)
   assert again["stsb"]["dataset_revision"] != rev
+
+
+def test_harness_resume_keeps_results_of_this_model_and_settings_only(tmp_path, monkeypatch):
+  """An interrupted evaluation continues: a task whose result file was written for this
+  model, vmx version and settings is kept; another model, other settings, a damaged file
+  or resume=False run it again."""
+  _harness_data(tmp_path / "data")
+  cfg = harness.EvalConfig(data_dir=str(tmp_path / "data"), progress=False)
+  out, enc = tmp_path / "out", MeaningEncoder(noise=0.05)
+  model = {"name": "toy", "revision": "r1"}
+  first = harness.run(enc, tasks=["stsb"], output_dir=str(out), config=cfg,
+                      model_info=model, resume=True)
+  real, calls = harness.TASKS["stsb"], []
+  monkeypatch.setitem(harness.TASKS, "stsb", lambda *a: calls.append(1) or real(*a))
+  run = lambda **kw: harness.run(enc, tasks=["stsb"], output_dir=str(out),
+                                 **{"config": cfg, "model_info": model, "resume": True, **kw})
+  assert run()["stsb"] == json.loads(json.dumps(first["stsb"])) and calls == []
+  run(config=dataclasses.replace(cfg, dev_max_sentences=5))    # other settings
+  assert len(calls) == 1
+  run(model_info={"name": "toy", "revision": "r2"})              # another checkpoint
+  assert len(calls) == 2
+  run(model_info={"name": "toy", "revision": "r2"}, resume=False)
+  assert len(calls) == 3
+  (out / "stsb.json").write_text('{"task_name": "stsb", "main')   # damaged
+  run(model_info={"name": "toy", "revision": "r2"})
+  assert len(calls) == 4 and json.loads((out / "stsb.json").read_text())["main_score"]
 
 
 def test_harness_missing_data_fails_that_task_only(tmp_path):

@@ -22,6 +22,7 @@ bad is reported (error naming the task and file) and the others still run;
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 import traceback
@@ -29,7 +30,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from vmx import storage
+from vmx import signals, storage
 from vmx.data import devsets
 from vmx.errors import DataError
 from vmx.data.languages import resolve as resolve_language
@@ -277,11 +278,36 @@ def _jsonable(o):
   raise TypeError(f"not JSON-serializable: {type(o).__name__}")
 
 
+def config_digest(cfg: EvalConfig) -> str:
+  """What a task's result depends on besides the model: every setting but the display's."""
+  settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("plots", "progress")}
+  return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _kept(path, model: dict, digest: str) -> Optional[dict]:
+  """The result in `path` if an earlier run wrote it for this model, vmx version and
+  settings (intact JSON), else None."""
+  if not path.exists():
+    return None
+  try:
+    record = json.loads(path.read_text())
+  except (ValueError, OSError):
+    return None
+  same = (record.get("model") == model and record.get("vmx_version") == VMX_VERSION
+          and record.get("eval_config_digest") == digest)
+  return record if same else None
+
+
 def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = None,
         config: Optional[EvalConfig] = None, tasks: Optional[Sequence[str]] = None,
-        model_info: Optional[dict] = None) -> dict:
-  """Runs the tasks; returns {task: result dict}; writes files when output_dir is set."""
+        model_info: Optional[dict] = None, resume: bool = False) -> dict:
+  """Runs the tasks; returns {task: result dict}; writes files when output_dir is set.
+
+  `resume`: a task whose result file in output_dir was written for this model (name and
+  revision), vmx version and settings (`config_digest`) is kept, not run again: an
+  interrupted evaluation (SIGTERM: exit 75, vmx/signals.py) continues where it stopped."""
   cfg = config or EvalConfig()
+  digest = config_digest(cfg)
   names = resolve_tasks(None if tasks else suite, tasks)
   encode = common.as_encode_fn(encoder, progress=None if cfg.progress else False)
   model = model_info or {"name": common.model_name(encoder), "revision": None}
@@ -294,11 +320,18 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
   for name in names:
     files = common.DataFiles(name, cfg.data_dir)
     t0 = time.time()
+    kept = _kept(out / f"{name}.json", model, digest) if out and resume else None
+    if kept is not None:
+      results[name] = kept
+      print(f"[vmx eval] {name}: main score {kept['main_score']:.2f} (kept: "
+            f"{out / f'{name}.json'} is this model's, with these settings)", flush=True)
+      continue
     print(f"[vmx eval] {name} ...", flush=True)
     try:
-      res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs,
-                                         "id_languages": ctx_langs if reads_ids else None,
-                                         "encoder": encoder})
+      with signals.activity(f"evaluating {name}"):
+        res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs,
+                                           "id_languages": ctx_langs if reads_ids else None,
+                                           "encoder": encoder})
     except (DataError, ValueError, OSError) as e:
       errors[name] = f"{type(e).__name__}: {e}"
       print(f"[vmx eval] {name} FAILED: {errors[name]}", flush=True)
@@ -313,6 +346,7 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
               "dataset_revision": files.revision(),
               "evaluation_time": round(time.time() - t0, 3), "model": model,
               "vmx_version": VMX_VERSION, "mteb_version": None, "kg_co2_emissions": None,
+              "eval_config_digest": digest,
               "scores": res.pop("scores"), **res}
     results[name] = record
     print(f"[vmx eval] {name}: main score {record['main_score']:.2f} "
