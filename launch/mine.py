@@ -10,7 +10,9 @@ OUTPUT.json the summary. With `--retrieval=forward` and no threshold, every sour
 sentence gets its best target and its score. The vectors and neighbour lists are kept in
 --work_dir (default OUTPUT.work/): a killed job continues where it stopped when rerun
 (exit 75 on SIGTERM), and a rerun with another --threshold, --top_n, --margin or
---retrieval re-scores without encoding again. docs/mining.md has the stages and figures.
+--retrieval re-scores without encoding again. Several processes (--multihost, or
+--coordinator_address / --num_processes / --process_id on each) share the shards.
+docs/mining.md has the stages and figures.
 """
 import argparse
 import os
@@ -51,6 +53,13 @@ def main(argv):
   p.add_argument("--shard_size", type=int, default=100_000,
                  help="sentences a shard of vectors (memory: two shards at a time)")
   p.add_argument("--batch_size", type=int, default=256, help="sentences an encoder batch")
+  p.add_argument("--multihost", action="store_true",
+                 help="several processes share the shards (jax.distributed.initialize(); "
+                      "cluster auto-detected: Cloud TPU, SLURM, Open MPI, Kubernetes)")
+  p.add_argument("--coordinator_address", default=None,
+                 help="host:port of process 0 (explicit multi-process set-up)")
+  p.add_argument("--num_processes", type=int, default=None)
+  p.add_argument("--process_id", type=int, default=None)
   args = p.parse_args(argv)
   step = args.step
   if step is not None and step != "best":
@@ -60,7 +69,13 @@ def main(argv):
       p.error(f"--step={step!r}: expected a step number or 'best'")
   from vmx import bitext, signals
   from vmx.inference import Encoder   # lazy: jax, after cli.run_main's host set-up
-  signals.install()
+  if args.multihost or args.coordinator_address:
+    from vmx.training import distributed   # lazy: jax
+    # (several processes: JAX's preemption service owns SIGTERM, vmx/signals.py)
+    print(distributed.layout(distributed.initialize(
+        args.coordinator_address, args.num_processes, args.process_id)), flush=True)
+  else:
+    signals.install()   # SIGTERM / SIGINT: exit 75, the finished shards kept
   settings = bitext.Settings(k=args.k, margin=args.margin, retrieval=args.retrieval,
                              threshold=args.threshold, top_n=args.top_n,
                              shard_size=args.shard_size, source_lang=args.source_lang,
@@ -71,6 +86,8 @@ def main(argv):
     enc = Encoder.from_checkpoint(args.checkpoint_dir, step=step, batch_size=args.batch_size)
   s = bitext.mine(enc, args.checkpoint_dir, args.source, args.target, args.output,
                   args.work_dir or args.output + ".work", settings, overwrite=args.overwrite)
+  if s is None:   # a process other than 0: its shards are done, process 0 writes
+    return
   print(f"mined {s['pairs']:,} pairs from {s['source_sentences']:,} x "
         f"{s['target_sentences']:,} sentences ({args.margin} margin, k={args.k}, "
         f"{args.retrieval}"

@@ -249,3 +249,32 @@ def test_sigterm_exits_75_and_the_rerun_writes_the_same_bytes(ckpt, tmp_path):
   assert r.returncode == 0, r.stderr
   assert "embedded source shard 1/" not in r.stdout     # the finished shards were kept
   assert (tmp_path / "killed.tsv").read_bytes() == (tmp_path / "straight.tsv").read_bytes()
+
+
+def test_two_processes_share_the_shards_and_write_the_same_bytes(ckpt, corpora, tmp_path):
+  """Two local processes (jax.distributed on localhost): each embeds and searches its own
+  shards, process 0 scores; the output equals one process's, byte for byte."""
+  import os
+  from conftest import free_port
+  src_file, tgt_file, *_ = corpora
+  cmd = lambda out, *extra: [sys.executable, str(REPO / "launch" / "mine.py"),
+                             f"--checkpoint_dir={ckpt}", f"--source={src_file}",
+                             f"--target={tgt_file}", f"--output={tmp_path / out}",
+                             "--shard_size=10", *extra]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+             VMX_HOST_MALLOC="off")
+  r = subprocess.run(cmd("one.tsv"), capture_output=True, text=True, env=env, timeout=300)
+  assert r.returncode == 0, r.stderr
+  port = free_port()
+  procs = [subprocess.Popen(cmd("two.tsv", f"--coordinator_address=127.0.0.1:{port}",
+                                "--num_processes=2", f"--process_id={i}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+           for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  # shard i is process i % 2's: 6 source and 5 target shards
+  assert outs[0][0].count("[mine] embedded") == 3 + 3 and outs[1][0].count("[mine] embedded") == 3 + 2
+  assert outs[0][0].count("[mine] knn: source shard") == 3 == outs[1][0].count("[mine] knn:")
+  assert "mined " in outs[0][0] and "mined " not in outs[1][0]
+  assert (tmp_path / "two.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()

@@ -16,14 +16,18 @@ its last finished file and its output equals an uninterrupted run's, byte for by
 3. **knn**: the exact k nearest neighbours both ways (vmx/evaluation/knn.py's blocked kernel
    over every local device, or NumPy for small tiles), one source shard against every
    target shard at a time: WORK_DIR/knn/fwd_NNNNN.npz holds the source shard's lists, and
-   WORK_DIR/knn/bwd.npz every target's lists so far, with the number of source shards they
-   include. Memory: one source and one target shard of vectors and the target's [M, k]
-   lists; nothing holds a whole corpus's vectors.
+   WORK_DIR/knn/bwd_P_of_N.npz every target's lists over the source shards process P has
+   done, and which. Memory: one source and one target shard of vectors and the target's
+   [M, k] lists; nothing holds a whole corpus's vectors.
 4. **score**: LASER's margin over the k neighbours' mean similarities
    (`mining.score_candidates`), the retrieval (`mining.best_pairs`: forward, backward,
    intersect, or max's greedy one-to-one merge), then the threshold and / or the top N;
    the pairs' texts read back from the corpora; OUTPUT written as
    `score<TAB>source<TAB>target` lines, the best first, and OUTPUT.json the summary.
+
+Several processes (`jax.distributed`: launch/mine.py's --multihost or --coordinator_address,
+one WORK_DIR all of them reach, e.g. gs://) share stages 2 and 3: shard i is process
+i % N's; they wait for each other between stages, and process 0 scores and writes.
 
 Stages 1-3 depend on the corpora, the checkpoint, k and the shard size (WORK_DIR/job.json
 records them and a rerun with others is refused); stage 4's settings may change from run
@@ -150,6 +154,7 @@ class Job:
 
   def __init__(self, work_dir, encoder, checkpoint: str, source: Corpus, target: Corpus,
                settings: Settings):
+    import jax  # (the caller has started jax)
     self.dir = storage.path(work_dir)
     self.encoder, self.settings = encoder, settings
     self.corpora = {"source": source, "target": target}
@@ -157,34 +162,42 @@ class Job:
                    "source": source.path, "target": target.path,
                    "source_sentences": source.kept, "target_sentences": target.kept,
                    "k": settings.k, "shard_size": settings.shard_size}
+    # several processes (jax.distributed): shard i is process i % count's
+    self.process, self.processes = jax.process_index(), jax.process_count()
+
+  def mine(self, i: int) -> bool:
+    return i % self.processes == self.process
 
   def open(self):
-    """Creates WORK_DIR or checks that it was made by this job."""
-    self.dir.mkdir(parents=True, exist_ok=True)
-    storage.remove_leftovers(self.dir)
+    """Creates WORK_DIR or checks that it was made by this job (process 0 writes)."""
     f = self.dir / JOB_FILE
-    if f.exists():
-      old = json.loads(f.read_text())
-      diff = sorted(k for k in self.record if old.get(k) != self.record[k])
-      if diff:
-        what = ", ".join(f"{k}: {old.get(k)!r} there, {self.record[k]!r} now" for k in diff)
-        raise InputError(f"{self.dir} holds another mining job ({what}); pass another "
-                         "--work_dir or remove it")
-    else:
-      storage.write_atomic(f, json.dumps(self.record, indent=1))
+    if self.process == 0:
+      self.dir.mkdir(parents=True, exist_ok=True)
+      storage.remove_leftovers(self.dir)
+      if not f.exists():
+        storage.write_atomic(f, json.dumps(self.record, indent=1))
+    _barrier("vmx.mine.open")
+    old = json.loads(f.read_text())
+    diff = sorted(k for k in self.record if old.get(k) != self.record[k])
+    if diff:
+      what = ", ".join(f"{k}: {old.get(k)!r} there, {self.record[k]!r} now" for k in diff)
+      raise InputError(f"{self.dir} holds another mining job ({what}); pass another "
+                       "--work_dir or remove it")
 
   # --- stage 2: embeddings in shards ---
 
   def shard_path(self, side: str, i: int):
     return self.dir / side / f"{i:05d}.npy"
 
-  def embed(self, side: str, lang: Optional[str]) -> int:
-    """Encodes the side's shards not yet on disk; returns the sentences truncated."""
+  def embed(self, side: str, lang: Optional[str]):
+    """Encodes this process's shards of the side that are not yet on disk."""
     corpus = self.corpora[side]
     (self.dir / side).mkdir(parents=True, exist_ok=True)
     storage.remove_leftovers(self.dir / side)
-    truncated, done, t0 = 0, 0, time.time()
+    done, t0 = 0, time.time()
     for i, lines in corpus.shard_lines():
+      if not self.mine(i):
+        continue
       rec = {"sentences": len(lines), "sha256": _digest(lines), "revision": self.encoder.revision}
       meta = self.shard_path(side, i).with_suffix(".json")
       if meta.exists() and self.shard_path(side, i).exists():
@@ -192,8 +205,6 @@ class Job:
         if old.get("sha256") != rec["sha256"] or old.get("sentences") != rec["sentences"]:
           raise InputError(f"{self.shard_path(side, i)} holds other sentences than shard {i} "
                            f"of {corpus.path} (the corpus changed?): pass another --work_dir")
-        truncated += old.get("truncated", 0)
-        done += len(lines)
         continue
       with signals.activity(f"embedding {side} shard {i + 1}/{corpus.shards}"):
         emb, cut = self.encoder.encode_counting(lines, lang=lang, progress=False,
@@ -203,37 +214,47 @@ class Job:
         storage.write_atomic(self.shard_path(side, i), buf.getvalue())
         storage.write_atomic(meta, json.dumps({**rec, "truncated": int(cut),
                                                "dim": int(emb.shape[1])}))
-      truncated += int(cut)
       done += len(lines)
-      rate = done / max(time.time() - t0, 1e-9)
-      _log(f"embedded {side} shard {i + 1}/{corpus.shards} ({done:,}/{corpus.kept:,} "
-           f"sentences, {rate:,.0f}/s)")
-    return truncated
+      _log(f"embedded {side} shard {i + 1}/{corpus.shards} ({len(lines):,} sentences; "
+           f"{done / max(time.time() - t0, 1e-9):,.0f}/s)")
+
+  def truncated(self, side: str) -> int:
+    """Sentences of the side truncated to the model's max_length (the shards' records)."""
+    return sum(json.loads(self.shard_path(side, i).with_suffix(".json").read_text())
+               ["truncated"] for i in range(self.corpora[side].shards))
 
   def vectors(self, side: str, i: int) -> np.ndarray:
     return np.load(io.BytesIO(self.shard_path(side, i).read_bytes()))
 
   # --- stage 3: neighbour lists ---
 
-  def knn(self, tile_topk: Callable = None):
-    """Forward lists per source shard and the running backward lists (resumable)."""
+  def knn(self, tile_topk: Optional[Callable] = None):
+    """This process's source shards' forward lists, and its running backward lists
+    (knn/bwd_P_of_N.npz: the lists over the source shards it has done, and which)."""
     tile_topk = tile_topk or _tile_topk
     k, src, tgt = self.settings.k, self.corpora["source"], self.corpora["target"]
     d = self.dir / "knn"
     d.mkdir(parents=True, exist_ok=True)
     storage.remove_leftovers(d)
-    state = d / "bwd.npz"
+    others = sorted(f.name for f in d.glob("bwd_*.npz")
+                    if not f.name.endswith(f"_of_{self.processes}.npz"))
+    if others:
+      raise InputError(f"{d} holds neighbour lists of a job run by another number of "
+                       f"processes ({others[0]}): rerun with that number, or another "
+                       "--work_dir")
+    state = d / f"bwd_{self.process}_of_{self.processes}.npz"
     if state.exists():
       z = _load_arrays(state)
-      done, bwd_v, bwd_i = int(z["done"]), z["vals"], z["idx"]
+      done, bwd_v, bwd_i = set(z["shards"].tolist()), z["vals"], z["idx"]
     else:
-      done = 0
+      done = set()
       bwd_v = np.full((tgt.kept, k), -np.inf, np.float32)
       bwd_i = np.full((tgt.kept, k), -1, np.int64)
+    mine = [i for i in range(src.shards) if self.mine(i)]
     if done:
-      _log(f"knn: {done}/{src.shards} source shards done before, continuing")
-    t0 = time.time()
-    for i in range(done, src.shards):
+      _log(f"knn: {len(done)}/{len(mine)} source shards done before, continuing")
+    t0, n = time.time(), 0
+    for i in (i for i in mine if i not in done):
       with signals.activity(f"finding neighbours of source shard {i + 1}/{src.shards}"):
         x = self.vectors("source", i)
         x0 = i * self.settings.shard_size
@@ -248,13 +269,31 @@ class Job:
           bwd_v[rows], bwd_i[rows] = _merge(bwd_v[rows], bwd_i[rows], nn.col_vals,
                                             nn.col_idx + x0, k)
         _save_arrays(d / f"fwd_{i:05d}.npz", vals=fwd_v, idx=fwd_i)
-        _save_arrays(state, done=np.int64(i + 1), vals=bwd_v, idx=bwd_i)
-      n = min((i + 1) * self.settings.shard_size, src.kept) - done * self.settings.shard_size
+        done.add(i)
+        _save_arrays(state, shards=np.array(sorted(done), np.int64), vals=bwd_v, idx=bwd_i)
+      n += len(x)
       _log(f"knn: source shard {i + 1}/{src.shards} against {tgt.shards} target shard(s) "
-           f"({n / max(time.time() - t0, 1e-9):,.0f} source sentences/s this run)")
-    fwd = [_load_arrays(d / f"fwd_{i:05d}.npz") for i in range(src.shards)]
+           f"({n / max(time.time() - t0, 1e-9):,.0f} source sentences/s)")
+
+  def lists(self) -> knn_lib.TopK:
+    """Every process's lists as one TopK (the backward lists merged in process order)."""
+    d = self.dir / "knn"
+    fwd = [_load_arrays(d / f"fwd_{i:05d}.npz") for i in range(self.corpora["source"].shards)]
+    bwd_v = bwd_i = None
+    for p in range(self.processes):
+      z = _load_arrays(d / f"bwd_{p}_of_{self.processes}.npz")
+      bwd_v, bwd_i = ((z["vals"], z["idx"]) if bwd_v is None else
+                      _merge(bwd_v, bwd_i, z["vals"], z["idx"], self.settings.k))
     return knn_lib.TopK(np.concatenate([f["vals"] for f in fwd]),
                         np.concatenate([f["idx"] for f in fwd]), bwd_v, bwd_i)
+
+
+def _barrier(name: str):
+  """Every process waits here for the others (one process: nothing)."""
+  import jax
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
 
 
 def _tile_topk(x, y, k) -> knn_lib.TopK:
@@ -296,7 +335,8 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
          settings: Settings, overwrite: bool = False) -> dict:
   """Runs (or continues) a mining job with `encoder` (`checkpoint` names it in the job's
   record); returns its summary (also OUTPUT.json, written before OUTPUT: a job is done
-  once OUTPUT exists)."""
+  once OUTPUT exists). Several processes (jax.distributed) share the shards of stages 2
+  and 3; process 0 scores and writes, and returns the summary (the others None)."""
   settings.check()
   out = check_output(output, overwrite)
   t0 = time.time()
@@ -316,20 +356,25 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
   signals.saved(f"finished shards and neighbour lists are kept in {job.dir}; rerun the "
                 "same command to continue")
   stages["scan"] = time.time() - t0
-  truncated = {}
   for side, lang in (("source", settings.source_lang), ("target", settings.target_lang)):
     with signals.activity(f"embedding the {side} corpus"):   # (between shards)
-      truncated[side] = job.embed(side, lang)
+      job.embed(side, lang)
+  _barrier("vmx.mine.embedded")
   stages["embed"] = time.time() - t0 - sum(stages.values())
   with signals.activity("finding neighbours"):
-    nn = job.knn()
+    job.knn()
+  _barrier("vmx.mine.searched")
   stages["knn"] = time.time() - t0 - sum(stages.values())
+  if job.process != 0:                 # process 0 scores and writes
+    _barrier("vmx.mine.done")
+    return None
   with signals.activity("scoring and writing the pairs"):
-    src, tgt, score = select(nn, settings)
+    src, tgt, score = select(job.lists(), settings)
     texts = {side: corpora[side].texts(idx) for side, idx in (("source", src),
                                                                ("target", tgt))}
     lines = [f"{s:.6f}\t{texts['source'][a]}\t{texts['target'][b]}\n"
              for s, a, b in zip(score.tolist(), src.tolist(), tgt.tolist())]
+    truncated = {side: job.truncated(side) for side in SIDES}
   summary = {"output": str(out), "pairs": len(lines), "work_dir": str(job.dir),
              **{f"{side}_sentences": c.kept for side, c in corpora.items()},
              **{f"{side}_empty_lines_skipped": c.empty for side, c in corpora.items()},
@@ -342,4 +387,5 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
              "stage_seconds": {k: round(v, 2) for k, v in stages.items()}}
   storage.write_atomic(str(out) + ".json", json.dumps(summary, indent=1))
   storage.write_atomic(out, "".join(lines))
+  _barrier("vmx.mine.done")
   return summary

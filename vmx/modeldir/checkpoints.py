@@ -398,7 +398,8 @@ def nonfinite_leaves(tree) -> list[str]:
 
 
 def restore_params(model_dir, model, step: Optional[int] = None, max_length: int = 8):
-  """Parameters of checkpoint `step` (default: the newest intact one) on the default device.
+  """Parameters of checkpoint `step` (default: the newest intact one) on this process's
+  first device (with several processes, each reads its own copy).
 
   The target tree is the model's (`model.abstract_params(max_length)`). A damaged latest
   checkpoint is reported and the previous intact one used; an explicit damaged `step` is
@@ -407,7 +408,7 @@ def restore_params(model_dir, model, step: Optional[int] = None, max_length: int
   """
   mngr = read_only_manager(model_dir)
   shapes = model.abstract_params(max_length)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
                         shapes)
   steps = mngr.all_steps()
