@@ -58,6 +58,12 @@ def parse_args(argv):
                  help=f"checkpoint step, or {BEST_STEP!r} (MODEL_DIR/{BEST_DIR}/, kept by runs "
                       "with BEST_METRIC); default: the latest")
   p.add_argument("--output_dir", default=None)
+  p.add_argument("--embedding_dim", type=int, default=None,
+                 help="score each vector's first N values, renormalized (models trained "
+                      "with MATRYOSHKA_DIMS only)")
+  p.add_argument("--precision", default="float32", choices=("float32", "int8", "binary"),
+                 help="score the vectors as an int8 (calibrated: launch/calibrate.py) or "
+                      "binary index holds them (vmx/quantize.py)")
   p.add_argument("--fresh", action="store_true",
                  help="run every task again (default: a task whose result file in the output "
                       "directory was written for this checkpoint, vmx version and settings "
@@ -207,15 +213,21 @@ def main(argv):
   signals.install()   # SIGTERM / SIGINT: exit 75, the finished tasks' results kept
   with signals.activity("loading the checkpoint"):
     enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
-                                  batch_size=args.batch_size)
-  out = storage.path(args.output_dir or
-                     storage.path(args.checkpoint_dir) / "eval" / enc.revision)
+                                  batch_size=args.batch_size, dim=args.embedding_dim,
+                                  quantized=None if args.precision == "float32" else
+                                  args.precision)
+  out = storage.path(args.output_dir or storage.path(args.checkpoint_dir) / "eval" / (
+      enc.revision + (f"_dim{args.embedding_dim}" if args.embedding_dim else "")
+      + (f"_{args.precision}" if enc.quantized else "")))
   signals.saved(f"the finished tasks' results are in {out}; rerun the same command to "
                 "continue (they are kept)")
   failed = None
   try:
     results = harness.run(enc, output_dir=out, config=cfg, tasks=tasks,
-                          model_info={"name": enc.name, "revision": enc.revision},
+                          model_info={"name": enc.name, "revision": enc.revision,
+                                      **({"dim": enc.dim} if enc.dim else {}),
+                                      **({"precision": enc.quantized} if enc.quantized
+                                         else {})},
                           resume=not args.fresh)
   except harness.EvaluationFailed as e:
     failed, results = e, e.results

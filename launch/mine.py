@@ -50,6 +50,12 @@ def main(argv):
   p.add_argument("--source_lang", default=None,
                  help="ISO 639-3 code, for models that read language ids")
   p.add_argument("--target_lang", default=None)
+  p.add_argument("--embedding_dim", type=int, default=None,
+                 help="mine with each vector's first N values, renormalized (models "
+                      "trained with MATRYOSHKA_DIMS only)")
+  p.add_argument("--precision", default="float32", choices=("float32", "int8", "binary"),
+                 help="search the vectors as an int8 (calibrated: launch/calibrate.py) or "
+                      "binary index holds them (vmx/quantize.py)")
   p.add_argument("--shard_size", type=int, default=100_000,
                  help="sentences a shard of vectors (memory: two shards at a time)")
   p.add_argument("--batch_size", type=int, default=256, help="sentences an encoder batch")
@@ -83,7 +89,10 @@ def main(argv):
   settings.check()
   bitext.check_output(args.output, args.overwrite)
   with signals.activity("loading the checkpoint"):
-    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=step, batch_size=args.batch_size)
+    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=step, batch_size=args.batch_size,
+                                  dim=args.embedding_dim,
+                                  quantized=None if args.precision == "float32" else
+                                  args.precision)
   s = bitext.mine(enc, args.checkpoint_dir, args.source, args.target, args.output,
                   args.work_dir or args.output + ".work", settings, overwrite=args.overwrite)
   if s is None:   # a process other than 0: its shards are done, process 0 writes

@@ -126,3 +126,23 @@ def test_paired_and_multi_positive_losses_leave_out_copies_of_a_groups_sentences
     pos = [j for j in own if j != i]
     terms.append(np.log(np.sum(np.exp(s[keep]))) - np.log(np.sum(np.exp(s[pos]))))
   np.testing.assert_allclose(float(got), np.mean(terms), rtol=1e-4)
+
+
+def test_matryoshka_sums_infonce_over_normalized_prefixes():
+  """losses.matryoshka: InfoNCE of each prefix [:, :d] (renormalized) and of the whole,
+  summed; the full dimension's accuracy; each prefix's loss as loss_dim{d}."""
+  rng = np.random.default_rng(1)
+  a, b = rng.normal(size=(9, 12)), rng.normal(size=(9, 12))
+  fn = lambda l, r: losses.in_batch_softmax_loss(l, r, 0.1, True)
+  loss, m = losses.matryoshka(fn, jnp.asarray(a), jnp.asarray(b), (4, 8, 4))
+  ref = {d: np_infonce(a[:, :d], b[:, :d], 0.1, True) for d in (4, 8, 12)}
+  np.testing.assert_allclose(float(loss), sum(ref.values()), rtol=1e-5)
+  for d, v in ref.items():
+    np.testing.assert_allclose(float(m[f"loss_dim{d}"]), v, rtol=1e-5)
+  assert float(m["loss"]) == float(loss) and set(m) == {
+      "loss", "in_batch_accuracy", "loss_dim4", "loss_dim8", "loss_dim12"}
+  _, full = fn(jnp.asarray(a), jnp.asarray(b))
+  assert float(m["in_batch_accuracy"]) == float(full["in_batch_accuracy"])
+  # the full dimension named in dims is counted once
+  again, _ = losses.matryoshka(fn, jnp.asarray(a), jnp.asarray(b), (4, 8, 12))
+  assert float(again) == float(loss)

@@ -159,6 +159,7 @@ class Job:
     self.encoder, self.settings = encoder, settings
     self.corpora = {"source": source, "target": target}
     self.record = {"checkpoint": checkpoint, "revision": encoder.revision, "model": encoder.name,
+                   "dim": encoder.dim, "quantized": encoder.quantized,
                    "source": source.path, "target": target.path,
                    "source_sentences": source.kept, "target_sentences": target.kept,
                    "k": settings.k, "shard_size": settings.shard_size}

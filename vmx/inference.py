@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from vmx import storage
+from vmx import quantize, storage
 from vmx.data.languages import resolve as resolve_language
 from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
@@ -47,21 +47,34 @@ class Encoder:
   """
 
   def __init__(self, model, params, tokenizer: Tokenizer, languages: Sequence[str],
-               max_length: int, batch_size: int = 128):
+               max_length: int, batch_size: int = 128, dim: Optional[int] = None,
+               quantization: Optional[dict] = None, quantized: Optional[str] = None):
     self.model, self.params, self.tokenizer = model, params, tokenizer
     self.languages = list(languages)
     self.max_length = int(max_length)
     self.batch_size = batch_size
+    self.dim = self._check_dim(dim)   # the default prefix size (Matryoshka), None: all
+    # int8 calibration by vector size (MODEL_DIR/quantization.json, vmx/quantize.py), and
+    # the geometry float vectors have: None, or 'int8' / 'binary' quantized and mapped back
+    self.quantization = dict(quantization or {})
+    if quantized not in (None, "int8", "binary"):
+      raise InputError(f"quantized={quantized!r}: expected None, 'int8' or 'binary'")
+    self.quantized = quantized
     self.name, self.revision = type(model).__name__, None   # set by from_checkpoint
     self.prompts: dict = {}      # sentence-transformers' prompts: {name: text put before}
     self._predict = jax.jit(lambda p, t, l: model.encode_tokens(p, t, l))
 
   @classmethod
   def from_checkpoint(cls, model_dir, step: Union[None, int, str] = None,
-                      batch_size: int = 128):
+                      batch_size: int = 128, dim: Optional[int] = None,
+                      quantized: Optional[str] = None):
     """The encoder of a vmx model directory at checkpoint `step` (default: the newest
     intact one; 'best': the best evaluated step kept in MODEL_DIR/best/ by
-    train.best_metric). `model_dir` may be local or remote (`gs://...`: vmx/storage.py)."""
+    train.best_metric). `model_dir` may be local or remote (`gs://...`: vmx/storage.py).
+    `dim`: every vector's first `dim` values, renormalized (models trained with
+    Matryoshka dimensions only). `quantized` ('int8', 'binary'): the float vectors `encode`
+    gives are the quantized ones mapped back (vmx/quantize.py: scores on what an int8 or
+    binary index holds); int8 needs MODEL_DIR/quantization.json (launch/calibrate.py)."""
     info = read_model_info(model_dir)
     model = model_from_config(info["model"])
     L = info["max_length"]
@@ -75,7 +88,7 @@ class Encoder:
       raise InputError(f"step={step!r}: expected a step number, {BEST_STEP!r} or None (latest)")
     params, step = restore_params(ckpt_dir, model, step, L)
     enc = cls(model, params, load_tokenizer(str(storage.path(model_dir) / info["vocabulary"])),
-              info["languages"], L, batch_size)
+              info["languages"], L, batch_size, dim, quantize.load(model_dir), quantized)
     enc.name = storage.path(model_dir).name
     enc.revision = f"{prefix}{CHECKPOINT_PREFIX}_{step}"
     return enc
@@ -126,7 +139,7 @@ class Encoder:
 
   # sentence-transformers / MTEB compatibility: what their callers read or pass.
   similarity_fn_name = "cosine"
-  PRECISIONS = ("float32",)
+  PRECISIONS = quantize.PRECISIONS
 
   @property
   def max_seq_length(self) -> int:
@@ -141,9 +154,14 @@ class Encoder:
              convert_to_numpy: bool = True, convert_to_tensor: bool = False,
              normalize_embeddings: bool = True, precision: str = "float32",
              prompt_name: Optional[str] = None, prompt: Optional[str] = None,
-             task_name: Optional[str] = None, prompt_type: Optional[str] = None):
+             task_name: Optional[str] = None, prompt_type: Optional[str] = None,
+             dim: Optional[int] = None, truncate_dim: Optional[int] = None):
     """[len(sentences), D] float32, rows L2-normalized (0 rows -> shape [0, 0]); one string
     gives one [D] vector.
+
+    `dim` (sentence-transformers' `truncate_dim`): the first `dim` values of each vector,
+    renormalized, for models trained with Matryoshka dimensions (MATRYOSHKA_DIMS; others
+    refuse it); default the encoder's own `dim` (`from_checkpoint(..., dim=)`), else all.
 
     `lang`: one ISO 639-3 code or one per sentence, needed by models that read language
     ids, and by vocabularies that pre-tokenize by language (EMS's: Moses, jieba, Juman++;
@@ -154,15 +172,17 @@ class Encoder:
     into code written for it (and MTEB): `show_progress_bar` (= `progress`),
     `convert_to_numpy=False` (a list of [D] arrays), `convert_to_tensor=True` (a torch
     tensor; needs torch), `prompt` (a string put before every sentence) or `prompt_name`
-    (a key of `self.prompts`), `precision` ('float32' only). vmx vectors are unit length by
+    (a key of `self.prompts`), `precision` ('float32'; 'int8': [N, D] int8 with the model's
+    calibration; 'binary': [N, D/8] uint8 of packed signs; vmx/quantize.py). vmx vectors are unit length by
     construction (the cosine geometry the models train), so `normalize_embeddings` changes
     nothing either way. MTEB's `task_name` / `prompt_type` pick a prompt from
     `self.prompts` when one is registered under that name; vmx models are trained without
     prompts, so `self.prompts` is empty unless you fill it.
     """
     del normalize_embeddings       # always unit rows (see above)
-    if precision not in self.PRECISIONS:
-      raise InputError(f"precision={precision!r}: vmx encoders give {self.PRECISIONS} only")
+    if precision not in quantize.PRECISIONS:
+      raise InputError(f"precision={precision!r}: vmx encoders give {quantize.PRECISIONS} "
+                       "only")
     single = isinstance(sentences, str)
     if single:
       sentences = [sentences]
@@ -172,7 +192,11 @@ class Encoder:
       sentences = [prompt + s for s in sentences]
     if show_progress_bar is not None:
       progress = show_progress_bar
-    out, truncated, unknown = self._encode(sentences, lang, batch_size, progress)
+    if dim is not None and truncate_dim is not None and dim != truncate_dim:
+      raise InputError(f"dim={dim} and truncate_dim={truncate_dim}: pass one")
+    out, truncated, unknown = self._encode(sentences, lang, batch_size, progress,
+                                           dim if dim is not None else truncate_dim)
+    out = self._finish(out, precision)
     if truncated:
       warnings.warn(f"{truncated} of {len(sentences)} sentences are longer than the model's "
                     f"max_length={self.max_length} tokens and were truncated", stacklevel=2)
@@ -192,10 +216,47 @@ class Encoder:
     return out if convert_to_numpy or single else list(out)
 
   def encode_counting(self, sentences: Sequence[str], lang=None,
-                      batch_size: Optional[int] = None, progress: Optional[bool] = None):
+                      batch_size: Optional[int] = None, progress: Optional[bool] = None,
+                      dim: Optional[int] = None):
     """(`encode(sentences, lang, ...)`, the number of sentences truncated to `max_length`),
     without the warning: for callers that encode in chunks and report one total."""
-    return self._encode(self.check_sentences(sentences), lang, batch_size, progress)[:2]
+    out, truncated, _ = self._encode(self.check_sentences(sentences), lang, batch_size,
+                                     progress, dim)
+    return self._finish(out, "float32"), truncated
+
+  def _ranges(self, size: int) -> Optional[dict]:
+    return self.quantization.get(size)
+
+  def _finish(self, out: np.ndarray, precision: str) -> np.ndarray:
+    """The float vectors as `precision`; float32 in the `quantized` geometry if one is set."""
+    if not out.size:
+      return out
+    if precision != "float32":
+      return quantize.quantize(out, precision, self._ranges(out.shape[1]))
+    if self.quantized is None:
+      return out
+    q = quantize.quantize(out, self.quantized, self._ranges(out.shape[1]))
+    return quantize.dequantize(q, self.quantized, out.shape[1], self._ranges(out.shape[1]))
+
+  def _check_dim(self, dim: Optional[int]) -> Optional[int]:
+    """`dim` if this model serves prefixes of that size (InputError naming both, else)."""
+    if dim is None:
+      return None
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+      raise InputError(f"dim={dim!r}: expected a positive integer")
+    if not self.model.matryoshka_dims:
+      raise InputError(f"dim={dim}: {type(self.model).__name__} was not trained with "
+                       "Matryoshka dimensions (MATRYOSHKA_DIMS): a prefix of its vectors is "
+                       "not an embedding; leave dim out")
+    return dim
+
+  def _prefix(self, out: np.ndarray, dim: Optional[int]) -> np.ndarray:
+    if dim is None or not out.size:
+      return out
+    if dim > out.shape[1]:
+      raise InputError(f"dim={dim} is larger than the model's {out.shape[1]} dimensions "
+                       f"(trained prefixes: {list(self.model.matryoshka_dims)})")
+    return _unit(out[:, :dim])
 
   def _prompt(self, prompt, prompt_name, task_name, prompt_type) -> str:
     if prompt is not None and prompt_name is not None:
@@ -227,9 +288,10 @@ class Encoder:
       raise InputError(f"similarity_pairwise needs equal shapes, got {a.shape} and {b.shape}")
     return np.sum(_unit(a) * _unit(b), axis=1)
 
-  def _encode(self, sentences: list, lang, batch_size, progress):
+  def _encode(self, sentences: list, lang, batch_size, progress, dim=None):
     """([len(sentences), D] float32, how many sentences were truncated, the indices of those
-    made only of unknown pieces)."""
+    made only of unknown pieces). D: `dim` (else `self.dim`), renormalized, or all."""
+    dim = self._check_dim(dim) if dim is not None else self.dim
     bs = self.batch_size if batch_size is None else batch_size
     if not isinstance(bs, int) or isinstance(bs, bool) or bs <= 0:
       raise InputError(f"batch_size={bs!r}: expected a positive integer")
@@ -272,4 +334,4 @@ class Encoder:
       out[rows] = emb
     if out is None:
       out = np.zeros((0, 0), np.float32)
-    return out, truncated, unknown
+    return self._prefix(out, dim), truncated, unknown

@@ -5,7 +5,7 @@ a dict of scalar metrics). Tested against NumPy references in tests/test_losses.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,25 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float 
   else:
     loss = -log_p_t_given_s.mean()
   return loss, {"loss": loss, "in_batch_accuracy": acc}
+
+
+def matryoshka(loss_fn: Callable, left_BxD: Array, right_BxD: Array, dims: Sequence[int]):
+  """Matryoshka representation learning (Kusupati et al. 2022; sentence-transformers'
+  MatryoshkaLoss): `loss_fn(left_BxD', right_BxD')` of the nested prefixes
+  [:, :d] for every d of `dims` and the full dimension, summed with weight 1 (each
+  prefix is normalized inside `loss_fn`, as the vector an encoder gives at that size is).
+
+  Returns (the sum, the full dimension's metrics with `loss` the sum and `loss_dim{d}`
+  each prefix's loss)."""
+  full = left_BxD.shape[-1]
+  total, metrics = 0.0, {}
+  for d in sorted(set(int(x) for x in dims) | {full}):
+    loss, m = loss_fn(left_BxD[..., :d], right_BxD[..., :d])
+    total = total + loss
+    metrics[f"loss_dim{d}"] = loss
+    if d == full:
+      metrics = {**m, **metrics}
+  return total, {**metrics, "loss": total}
 
 
 def distillation_mse(student_BxD: Array, teacher_BxD: Array) -> Array:

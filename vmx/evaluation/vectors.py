@@ -49,4 +49,8 @@ def describe(encoder) -> str:
   model = getattr(encoder, "model", None)
   if model is None or not hasattr(model, "encode_tokens"):
     return OTHER_ENCODER
-  return of_model(model)
+  dim = getattr(encoder, "dim", None)   # a vmx Encoder serving a Matryoshka prefix
+  quantized = getattr(encoder, "quantized", None)   # ... or its int8 / binary geometry
+  return (of_model(model) + (f", its first {dim} dimensions renormalized" if dim else "")
+          + (f", quantized to {quantized} and mapped back (vmx/quantize.py)" if quantized
+             else ""))

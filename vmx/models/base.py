@@ -247,6 +247,10 @@ class SentenceEncoderModel(BaseModel):
   # negatives: the same translation in another row); a model's switch, default on.
   mask_duplicates: bool = True
 
+  # The prefix sizes trained as embeddings of their own (Matryoshka, `losses.matryoshka`;
+  # MATRYOSHKA_DIMS): the Encoder serves `dim=N` only for models that have them.
+  matryoshka_dims: tuple = ()
+
   def duplicate_keys(self, batch) -> dict:
     """{"left_key_B", "right_key_B"}: each pair's sentences' `losses.token_row_key`, for a
     loss that leaves out false negatives; {} when the model does not (or the batch has no

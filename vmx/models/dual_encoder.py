@@ -57,18 +57,26 @@ class DualEncoderModel(SentenceEncoderModel):
   `mask_duplicates` (training only, default on: the paper is silent): a pair whose
   target sentence equals another pair's target is no negative of it (nor one whose
   source equals another's source, the other way): the same translation is not pushed
-  away from itself (`duplicate_keys`, `losses.in_batch_softmax_loss`; docs/departures.md)."""
+  away from itself (`duplicate_keys`, `losses.in_batch_softmax_loss`; docs/departures.md).
+  `matryoshka_dims` (MATRYOSHKA_DIMS, e.g. (32, 64)): the loss is summed over those
+  prefixes of the sentence vector and the whole (`losses.matryoshka`), so each prefix is
+  an embedding of its own (`Encoder.encode(..., dim=32)`); recorded in vmx_model.json."""
   FEATURE_CONVERTER = "PairFeatureConverter"
-  CONFIG_FIELDS = ("module", "temperature", "bidirectional")
+  CONFIG_FIELDS = ("module", "temperature", "bidirectional", "matryoshka_dims")
 
   def __init__(self, module: DualEncoder, temperature: float = 0.05,
                bidirectional: bool = True, normalize: bool = True,
-               mask_duplicates: bool = True):
+               mask_duplicates: bool = True, matryoshka_dims: Sequence[int] = ()):
     super().__init__(module)
     self.temperature = temperature
     self.bidirectional = bidirectional
     self.normalize = normalize
     self.mask_duplicates = mask_duplicates
+    dims = tuple(matryoshka_dims or ())
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+      raise ConfigError(f"DualEncoderModel.matryoshka_dims={matryoshka_dims!r}: expected "
+                        "positive integers (MATRYOSHKA_DIMS)")
+    self.matryoshka_dims = tuple(sorted(set(dims)))
 
   def packed_features(self):
     return {"left_tokens": 0, "right_tokens": 0}
@@ -113,9 +121,17 @@ class DualEncoderModel(SentenceEncoderModel):
 
   def grad_cache_loss(self, embeddings, batch, flax_mutables=None):
     left, right = embeddings
-    loss, metrics = losses.in_batch_softmax_loss(left, right, self.temperature,
-                                                 self.bidirectional, self.normalize,
-                                                 **self.duplicate_keys(batch))
+    keys = self.duplicate_keys(batch)
+    loss_fn = lambda l, r: losses.in_batch_softmax_loss(l, r, self.temperature,
+                                                        self.bidirectional, self.normalize,
+                                                        **keys)
+    if self.matryoshka_dims:
+      if self.matryoshka_dims[-1] > left.shape[-1]:
+        raise ConfigError(f"DualEncoderModel.matryoshka_dims={list(self.matryoshka_dims)} "
+                          f"has a size above the sentence vector's {left.shape[-1]}")
+      loss, metrics = losses.matryoshka(loss_fn, left, right, self.matryoshka_dims)
+    else:
+      loss, metrics = loss_fn(left, right)
     return loss, metrics, flax_mutables
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):

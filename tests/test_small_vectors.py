@@ -1,0 +1,169 @@
+"""Small vectors. Matryoshka dimensions (MATRYOSHKA_DIMS): the gin switch reaches the model
+and its recorded config; the model's loss is the sum over prefixes; the Encoder serves a
+prefix, renormalized, only for a model trained with them, and refuses a size above the
+model's. int8 and binary vectors (vmx/quantize.py): the formulas by hand, calibration
+stored beside the model by launch/calibrate.py, the quantized geometry's scores."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import write_lines
+
+WORDS = "sun moon star tree river stone house road cloud rain wind fire snow bird".split()
+
+
+def _model(dims=()):
+  from vmx import encoders
+  from vmx.models import DualEncoder, DualEncoderModel
+  enc = encoders.TransformerEncoder(vocab_size=60, num_layers=1, emb_dim=32, num_heads=2,
+                                    mlp_dim=64, max_length=16)
+  return DualEncoderModel(DualEncoder(enc), temperature=0.1, matryoshka_dims=dims)
+
+
+def test_gin_switch_reaches_the_model_and_its_recorded_config():
+  import gin
+  from vmx import experiment
+  from vmx.models.base import model_from_config, to_config
+  gin.clear_config()
+  model = experiment.build_experiment(["contrastive_tiny.gin"],
+                                      ["MATRYOSHKA_DIMS = [64, 32]"])[0]
+  assert model.matryoshka_dims == (32, 64)
+  assert model_from_config(to_config(model)).matryoshka_dims == (32, 64)
+  gin.clear_config()
+  assert experiment.build_experiment(["contrastive_tiny.gin"], [])[0].matryoshka_dims == ()
+  gin.clear_config()
+
+
+@pytest.mark.parametrize("dims", [(0,), ("32",), (True,)])
+def test_bad_dims_are_refused(dims):
+  from vmx.errors import ConfigError
+  with pytest.raises(ConfigError, match="matryoshka_dims=.*expected positive integers"):
+    _model(dims)
+
+
+def test_model_loss_is_the_sum_over_prefixes():
+  from vmx import losses
+  from vmx.errors import ConfigError
+  rng = np.random.default_rng(0)
+  left = jnp.asarray(rng.normal(size=(6, 32)), jnp.float32)
+  right = jnp.asarray(rng.normal(size=(6, 32)), jnp.float32)
+  batch = {"left_tokens": jnp.asarray(rng.integers(3, 60, (6, 16)), jnp.int32),
+           "right_tokens": jnp.asarray(rng.integers(3, 60, (6, 16)), jnp.int32)}
+  loss, metrics, _ = _model((8, 16)).grad_cache_loss((left, right), batch)
+  keys = _model().duplicate_keys(batch)
+  ref = sum(float(losses.in_batch_softmax_loss(left[:, :d], right[:, :d], 0.1, True, True,
+                                               **keys)[0]) for d in (8, 16, 32))
+  np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
+  assert {"loss_dim8", "loss_dim16", "loss_dim32"} <= set(metrics)
+  with pytest.raises(ConfigError, match=r"has a size above the sentence vector's 32"):
+    _model((8, 64)).grad_cache_loss((left, right), batch)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  """Two initialized tiny dual encoders as model directories: with and without dims."""
+  from vmx.data import vocab
+  from vmx.modeldir import checkpoints as ck, layout
+  root = tmp_path_factory.mktemp("mat")
+  r = np.random.default_rng(0)
+  text = write_lines(root / "t.txt", [" ".join(r.choice(WORDS, 6)) for _ in range(300)])
+  vp = vocab.train_sentencepiece([str(text)], str(root / "v.model"), 60)
+  out = {}
+  for name, dims in (("mat", (8, 16)), ("plain", ())):
+    model = _model(dims)
+    params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(16))
+    d = root / name
+    ck.save_params(str(d), 0, params["params"])
+    layout.write_inference_files(str(d), model, ["eng"], 16, vp)
+    out[name] = d
+  return out
+
+
+def test_encoder_serves_renormalized_prefixes_of_matryoshka_models_only(checkpoints):
+  from vmx.errors import InputError
+  from vmx.evaluation import vectors
+  from vmx.inference import Encoder
+  sents = ["sun moon star", "tree river", "house road cloud rain"]
+  full = Encoder.from_checkpoint(str(checkpoints["mat"])).encode(sents)
+  assert full.shape == (3, 32)
+  for enc, got in ((Encoder.from_checkpoint(str(checkpoints["mat"]), dim=8), None),
+                   (Encoder.from_checkpoint(str(checkpoints["mat"])), 8)):
+    v = enc.encode(sents, dim=got)
+    ref = full[:, :8] / np.linalg.norm(full[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(v, ref, rtol=1e-5, atol=1e-6)
+  enc = Encoder.from_checkpoint(str(checkpoints["mat"]), dim=16)
+  assert enc.get_sentence_embedding_dimension() == 16
+  assert "its first 16 dimensions renormalized" in vectors.describe(enc)
+  np.testing.assert_allclose(enc.encode_counting(sents)[0], enc.encode(sents), atol=1e-6)
+  with pytest.raises(InputError, match=r"dim=64 is larger than the model's 32 dimensions"):
+    enc.encode(sents, dim=64)
+  with pytest.raises(InputError, match="DualEncoderModel was not trained with Matryoshka"):
+    Encoder.from_checkpoint(str(checkpoints["plain"]), dim=8)
+  with pytest.raises(InputError, match="not trained with Matryoshka"):
+    Encoder.from_checkpoint(str(checkpoints["plain"])).encode(sents, dim=8)
+
+
+def test_int8_and_binary_formulas_by_hand():
+  from vmx import quantize
+  from vmx.errors import InputError
+  x = np.array([[0.0, -1.0, 0.5], [1.0, 1.0, -0.5]], np.float32)
+  r = quantize.calibrate(x)
+  assert r == {"min": [0.0, -1.0, -0.5], "max": [1.0, 1.0, 0.5], "sentences": 2}
+  q = quantize.quantize(x, "int8", r)
+  # floor((x - lo) / (hi - lo) * 256) - 128, clipped: the ends map to -128 and 127
+  np.testing.assert_array_equal(q, [[-128, -128, 127], [127, 127, -128]])
+  mid = quantize.quantize(np.array([[0.25, 0.0, 0.0]], np.float32), "int8", r)
+  np.testing.assert_array_equal(mid, [[-64, 0, 0]])       # floor(64) - 128, floor(128) - 128
+  # back to the centres of bins 64 and 128: lo + (bin + 0.5) * (hi - lo) / 256, unit length
+  centre = np.array([0.0, -1.0, -0.5]) + np.array([64.5, 128.5, 128.5]) * np.array(
+      [1.0, 2.0, 1.0]) / 256
+  np.testing.assert_allclose(quantize.dequantize(mid, "int8", 3, r),
+                             [centre / np.linalg.norm(centre)], atol=1e-6)
+  b = quantize.quantize(np.array([[1, -1, 2, -3, 0.5, 1, -1, -1, 4]], np.float32), "binary")
+  np.testing.assert_array_equal(b, [[0b10101100, 0b10000000]])
+  rng = np.random.default_rng(0)
+  u, v = rng.normal(size=(2, 40)).astype(np.float32)
+  bu, bv = (quantize.dequantize(quantize.quantize(w[None], "binary"), "binary", 40)
+            for w in (u, v))
+  hamming = int(((u > 0) != (v > 0)).sum())
+  assert float((bu @ bv.T)[0, 0]) == pytest.approx(1 - 2 * hamming / 40)
+  with pytest.raises(InputError, match="need the model's calibration.*launch/calibrate.py"):
+    quantize.quantize(x, "int8")
+  with pytest.raises(InputError, match="calibration is for 3-dimensional vectors, these "
+                                       "have 2"):
+    quantize.quantize(x[:, :2], "int8", r)
+
+
+def test_calibrated_int8_and_binary_encoders(checkpoints, tmp_path):
+  import subprocess
+  import sys
+  from conftest import REPO
+  from vmx.errors import InputError
+  from vmx.inference import Encoder
+  d = checkpoints["mat"]
+  r = np.random.default_rng(1)
+  corpus = write_lines(tmp_path / "dev.txt", [" ".join(r.choice(WORDS, 5)) for _ in range(200)]
+                       + [""])
+  sents = [" ".join(r.choice(WORDS, 4)) for _ in range(30)]
+  with pytest.raises(InputError, match="need the model's calibration"):
+    Encoder.from_checkpoint(str(d)).encode(sents, precision="int8")
+  run = lambda *a: subprocess.run([sys.executable, str(REPO / "launch" / "calibrate.py"),
+                                   f"--checkpoint_dir={d}", f"--corpus={corpus}", *a],
+                                  capture_output=True, text=True, timeout=300)
+  p = run()
+  assert p.returncode == 0 and "calibrated int8 for 32-dimensional vectors on 200 " \
+      "sentences" in p.stdout, p.stderr
+  assert run("--embedding_dim=8").returncode == 0
+  enc = Encoder.from_checkpoint(str(d))
+  full = enc.encode(sents)
+  q = enc.encode(sents, precision="int8")
+  assert q.dtype == np.int8 and q.shape == (30, 32)
+  assert enc.encode(sents, precision="binary").shape == (30, 4)
+  assert enc.encode(sents, dim=8, precision="int8").shape == (30, 8)
+  for kind, floor in (("int8", 0.99), ("binary", 0.5)):
+    geo = Encoder.from_checkpoint(str(d), quantized=kind).encode(sents)
+    assert geo.shape == full.shape and np.allclose(np.linalg.norm(geo, axis=1), 1, atol=1e-5)
+    assert np.min(np.sum(geo * full, axis=1)) > floor, kind
+  p = run("--langs=deu,eng")
+  assert p.returncode == 2 and "--langs has 2 codes for 1 --corpus files" in p.stderr
