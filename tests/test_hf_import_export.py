@@ -752,6 +752,9 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   assert r.returncode == 0, r.stderr[-2000:]
   r = _export_cli(vmx_dir, out)
   assert r.returncode == 0, r.stderr[-2000:]
+  card = (out / "README.md").read_text()     # the model card (tests/test_model_card.py)
+  assert card.startswith("---\nlibrary_name: sentence-transformers") and "# st" in card
+  assert "No evaluation of checkpoint 0 was found" in card   # an import, never evaluated
   orig, back = normalize_names(read_hf_tensors(src)), read_hf_tensors(out)
   encoder_names = {k for k in orig if not k.startswith("pooler.")}
   assert encoder_names <= set(back)

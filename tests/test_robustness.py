@@ -372,8 +372,10 @@ def test_encode_takes_sentence_transformers_keywords(toy_encoder):
       toy_encoder.encode(["gamma"], lang="xx", prompt_name="doc")
   finally:
     toy_encoder.prompts = {}
-  with pytest.raises(InputError, match="precision='int8'"):
-    toy_encoder.encode(sents, lang="xx", precision="int8")
+  with pytest.raises(InputError, match="precision='uint4'"):
+    toy_encoder.encode(sents, lang="xx", precision="uint4")
+  with pytest.raises(InputError, match="int8 vectors need the model's calibration"):
+    toy_encoder.encode(sents, lang="xx", precision="int8")   # (tests/test_small_vectors.py)
   torch = pytest.importorskip("torch")
   t = toy_encoder.encode(sents, lang="xx", convert_to_tensor=True)
   assert isinstance(t, torch.Tensor) and tuple(t.shape) == ref.shape

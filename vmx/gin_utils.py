@@ -95,6 +95,30 @@ class _QuietSearch(logging.Filter):
     return not str(record.msg).startswith("Path not found")
 
 
+# What the last parse_gin_files read (for the run's record: `experiment_header`).
+PARSED: dict = {}
+
+
+def experiment_header() -> str:
+  """Comment lines naming the experiment files and bindings last parsed, and the first
+  file's own header (its command, hardware, time and result): config.gin's first lines,
+  what a model card quotes (vmx/modeldir/model_card.py). Comments: no parser reads them."""
+  if not PARSED:
+    return ""
+  files, bindings = PARSED["gin_files"], PARSED["bindings"]
+  lines = [f"# vmx experiment: {', '.join(Path(f).name for f in files)}"]
+  lines += [f"# binding: {b}" for b in bindings]
+  header = []
+  for line in Path(files[0]).read_text(encoding="utf-8").splitlines():
+    if not line.startswith("#"):
+      break
+    header.append(line)
+  if header:
+    lines += [f"# header of {Path(files[0]).name}:"] + [
+        f"#   {h[2:] if h.startswith('# ') else h[1:]}".rstrip() for h in header]
+  return "\n".join(lines) + "\n\n"
+
+
 def parse_gin_files(gin_files: Sequence[str], bindings: Sequence[str],
                     search_paths_flag: str = ""):
   """Parses files and bindings into gin's config and checks it (errors -> ConfigError).
@@ -116,6 +140,8 @@ def parse_gin_files(gin_files: Sequence[str], bindings: Sequence[str],
     raise ConfigError(f"required macro(s) {', '.join(unset)} not set: pass e.g. "
                       f"--gin.{unset[0]}=VALUE")
   check_config(bindings)
+  PARSED.clear()
+  PARSED.update(gin_files=[str(f) for f in files], bindings=list(bindings))
 
 
 # ----------------------------------------------------------------------------

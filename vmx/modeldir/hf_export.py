@@ -24,11 +24,13 @@ from typing import Optional
 import numpy as np
 from safetensors.numpy import save_file
 
+from vmx import quantize
 from vmx.errors import ConfigError
 from vmx.models.base import model_from_config
 from vmx.modeldir.checkpoints import flatten, restore_params
 from vmx.modeldir.hf_import import atomic_output_dir
 from vmx.modeldir.hf_weights import weight_map
+from vmx.modeldir import layout, model_card
 from vmx.modeldir.layout import read_model_info
 
 # vmx activation -> Hugging Face hidden_act (inverse of hf_weights.encoder_settings)
@@ -130,7 +132,17 @@ def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = No
     (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=1))
     (tmp / "config_sentence_transformers.json").write_text(json.dumps(
         {"similarity_fn_name": "cosine", "exported_from": str(model_dir.absolute()),
-         "checkpoint_step": step, "languages": info["languages"]}, indent=1))
+         "checkpoint_step": step, "languages": info["languages"],
+         **({"matryoshka_dims": list(model.matryoshka_dims)} if model.matryoshka_dims
+            else {})}, indent=1))
+    # the model card and what it points to: the run's config and int8 calibration
+    for src, dst in ((layout.CONFIG_FILE, "vmx_config.gin"),
+                     (quantize.FILE, "vmx_quantization.json")):
+      if (model_dir / src).exists():
+        shutil.copyfile(model_dir / src, tmp / dst)
+    (tmp / "README.md").write_text(model_card.render(
+        model_dir, step, info, output_dir.name,
+        quantization_sizes=quantize.load(model_dir).keys()), encoding="utf-8")
   return {"architecture": config["architectures"][0],
           "pooling": pooling, "max_length": L, "step": step, "tensors": len(tensors),
           "output_dir": str(output_dir)}

@@ -31,7 +31,7 @@ import gin
 import jax
 import optax
 
-from vmx import cli
+from vmx import cli, gin_utils
 from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError
@@ -163,7 +163,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
   primary = jax.process_index() == 0
   if primary:
     cli.warn_untested_versions()
-  operative_config = gin.operative_config_str()
+  # config.gin: the experiment's files, bindings and header as comments, then gin's own
+  operative_config = gin_utils.experiment_header() + gin.operative_config_str()
   lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,
                           primary, lambda: data_changes(model_dir, phases, random_seed),
                           allow_data_change, vocabulary)
