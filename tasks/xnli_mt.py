@@ -234,3 +234,42 @@ def mpcl_mixture_text_files(xnli_mt_directory: Optional[str] = None,
   if xnli_mt_directory:
     return xnli_mt_text_files(xnli_mt_directory, xnli_languages)
   return nway_mixture_text_files(corpora, data_dir)
+
+
+def mined_negatives_task(negatives_file: Optional[str] = gin.REQUIRED,
+                         languages: Sequence[str] = gin.REQUIRED,
+                         vocabulary: str = gin.REQUIRED, num_views: int = 2,
+                         data_dir: Optional[str] = None,
+                         shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
+                         validation_percent: int = task_settings.VALIDATION_PERCENT,
+                         holdout: Sequence[str] = ()) -> str:
+  """Registers MPCL's hard-negative task of a file launch/mine_negatives.py wrote
+  (`source<TAB>positive<TAB>negative...`, vmx/negatives.py),
+  `mined_negatives.views<V>.<languages>.<hash of the file>`: each group is a pair in
+  `languages` (source, target) and its first mined negative (a target-language sentence,
+  in whichever slot the sampler draws). `num_views` 2: the anchor and its translation
+  (MPCL's Eq. 2 with one positive and the hard negatives is supervised SimCSE's loss)."""
+  if negatives_file is None:
+    raise ConfigError("tasks.mined_negatives_task.negatives_file is not set: pass "
+                      "--gin.MINED_NEGATIVES_FILE=\"'PATH'\" (launch/mine_negatives.py writes it)")
+  if len(languages) != 2:
+    raise ConfigError(f"tasks.mined_negatives_task.languages={list(languages)!r}: expected "
+                      "the source's and the target's codes")
+  rows, negatives = [], []
+  for i, line in readers.iter_lines(negatives_file):
+    if not line.strip():
+      continue
+    parts = line.split("\t")
+    if len(parts) < 3 or not all(p.strip() for p in parts[:3]):
+      raise DataError(f"{negatives_file}:{i}: expected 'source<TAB>positive<TAB>negative...', "
+                      f"got {line[:80]!r} (launch/mine_negatives.py writes this layout)")
+    rows.append([parts[0].strip(), parts[1].strip()])
+    negatives.append([parts[2].strip()] * 2)
+  if not rows:
+    raise DataError(f"{negatives_file}: no pair with a hard negative")
+  h, suffix = held_out(holdout, data_dir, "tasks.mined_negatives_task")
+  key = registration.short_hash(readers.stamp([negatives_file]))
+  return registration.register_nway_hard_negative_task(
+      f"mined_negatives.views{num_views}.{'_'.join(languages)}.{key}{suffix}",
+      list(languages), rows, negatives, vocabulary, num_views, shuffle_buffer_size,
+      validation_percent, h, [negatives_file])

@@ -278,3 +278,100 @@ def test_two_processes_share_the_shards_and_write_the_same_bytes(ckpt, corpora, 
   assert outs[0][0].count("[mine] knn: source shard") == 3 == outs[1][0].count("[mine] knn:")
   assert "mined " in outs[0][0] and "mined " not in outs[1][0]
   assert (tmp_path / "two.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()
+
+
+# --- hard negatives mined by the model (vmx/negatives.py, launch/mine_negatives.py) ---
+
+def test_negative_filter_holds_for_negative_scores():
+  """The relative margin on [0, 1]-shifted cosines drops a candidate more similar than
+  the positive whatever the signs; a ratio of raw cosines keeps -0.1 against a positive
+  of -0.2 (-0.1 / -0.2 = 0.5 <= 0.95: sentence-transformers #3819)."""
+  from vmx import negatives
+  f = negatives.Filter(relative_margin=0.05)
+  pos = np.array([-0.2, -0.2, 0.6, 0.6, 0.0])
+  cand = np.array([[-0.1], [-0.5], [0.59], [0.5], [-0.02]])
+  keep = negatives.keep_mask(pos, cand, f)[:, 0]
+  # -0.1 is more similar than -0.2: dropped (a raw ratio -0.1 / -0.2 = 0.5 <= 0.95 keeps it)
+  # (0.0 vs -0.02: 0.49 > 0.95 x 0.5 on the shifted scale: within the 5 % margin, dropped)
+  assert keep.tolist() == [False, True, False, True, False]
+  assert (-0.1 / -0.2) <= 0.95          # the raw-ratio rule would have kept it
+  strict = negatives.keep_mask(pos, cand, negatives.Filter(absolute_margin=0.15,
+                                                           relative_margin=0.0))[:, 0]
+  assert strict.tolist() == [False, True, False, False, False]
+  for bad in (dict(negatives=0), dict(negatives=5, candidates=3), dict(relative_margin=1.0),
+              dict(absolute_margin=-0.1)):
+    with pytest.raises(Exception, match="expected"):
+      negatives.Filter(**bad).check()
+
+
+def _np_negatives(sources, targets, x, y, n, cands, rel, ab):
+  s = x.astype(np.float64) @ y.astype(np.float64).T
+  pos = np.diag(s)
+  fold = lambda t: " ".join(t.split()).casefold()
+  out = []
+  for i in range(len(sources)):
+    order = np.argsort(-s[i], kind="stable")[:cands]
+    got = []
+    for j in order:
+      same = j == i or fold(targets[j]) == fold(targets[i])
+      dup = any(fold(sources[m]) == fold(sources[i]) and fold(targets[m]) == fold(targets[j])
+                for m in range(len(sources)))
+      ok = s[i, j] <= pos[i] - ab and (1 + s[i, j]) / 2 <= (1 - rel) * (1 + pos[i]) / 2
+      if not same and not dup and ok:
+        got.append(int(j))
+      if len(got) == n:
+        break
+    out.append(got if len(got) == n else None)
+  return out
+
+
+def test_mined_negatives_equal_a_numpy_reference_and_skip_false_negatives(encoder, ckpt,
+                                                                         tmp_path):
+  from vmx import negatives
+  src, tgt = _sentences(7, 40), _sentences(8, 40)
+  tgt[5] = tgt[6].upper()               # the same text (case folded) as another's positive
+  src[9], tgt[9] = src[10], "another translation " + tgt[10]   # one source, two translations
+  pairs = write_lines(tmp_path / "p.tsv", [f"{a}\t{b}" for a, b in zip(src, tgt)] + [""])
+  x, y = encoder.encode(src), encoder.encode(tgt)
+  for n, rel, ab in ((1, 0.05, 0.0), (3, 0.0, 0.05)):
+    out = tmp_path / f"hard{n}.tsv"
+    s = negatives.mine(encoder, pairs, str(out), negatives.Filter(n, 10, ab, rel))
+    ref = _np_negatives(src, tgt, x, y, n, 10, rel, ab)
+    want = [[src[i], tgt[i], *(tgt[j] for j in r)] for i, r in enumerate(ref) if r]
+    got = [l.split("\t") for l in out.read_text().splitlines()]
+    assert got == want and s["written"] == len(want) and s["left_out"] == 40 - len(want)
+    for row in got:
+      assert row[1] not in row[2:] and all(r.casefold() != row[1].casefold() for r in row[2:])
+      if row[0] == src[9]:              # never the other translation of its own source
+        assert tgt[9] not in row[2:] and tgt[10] not in row[2:]
+
+
+def test_mine_negatives_launcher_and_its_task(ckpt, tmp_path):
+  """The command's one-line errors, and the MPCL task reads what it writes."""
+  bad = write_lines(tmp_path / "bad.tsv", ["only one column"])
+  cmd = [sys.executable, str(REPO / "launch" / "mine_negatives.py"), f"--checkpoint_dir={ckpt}",
+         f"--output={tmp_path / 'h.tsv'}"]
+  r = subprocess.run(cmd + [f"--pairs={bad}"], capture_output=True, text=True, timeout=300)
+  assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+      f"error: {bad}:1: expected 'source<TAB>target', got 'only one column'"]
+  pairs = write_lines(tmp_path / "p.tsv", [f"{a}\t{b}" for a, b in
+                                           zip(_sentences(9, 30), _sentences(10, 30))])
+  r = subprocess.run(cmd + [f"--pairs={pairs}", "--negatives=2"], capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  assert " of 30 pairs with 2 hard negative(s)" in r.stdout
+  assert all(len(l.split("\t")) == 4 for l in (tmp_path / "h.tsv").read_text().splitlines())
+
+
+def test_mined_negatives_task_refuses_bad_files_naming_them(tmp_path):
+  from tasks.xnli_mt import mined_negatives_task
+  from vmx.errors import ConfigError, DataError
+  call = lambda f, langs=("de", "en"): mined_negatives_task(f, langs, "unused.model")
+  with pytest.raises(ConfigError, match="MINED_NEGATIVES_FILE"):
+    call(None)
+  ok = write_lines(tmp_path / "ok.tsv", ["a\tb\tc"])
+  with pytest.raises(ConfigError, match=r"languages=\['de'\]: expected the source's"):
+    call(ok, ("de",))
+  bad = write_lines(tmp_path / "bad.tsv", ["a\tb\tc", "", "a\tb"])
+  with pytest.raises(DataError, match=r"bad.tsv:3: expected 'source<TAB>positive<TAB>"):
+    call(bad)
