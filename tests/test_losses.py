@@ -134,7 +134,7 @@ def test_matryoshka_sums_infonce_over_normalized_prefixes():
   rng = np.random.default_rng(1)
   a, b = rng.normal(size=(9, 12)), rng.normal(size=(9, 12))
   fn = lambda l, r: losses.in_batch_softmax_loss(l, r, 0.1, True)
-  loss, m = losses.matryoshka(fn, jnp.asarray(a), jnp.asarray(b), (4, 8, 4))
+  loss, m = losses.matryoshka(fn, (4, 8, 4), jnp.asarray(a), jnp.asarray(b))
   ref = {d: np_infonce(a[:, :d], b[:, :d], 0.1, True) for d in (4, 8, 12)}
   np.testing.assert_allclose(float(loss), sum(ref.values()), rtol=1e-5)
   for d, v in ref.items():
@@ -144,5 +144,5 @@ def test_matryoshka_sums_infonce_over_normalized_prefixes():
   _, full = fn(jnp.asarray(a), jnp.asarray(b))
   assert float(m["in_batch_accuracy"]) == float(full["in_batch_accuracy"])
   # the full dimension named in dims is counted once
-  again, _ = losses.matryoshka(fn, jnp.asarray(a), jnp.asarray(b), (4, 8, 12))
+  again, _ = losses.matryoshka(fn, (4, 8, 12), jnp.asarray(a), jnp.asarray(b))
   assert float(again) == float(loss)

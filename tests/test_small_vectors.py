@@ -60,6 +60,27 @@ def test_model_loss_is_the_sum_over_prefixes():
     _model((8, 64)).grad_cache_loss((left, right), batch)
 
 
+def test_mpcl_takes_the_switch_too():
+  """MPCL's objective with MATRYOSHKA_DIMS: the sum of its objective over the prefixes."""
+  import gin
+  from vmx import encoders, experiment
+  from vmx.models import DualEncoder
+  from vmx.models.mpcl import MPCLModel
+  gin.clear_config()
+  model = experiment.build_experiment(["mpcl_tiny.gin"], ["MATRYOSHKA_DIMS = [16]"])[0]
+  gin.clear_config()
+  assert model.matryoshka_dims == (16,)
+  enc = encoders.TransformerEncoder(vocab_size=60, num_layers=1, emb_dim=32, num_heads=2,
+                                    mlp_dim=64, max_length=16)
+  plain = MPCLModel(DualEncoder(enc), num_views=3, temperature=0.1)
+  mat = MPCLModel(DualEncoder(enc), num_views=3, temperature=0.1, matryoshka_dims=(8, 16))
+  emb = jnp.asarray(np.random.default_rng(0).normal(size=(5, 3, 32)), jnp.float32)
+  loss, m = mat.objective(emb, jnp.bool_(True))
+  ref = sum(float(plain.objective(emb[..., :d], jnp.bool_(True))[0]) for d in (8, 16, 32))
+  np.testing.assert_allclose(float(loss), ref, rtol=1e-5)
+  assert {"loss_dim8", "loss_dim16", "loss_dim32", "positive_accuracy"} <= set(m)
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
   """Two initialized tiny dual encoders as model directories: with and without dims."""
@@ -120,8 +141,16 @@ def test_int8_and_binary_formulas_by_hand():
       [1.0, 2.0, 1.0]) / 256
   np.testing.assert_allclose(quantize.dequantize(mid, "int8", 3, r),
                              [centre / np.linalg.norm(centre)], atol=1e-6)
-  b = quantize.quantize(np.array([[1, -1, 2, -3, 0.5, 1, -1, -1, 4]], np.float32), "binary")
-  np.testing.assert_array_equal(b, [[0b10101100, 0b10000000]])
+  signs = np.array([[1, -1, 2, -3, 0.5, 1, -1, -1, 4]], np.float32)
+  u8 = quantize.quantize(signs, "ubinary")
+  np.testing.assert_array_equal(u8, [[0b10101100, 0b10000000]])
+  assert u8.dtype == np.uint8
+  i8 = quantize.quantize(signs, "binary")          # sentence-transformers': ubinary - 128
+  np.testing.assert_array_equal(i8, [[0b10101100 - 128, 0]])
+  assert i8.dtype == np.int8
+  for kind, q in (("ubinary", u8), ("binary", i8)):
+    np.testing.assert_allclose(quantize.dequantize(q, kind, 9),
+                               [np.sign(signs[0]) / 3.0], atol=1e-6)
   rng = np.random.default_rng(0)
   u, v = rng.normal(size=(2, 40)).astype(np.float32)
   bu, bv = (quantize.dequantize(quantize.quantize(w[None], "binary"), "binary", 40)
@@ -160,6 +189,7 @@ def test_calibrated_int8_and_binary_encoders(checkpoints, tmp_path):
   q = enc.encode(sents, precision="int8")
   assert q.dtype == np.int8 and q.shape == (30, 32)
   assert enc.encode(sents, precision="binary").shape == (30, 4)
+  assert enc.encode(sents, precision="ubinary").dtype == np.uint8
   assert enc.encode(sents, dim=8, precision="int8").shape == (30, 8)
   for kind, floor in (("int8", 0.99), ("binary", 0.5)):
     geo = Encoder.from_checkpoint(str(d), quantized=kind).encode(sents)

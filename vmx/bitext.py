@@ -29,7 +29,8 @@ Several processes (`jax.distributed`: launch/mine.py's --multihost or --coordina
 one WORK_DIR all of them reach, e.g. gs://) share stages 2 and 3: shard i is process
 i % N's; they wait for each other between stages, and process 0 scores and writes.
 
-Stages 1-3 depend on the corpora, the checkpoint, k and the shard size (WORK_DIR/job.json
+Stages 1-3 depend on the corpora, the checkpoint (its revision, prefix size and
+precision), the languages, k and the shard size (WORK_DIR/job.json
 records them and a rerun with others is refused); stage 4's settings may change from run
 to run on the same WORK_DIR (another threshold re-scores in seconds). Duplicate lines are
 kept as they are (LASER's `--unify` is a corpus step before mining: a duplicate target
@@ -162,6 +163,7 @@ class Job:
                    "dim": encoder.dim, "quantized": encoder.quantized,
                    "source": source.path, "target": target.path,
                    "source_sentences": source.kept, "target_sentences": target.kept,
+                   "source_lang": settings.source_lang, "target_lang": settings.target_lang,
                    "k": settings.k, "shard_size": settings.shard_size}
     # several processes (jax.distributed): shard i is process i % count's
     self.process, self.processes = jax.process_index(), jax.process_count()

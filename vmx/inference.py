@@ -173,7 +173,8 @@ class Encoder:
     `convert_to_numpy=False` (a list of [D] arrays), `convert_to_tensor=True` (a torch
     tensor; needs torch), `prompt` (a string put before every sentence) or `prompt_name`
     (a key of `self.prompts`), `precision` ('float32'; 'int8': [N, D] int8 with the model's
-    calibration; 'binary': [N, D/8] uint8 of packed signs; vmx/quantize.py). vmx vectors are unit length by
+    calibration; 'ubinary' / 'binary': [N, D/8] packed signs, uint8 / int8 minus 128, as
+    sentence-transformers; vmx/quantize.py). vmx vectors are unit length by
     construction (the cosine geometry the models train), so `normalize_embeddings` changes
     nothing either way. MTEB's `task_name` / `prompt_type` pick a prompt from
     `self.prompts` when one is registered under that name; vmx models are trained without

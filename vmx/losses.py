@@ -87,18 +87,18 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float 
   return loss, {"loss": loss, "in_batch_accuracy": acc}
 
 
-def matryoshka(loss_fn: Callable, left_BxD: Array, right_BxD: Array, dims: Sequence[int]):
+def matryoshka(loss_fn: Callable, dims: Sequence[int], *embeddings_xD: Array):
   """Matryoshka representation learning (Kusupati et al. 2022; sentence-transformers'
-  MatryoshkaLoss): `loss_fn(left_BxD', right_BxD')` of the nested prefixes
-  [:, :d] for every d of `dims` and the full dimension, summed with weight 1 (each
-  prefix is normalized inside `loss_fn`, as the vector an encoder gives at that size is).
+  MatryoshkaLoss): `loss_fn` of the nested prefixes [..., :d] of every embedding array,
+  for every d of `dims` and the full dimension, summed with weight 1 (each prefix is
+  normalized inside `loss_fn`, as the vector an encoder gives at that size is).
 
   Returns (the sum, the full dimension's metrics with `loss` the sum and `loss_dim{d}`
   each prefix's loss)."""
-  full = left_BxD.shape[-1]
+  full = embeddings_xD[0].shape[-1]
   total, metrics = 0.0, {}
   for d in sorted(set(int(x) for x in dims) | {full}):
-    loss, m = loss_fn(left_BxD[..., :d], right_BxD[..., :d])
+    loss, m = loss_fn(*(e[..., :d] for e in embeddings_xD))
     total = total + loss
     metrics[f"loss_dim{d}"] = loss
     if d == full:

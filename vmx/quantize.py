@@ -8,8 +8,9 @@ Quantization for Significantly Faster & Cheaper Retrieval").
   one entry a vector size: `launch/calibrate.py`), so every call, machine and corpus
   quantizes alike; sentence-transformers computes them from each call's own vectors unless
   given them, which makes a vector depend on its batch.
-- **binary**: each dimension's sign, 8 to a byte (`np.packbits`: 1/32 of float32's bytes);
-  no calibration.
+- **binary** / **ubinary**: each dimension's sign, 8 to a byte (`np.packbits`: 1/32 of
+  float32's bytes), as sentence-transformers gives them: ubinary the packed bytes (uint8),
+  binary the same minus 128 (int8); no calibration.
 
 `dequantize` maps them back to float vectors, whose geometry the scores then use: an
 int8 value to the centre of its bin; a bit to +1 / -1 (the cosine of two +-1 vectors is
@@ -25,7 +26,7 @@ import numpy as np
 from vmx import storage
 from vmx.errors import InputError
 
-PRECISIONS = ("float32", "int8", "binary")
+PRECISIONS = ("float32", "int8", "binary", "ubinary")
 FILE = "quantization.json"
 
 
@@ -61,12 +62,14 @@ def _bins(ranges: dict):
 
 
 def quantize(emb_NxD: np.ndarray, precision: str, ranges: Optional[dict] = None):
-  """float32 rows as `precision`: int8 [N, D] (needs `ranges`), binary uint8 [N, D/8]."""
+  """float32 rows as `precision`: int8 [N, D] (needs `ranges`); ubinary uint8 [N, D/8],
+  binary the same as int8 (minus 128)."""
   emb = np.asarray(emb_NxD, np.float32)
   if precision == "float32":
     return emb
-  if precision == "binary":
-    return np.packbits(emb > 0, axis=-1)
+  if precision in ("binary", "ubinary"):
+    packed = np.packbits(emb > 0, axis=-1)
+    return packed if precision == "ubinary" else (packed.astype(np.int16) - 128).astype(np.int8)
   if precision != "int8":
     raise InputError(f"precision={precision!r}: expected one of {PRECISIONS}")
   if ranges is None:
@@ -83,8 +86,10 @@ def dequantize(q: np.ndarray, precision: str, dim: int, ranges: Optional[dict] =
   """Float32 [N, dim] rows of quantized vectors, unit length (see the module's docstring)."""
   if precision == "float32":
     out = np.asarray(q, np.float32)
-  elif precision == "binary":
-    out = np.unpackbits(np.asarray(q, np.uint8), axis=-1)[:, :dim].astype(np.float32) * 2 - 1
+  elif precision in ("binary", "ubinary"):
+    packed = (np.asarray(q, np.uint8) if precision == "ubinary" else
+              (np.asarray(q, np.int16) + 128).astype(np.uint8))
+    out = np.unpackbits(packed, axis=-1)[:, :dim].astype(np.float32) * 2 - 1
   else:
     lo, step = _bins(ranges)
     out = ((np.asarray(q, np.float64) + 128.5) * step + lo).astype(np.float32)

@@ -69,7 +69,7 @@ from flax import linen as nn
 
 from vmx.data import features
 from vmx.errors import ConfigError
-from vmx.losses import l2_normalize, token_row_key
+from vmx.losses import l2_normalize, matryoshka, token_row_key
 
 
 GRAD_CACHE_ROW = "grad_cache/row"   # see the module docstring (GradCache)
@@ -250,6 +250,25 @@ class SentenceEncoderModel(BaseModel):
   # The prefix sizes trained as embeddings of their own (Matryoshka, `losses.matryoshka`;
   # MATRYOSHKA_DIMS): the Encoder serves `dim=N` only for models that have them.
   matryoshka_dims: tuple = ()
+
+  def set_matryoshka_dims(self, dims):
+    """Checks and keeps MATRYOSHKA_DIMS (positive integers, sorted, once each)."""
+    dims = tuple(dims or ())
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+      raise ConfigError(f"{type(self).__name__}.matryoshka_dims={dims!r}: expected positive "
+                        "integers (MATRYOSHKA_DIMS)")
+    self.matryoshka_dims = tuple(sorted(set(dims)))
+
+  def matryoshka_loss(self, loss_fn, *embeddings_xD):
+    """loss_fn(*embeddings_xD) -> (loss, metrics); with `matryoshka_dims`, its sum over the
+    prefixes and the whole (`losses.matryoshka`)."""
+    if not self.matryoshka_dims:
+      return loss_fn(*embeddings_xD)
+    width = embeddings_xD[0].shape[-1]
+    if self.matryoshka_dims[-1] > width:
+      raise ConfigError(f"{type(self).__name__}.matryoshka_dims={list(self.matryoshka_dims)} "
+                        f"has a size above the sentence vector's {width}")
+    return matryoshka(loss_fn, self.matryoshka_dims, *embeddings_xD)
 
   def duplicate_keys(self, batch) -> dict:
     """{"left_key_B", "right_key_B"}: each pair's sentences' `losses.token_row_key`, for a

@@ -72,11 +72,7 @@ class DualEncoderModel(SentenceEncoderModel):
     self.bidirectional = bidirectional
     self.normalize = normalize
     self.mask_duplicates = mask_duplicates
-    dims = tuple(matryoshka_dims or ())
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
-      raise ConfigError(f"DualEncoderModel.matryoshka_dims={matryoshka_dims!r}: expected "
-                        "positive integers (MATRYOSHKA_DIMS)")
-    self.matryoshka_dims = tuple(sorted(set(dims)))
+    self.set_matryoshka_dims(matryoshka_dims)
 
   def packed_features(self):
     return {"left_tokens": 0, "right_tokens": 0}
@@ -125,13 +121,7 @@ class DualEncoderModel(SentenceEncoderModel):
     loss_fn = lambda l, r: losses.in_batch_softmax_loss(l, r, self.temperature,
                                                         self.bidirectional, self.normalize,
                                                         **keys)
-    if self.matryoshka_dims:
-      if self.matryoshka_dims[-1] > left.shape[-1]:
-        raise ConfigError(f"DualEncoderModel.matryoshka_dims={list(self.matryoshka_dims)} "
-                          f"has a size above the sentence vector's {left.shape[-1]}")
-      loss, metrics = losses.matryoshka(loss_fn, left, right, self.matryoshka_dims)
-    else:
-      loss, metrics = loss_fn(left, right)
+    loss, metrics = self.matryoshka_loss(loss_fn, left, right)
     return loss, metrics, flax_mutables
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):

@@ -46,13 +46,14 @@ from vmx.models.dual_encoder import DualEncoder
 class MPCLModel(SentenceEncoderModel):
   """MPCL: multi-positive InfoNCE over N-way groups."""
   CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps",
-                   "anchors", "positives", "hard_negatives")
+                   "anchors", "positives", "hard_negatives", "matryoshka_dims")
 
   def __init__(self, module: DualEncoder, num_views: int = 4, temperature: float = 0.05,
                rescale: bool = True, single_positive_steps: int = 0, anchors: str = "first",
                positives: str = "all", hard_negatives: bool = False,
-               mask_duplicates: bool = True):
+               mask_duplicates: bool = True, matryoshka_dims=()):
     super().__init__(module)
+    self.set_matryoshka_dims(matryoshka_dims)   # MATRYOSHKA_DIMS: the loss over prefixes too
     self.mask_duplicates = mask_duplicates   # a group's sentence in another group (§3 silent)
     if num_views < 2:
       raise ConfigError(f"MPCLModel.num_views={num_views}: need an anchor and >= 1 positive")
@@ -137,6 +138,10 @@ class MPCLModel(SentenceEncoderModel):
     return losses.token_row_key(self._views(batch))
 
   def objective(self, emb_BxRxD, multi, view_key_BxV=None):
+    """`_objective`, with `matryoshka_dims` summed over the vectors' prefixes."""
+    return self.matryoshka_loss(lambda e: self._objective(e, multi, view_key_BxV), emb_BxRxD)
+
+  def _objective(self, emb_BxRxD, multi, view_key_BxV=None):
     """(loss, metrics): the run's loss (MPCL, or +Single with `positives='one'`) when `multi`
     (a bool array), else the warm-up's single-positive loss: Eq. 1 on views 0, 1 (MPCL), the
     +Single loss itself (+Single trains with one positive throughout). `emb_BxRxD`: the
