@@ -61,6 +61,10 @@ def main(argv):
   p.add_argument("--overwrite", action="store_true")
   p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
+  from vmx import signals
+  signals.install()   # SIGTERM / SIGINT: exit 75, one `preempted:` line, finished shards kept
+  signals.saved("the finished shards and tasks of the cache are kept (each file appears "
+                "whole); rerun the same command to build the rest")
   if args.gin_file:
     return cache_experiment(args, bindings)
   if not (args.tasks and args.output_cache_dir):
@@ -78,9 +82,11 @@ def main(argv):
               f"{', '.join(tasks.DEFAULT_MIXTURES)}")
     names += [t for t in seqio_cache.cached_tasks(name) if t not in names]
   splits = [s for s in args.splits.split(",") if s] or None
+  from vmx import signals
   for name in names:
-    out = seqio_cache.cache_task(name, args.output_cache_dir, splits, args.overwrite,
-                                 progress=not args.no_progress)
+    with signals.activity(f"caching task {name}"):
+      out = seqio_cache.cache_task(name, args.output_cache_dir, splits, args.overwrite,
+                                   progress=not args.no_progress)
     print(f"[vmx] {name}: {out}", flush=True)
 
 
@@ -89,7 +95,7 @@ def cache_experiment(args, bindings):
   import hashlib
   import time
   from collections.abc import Mapping
-  from vmx import experiment  # lazy: jax, seqio
+  from vmx import experiment, signals  # lazy: jax, seqio
   from vmx.data import pipeline  # lazy
   from vmx.data.token_cache import beam, build, fingerprint as fp, format as fmt, lookup  # lazy
   from vmx.data.token_cache.table import Table  # lazy
@@ -124,8 +130,9 @@ def cache_experiment(args, bindings):
           continue
         seen.add(str(directory))
         if not args.beam_runner:
-          build.build_local(t, c.split, c.task_feature_lengths, converter, directory, parts,
-                            c.use_cached, not args.no_progress, shard_rows)
+          with signals.activity(f"building the token cache of {t.name}"):
+            build.build_local(t, c.split, c.task_feature_lengths, converter, directory,
+                              parts, c.use_cached, not args.no_progress, shard_rows)
           continue
         plan = build.shard_plan(t, c.split, c.use_cached, shard_rows)
         jobs += [beam.ShardJob(i, key, t.name, c.split, str(directory), digest, *job,

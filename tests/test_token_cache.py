@@ -308,3 +308,34 @@ def test_a_malformed_remote_setting_is_one_line_naming_it(monkeypatch, name, val
   with pytest.raises(ConfigError, match=rf"^{name}='{value}': expected an? (integer|number) "
                      r">= \d+ \(unset: \d+\)$"):
     Blocks()
+
+
+def test_cache_tasks_sigterm_exits_75_and_the_rerun_builds_the_same_cache(tmp_path):
+  """The signal contract (vmx/signals.py) in launch/cache_tasks.py: SIGTERM while a task's
+  cache is built ends with exit 75 and a `preempted:` line naming the task; nothing
+  half-written is left, and the same command builds the rest: the content digest of an
+  uninterrupted build."""
+  import signal
+  args = ["--gin_file=contrastive_tiny.gin", "--gin.TRAIN_LANGUAGES=['deu', 'fra']",
+          "--gin.LANGUAGES=['deu', 'fra', 'eng']", "--gin.VOCAB_SIZE=2000"]
+  cmd = lambda root, *extra: [sys.executable, "launch/cache_tasks.py", *args,
+                              f"--array_cache_dir={tmp_path / root}", *extra]
+  ref = subprocess.run(cmd("ref", "--no_progress"), capture_output=True, text=True, cwd=REPO,
+                       timeout=900)
+  assert ref.returncode == 0, ref.stderr[-3000:]
+  p = subprocess.Popen(cmd("cut"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       cwd=REPO)
+  seen = b""
+  while b"caching tatoeba_challenge.fra_eng" not in seen:   # the second task's build began
+    chunk = p.stderr.read1(4096)
+    assert chunk, seen[-2000:]
+    seen += chunk
+  p.send_signal(signal.SIGTERM)
+  err = (seen + p.communicate(timeout=300)[1]).decode()
+  assert p.returncode == 75, err[-2000:]
+  assert "preempted: SIGTERM while building the token cache of tatoeba_challenge.fra_eng" in err
+  assert not [q for q in (tmp_path / "cut").rglob("*") if ".tmp-" in q.name]
+  again = subprocess.run(cmd("cut", "--no_progress"), capture_output=True, text=True,
+                         cwd=REPO, timeout=900)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert again.stdout.strip().splitlines()[-1] == ref.stdout.strip().splitlines()[-1]
