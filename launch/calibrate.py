@@ -22,7 +22,7 @@ def main(argv):
   p = cli.ArgumentParser(description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True)
-  p.add_argument("--step", type=int, default=None)
+  p.add_argument("--step", type=cli.step_flag, default=None)
   p.add_argument("--corpus", action="append", required=True,
                  help="a text file, one sentence a line (repeatable)")
   p.add_argument("--langs", default="",

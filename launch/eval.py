@@ -36,14 +36,6 @@ def parse_args(argv):
   from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
   from vmx.modeldir.layout import BEST_DIR, BEST_STEP  # lazy: after cli.run_main
 
-  def _step(s):
-    if s == BEST_STEP:
-      return s
-    try:
-      return int(s)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"{s!r}: a step number or {BEST_STEP!r}") from None
-
   from vmx import cli   # (light: neither jax nor TensorFlow)
   p = cli.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,16 +46,11 @@ def parse_args(argv):
                       f"{sorted(protocols.PROTOCOLS)} (replaces --suite / --tasks)")
   p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
                                              f"{sorted(harness.TASKS)}")
-  p.add_argument("--step", type=_step, default=None,
+  p.add_argument("--step", type=cli.step_flag, default=None,
                  help=f"checkpoint step, or {BEST_STEP!r} (MODEL_DIR/{BEST_DIR}/, kept by runs "
                       "with BEST_METRIC); default: the latest")
   p.add_argument("--output_dir", default=None)
-  p.add_argument("--embedding_dim", type=int, default=None,
-                 help="score each vector's first N values, renormalized (models trained "
-                      "with MATRYOSHKA_DIMS only)")
-  p.add_argument("--precision", default="float32", choices=("float32", "int8", "binary"),
-                 help="score the vectors as an int8 (calibrated: launch/calibrate.py) or "
-                      "binary index holds them (vmx/quantize.py)")
+  cli.add_vector_flags(p, "score")
   p.add_argument("--fresh", action="store_true",
                  help="run every task again (default: a task whose result file in the output "
                       "directory was written for this checkpoint, vmx version and settings "
@@ -206,16 +193,14 @@ def _check_paths(args):
 
 
 def main(argv):
-  from vmx import signals, storage  # lazy: after cli.run_main
+  from vmx import cli, signals, storage  # lazy: after cli.run_main
   from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
   from vmx.inference import Encoder  # lazy: jax
   args, cfg, tasks = parse_args(argv)
   signals.install()   # SIGTERM / SIGINT: exit 75, the finished tasks' results kept
   with signals.activity("loading the checkpoint"):
     enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
-                                  batch_size=args.batch_size, dim=args.embedding_dim,
-                                  quantized=None if args.precision == "float32" else
-                                  args.precision)
+                                  batch_size=args.batch_size, **cli.vector_options(args))
   out = storage.path(args.output_dir or storage.path(args.checkpoint_dir) / "eval" / (
       enc.revision + (f"_dim{args.embedding_dim}" if args.embedding_dim else "")
       + (f"_{args.precision}" if enc.quantized else "")))

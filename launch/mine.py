@@ -27,7 +27,7 @@ def main(argv):
                          formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True,
                  help="vmx model directory (trained, or imported: launch/import_checkpoint.py)")
-  p.add_argument("--step", default=None,
+  p.add_argument("--step", type=cli.step_flag, default=None,
                  help="checkpoint step, or 'best' (default: the newest intact one)")
   p.add_argument("--source", required=True, help="source corpus, one sentence a line")
   p.add_argument("--target", required=True, help="target corpus, one sentence a line")
@@ -50,29 +50,12 @@ def main(argv):
   p.add_argument("--source_lang", default=None,
                  help="ISO 639-3 code, for models that read language ids")
   p.add_argument("--target_lang", default=None)
-  p.add_argument("--embedding_dim", type=int, default=None,
-                 help="mine with each vector's first N values, renormalized (models "
-                      "trained with MATRYOSHKA_DIMS only)")
-  p.add_argument("--precision", default="float32", choices=("float32", "int8", "binary"),
-                 help="search the vectors as an int8 (calibrated: launch/calibrate.py) or "
-                      "binary index holds them (vmx/quantize.py)")
+  cli.add_vector_flags(p, "search")
   p.add_argument("--shard_size", type=int, default=100_000,
                  help="sentences a shard of vectors (memory: two shards at a time)")
   p.add_argument("--batch_size", type=int, default=256, help="sentences an encoder batch")
-  p.add_argument("--multihost", action="store_true",
-                 help="several processes share the shards (jax.distributed.initialize(); "
-                      "cluster auto-detected: Cloud TPU, SLURM, Open MPI, Kubernetes)")
-  p.add_argument("--coordinator_address", default=None,
-                 help="host:port of process 0 (explicit multi-process set-up)")
-  p.add_argument("--num_processes", type=int, default=None)
-  p.add_argument("--process_id", type=int, default=None)
+  cli.add_process_flags(p, "several processes share the shards")
   args = p.parse_args(argv)
-  step = args.step
-  if step is not None and step != "best":
-    try:
-      step = int(step)
-    except ValueError:
-      p.error(f"--step={step!r}: expected a step number or 'best'")
   from vmx import bitext, signals
   from vmx.inference import Encoder   # lazy: jax, after cli.run_main's host set-up
   if args.multihost or args.coordinator_address:
@@ -89,10 +72,8 @@ def main(argv):
   settings.check()
   bitext.check_output(args.output, args.overwrite)
   with signals.activity("loading the checkpoint"):
-    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=step, batch_size=args.batch_size,
-                                  dim=args.embedding_dim,
-                                  quantized=None if args.precision == "float32" else
-                                  args.precision)
+    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
+                                  batch_size=args.batch_size, **cli.vector_options(args))
   s = bitext.mine(enc, args.checkpoint_dir, args.source, args.target, args.output,
                   args.work_dir or args.output + ".work", settings, overwrite=args.overwrite)
   if s is None:   # a process other than 0: its shards are done, process 0 writes

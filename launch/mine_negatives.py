@@ -26,7 +26,7 @@ def main(argv):
   p = cli.ArgumentParser(description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True)
-  p.add_argument("--step", type=int, default=None)
+  p.add_argument("--step", type=cli.step_flag, default=None)
   p.add_argument("--pairs", required=True, help="source<TAB>target lines")
   p.add_argument("--output", required=True)
   p.add_argument("--overwrite", action="store_true")

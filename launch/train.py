@@ -39,13 +39,7 @@ def main(argv):
   parser = cli.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   gin_utils.add_gin_flags(parser)
-  parser.add_argument("--multihost", action="store_true",
-                      help="call jax.distributed.initialize() (TPU pods, multi-node GPU; "
-                           "cluster auto-detected unless the three flags below are given)")
-  parser.add_argument("--coordinator_address", default=None,
-                      help="host:port of process 0 (explicit multi-process set-up)")
-  parser.add_argument("--num_processes", type=int, default=None)
-  parser.add_argument("--process_id", type=int, default=None)
+  cli.add_process_flags(parser, "TPU pods, multi-node GPU")
   parser.add_argument("--check_cluster", action="store_true",
                       help="start the processes, print each one's devices, run one "
                            "all-reduce across all of them and exit (nothing is trained or "

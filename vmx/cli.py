@@ -63,6 +63,46 @@ def run_main(main, argv=None):
     sys.exit(e.exit_code)
 
 
+def step_flag(s: str):
+  """argparse type of --step: a checkpoint step number, or 'best' (MODEL_DIR/best/)."""
+  from vmx.modeldir.layout import BEST_STEP  # lazy: parsing runs after run_main's set-up
+  if s == BEST_STEP:
+    return s
+  try:
+    return int(s)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{s!r}: a step number or {BEST_STEP!r}") from None
+
+
+def add_vector_flags(p: argparse.ArgumentParser, verb: str):
+  """--embedding_dim and --precision: which vectors a command scores or searches
+  (`vector_options` turns them into Encoder.from_checkpoint's keywords)."""
+  p.add_argument("--embedding_dim", type=int, default=None,
+                 help=f"{verb} each vector's first N values, renormalized (models trained "
+                      "with MATRYOSHKA_DIMS only)")
+  p.add_argument("--precision", default="float32", choices=("float32", "int8", "binary"),
+                 help=f"{verb} the vectors as an int8 (calibrated: launch/calibrate.py) or "
+                      "binary index holds them (vmx/quantize.py)")
+
+
+def vector_options(args) -> dict:
+  """Encoder.from_checkpoint's `dim` and `quantized` from `add_vector_flags`' flags."""
+  return {"dim": args.embedding_dim,
+          "quantized": None if args.precision == "float32" else args.precision}
+
+
+def add_process_flags(p: argparse.ArgumentParser, what: str):
+  """--multihost and the explicit multi-process flags (vmx/training/distributed.py)."""
+  p.add_argument("--multihost", action="store_true",
+                 help=f"call jax.distributed.initialize(): {what} (cluster auto-detected: "
+                      "Cloud TPU, SLURM, Open MPI, Kubernetes, unless the three flags below "
+                      "are given)")
+  p.add_argument("--coordinator_address", default=None,
+                 help="host:port of process 0 (explicit multi-process set-up)")
+  p.add_argument("--num_processes", type=int, default=None)
+  p.add_argument("--process_id", type=int, default=None)
+
+
 # jax versions the suite or the accelerator benchmark ran on (README, "Tested versions").
 TESTED_JAX = ("0.10.2", "0.11.2")
 
