@@ -1,12 +1,19 @@
 """vmx: multilingual sentence embeddings (VMSST, EMS, InfoXLM, EMMA-X, MPCL) in JAX/Flax."""
+import re
+
 from setuptools import find_packages, setup
+
+# the one place the version is written: vmx/__init__.py (read, not imported: no jax needed)
+VERSION = re.search(r'^__version__ = "([^"]+)"', open("vmx/__init__.py", encoding="utf-8").read(),
+                    re.M).group(1)
 
 TRAIN = [
     "seqio>=0.0.20",
     "tensorflow>=2.21,<2.22",
     "tensorflow-text>=2.21,<2.22",
     "tensorboard>=2.20",
-    "grain>=0.2.18,<0.3",      # the index reader (vmx/data/stream.py)
+    "grain>=0.2.18,<0.3",      # index shuffles of old data states (vmx/data/stream.py); the
+                               # mix the index reader reproduces (tests/test_stream.py)
     "gcsfs>=2024.2",           # a gs:// token cache read by ranges (vmx/data/token_cache)
 ]
 # beam: the token cache built on Apache Beam (launch/cache_tasks.py --beam_runner=...;
@@ -21,7 +28,7 @@ EMS = ["sacremoses>=0.1.1", "jieba>=0.42"]
 
 setup(
     name="vmx",
-    version="0.1.0",
+    version=VERSION,
     description="JAX/Flax training system for multilingual sentence embeddings",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -169,18 +169,19 @@ class Bench:
     from vmx import experiment
     from vmx.data import pipeline
     from vmx.training import partitioning
-    from vmx.training.step import input_shapes
+    from vmx.data.inputs import TokenCacheInput
     import gin
     gin.clear_config()
     model, tx, _, length, _ = experiment.build_experiment(
         [gin_file], [*bindings, f"BATCH_SIZE = {batch}"])
     cfg = pipeline.uniform_config(model.feature_layout(), batch, length)
-    return model, tx, partitioning.Partitioner(), cfg, input_shapes(cfg, model)
+    shapes = TokenCacheInput(cfg).batch_shapes(model)
+    return model, tx, partitioning.Partitioner(), cfg, shapes
 
   def build(self, gin_file: str, bindings: list, batch: int):
-    from vmx.training.step import Trainer
+    from vmx.training.step import TrainStep
     model, tx, part, _, shapes = self.parts(gin_file, bindings, batch)
-    trainer = Trainer(model, tx, part, shapes)
+    trainer = TrainStep(model, tx, part, shapes)
     # the trainer's start-up check against the batch (a bad size: one line, not XLA's)
     model.validate_data({k: None for k in trainer.batch_sizes}, trainer.batch_sizes)
     return model, trainer, shapes
@@ -342,7 +343,7 @@ def packing(bench, smoke: bool) -> dict:
   (vmx/data/packing.py: every row count met compiles once, before the timing)."""
   import dataclasses
   from vmx.data import pipeline
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   jax, np = bench.jax, bench.np
   batch, vocab, steps = (8, 500, 4) if smoke else (512, 250002, 20)
   bindings = SMOKE if smoke else [*BASE, "MAX_LENGTH = 32"]
@@ -360,7 +361,7 @@ def packing(bench, smoke: bool) -> dict:
   out = {}
   for mode in ("unpacked", "packed"):
     c = dataclasses.replace(cfg, pack=mode == "packed")
-    trainer = Trainer(model, tx, part, shapes, packed=pipeline.packed_features(c, model, shapes),
+    trainer = TrainStep(model, tx, part, shapes, packed=pipeline.packed_features(c, model, shapes),
                       token_features=pipeline.token_features(c, model.feature_layout()))
     state = trainer.create_state(0)
     for b in data:                  # every row count these batches need, compiled

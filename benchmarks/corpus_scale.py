@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The index reader at corpus scale: a synthetic token cache of N rows in the real format
-(vmx/data/token_cache/format.py: sparse shard files made with truncate, real digests, a
+(vmx/data/token_cache/disk_format.py: sparse shard files made with truncate, real digests, a
 real manifest; 8 tasks of N/8 rows, pairs of two 32-token sides), read by the real
 stream (vmx/data/stream.py) in batches of 2,048.
 
@@ -61,31 +61,31 @@ class PeakRss:
 def write_synthetic(directory: str, rows: int, shard_rows: int):
   """A token cache of `rows` zero rows: sparse shards, their real block digests."""
   import numpy as np
-  from vmx.data.token_cache import format as fmt
+  from vmx.data.token_cache import disk_format
   features = {"left_lang": {"dtype": "int32", "shape": []},
               "left_tokens": {"dtype": "int32", "shape": [LENGTH]},
               "right_lang": {"dtype": "int32", "shape": []},
               "right_tokens": {"dtype": "int32", "shape": [LENGTH]}}
-  row_bytes = fmt.record_dtype(features).itemsize
-  zero_block = fmt.block_digest(bytes(fmt.BLOCK_ROWS * row_bytes))
+  row_bytes = disk_format.record_dtype(features).itemsize
+  zero_block = disk_format.block_digest(bytes(disk_format.BLOCK_ROWS * row_bytes))
   os.makedirs(directory, exist_ok=True)
-  ranges = fmt.plan(rows, shard_rows)
+  ranges = disk_format.plan(rows, shard_rows)
   shards, all_sums = [], []
   for i, (a, b) in enumerate(ranges):
-    name = fmt.shard_name(i, len(ranges))
+    name = disk_format.shard_name(i, len(ranges))
     n = b - a
     with open(os.path.join(directory, f"{name}.bin"), "wb") as f:
       f.truncate(n * row_bytes)
-    full, tail = divmod(n, fmt.BLOCK_ROWS)
-    sums = zero_block * full + (fmt.block_digest(bytes(tail * row_bytes)) if tail else b"")
+    full, tail = divmod(n, disk_format.BLOCK_ROWS)
+    sums = zero_block * full + (disk_format.block_digest(bytes(tail * row_bytes)) if tail else b"")
     with open(os.path.join(directory, f"{name}.sums"), "wb") as f:
       f.write(sums)
-    shards.append({"name": name, "count": n, "sums_sha256": fmt.sums_sha256(sums)})
+    shards.append({"name": name, "count": n, "sums_sha256": disk_format.sums_sha256(sums)})
     all_sums.append(sums)
-  m = fmt.manifest("synthetic", {"task": os.path.basename(directory)}, features, shards,
-                   fmt.content_digest(all_sums), "benchmarks/corpus_scale.py", time.time())
-  with open(os.path.join(directory, fmt.MANIFEST), "w") as f:
-    f.write(fmt.dumps(m))
+  m = disk_format.manifest("synthetic", {"task": os.path.basename(directory)}, features, shards,
+                   disk_format.content_digest(all_sums), "benchmarks/corpus_scale.py", time.time())
+  with open(os.path.join(directory, disk_format.MANIFEST), "w") as f:
+    f.write(disk_format.dumps(m))
   del np
   return row_bytes
 

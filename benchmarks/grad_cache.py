@@ -30,9 +30,9 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
   from vmx.training import partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   part = partitioning.Partitioner(num_devices=1)
-  trainer = Trainer(model, tx, part, shapes, grad_cache_chunks=chunks)
+  trainer = TrainStep(model, tx, part, shapes, grad_cache_chunks=chunks)
   abstract_batch = {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=trainer.batch_shardings[k])
                     for k, s in shapes.items()}
   with part.context():
@@ -57,7 +57,7 @@ def measure(model, tx, shapes, chunks: int, steps: int) -> dict:
 def main(argv):
   from vmx import experiment, gin_utils
   from vmx.data import pipeline
-  from vmx.training.step import input_shapes
+  from vmx.data.inputs import TokenCacheInput
   bindings, rest = gin_utils.split_gin_bindings(argv)
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,8 +74,8 @@ def main(argv):
       raise SystemExit(f"error: --batches: {b} is not a multiple of --chunk={args.chunk}")
     model, tx, _, length, _ = experiment.build_experiment(
         gin_files, bindings + [f"BATCH_SIZE = {b}"], args.gin_search_paths)
-    shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length),
-                          model)
+    uniform = pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length)
+    shapes = TokenCacheInput(uniform).batch_shapes(model)
     row = {"global_batch": b, "chunk": args.chunk, "max_length": length}
     for name, chunks in (("uncached", 1), ("grad_cache", b // args.chunk)):
       r = measure(model, tx, shapes, chunks, args.steps)

@@ -55,14 +55,16 @@ def main(argv):
       args.gin_file, bindings + [f"NUM_PARTITIONS = {model_par}"], args.gin_search_paths)
   from vmx.training import partitioning
   from vmx.data import pipeline
-  from vmx.training.step import Trainer, input_shapes
+  from vmx.data.inputs import TokenCacheInput
+  from vmx.training.step import TrainStep
   part = partitioning.Partitioner(num_partitions=model_par, num_devices=n)
   if B % data:
     raise SystemExit(f"error: batch size {B} is not divisible by data={data}")
   # Every task (InfoXLM: mmlm, tlm, xlco) gets BATCH_SIZE examples of MAX_LENGTH tokens.
-  shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, B, L), model)
+  uniform = pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, B, L)
+  shapes = TokenCacheInput(uniform).batch_shapes(model)
   t0 = time.time()
-  trainer = Trainer(model, tx, part, shapes)
+  trainer = TrainStep(model, tx, part, shapes)
   batch = {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=trainer.batch_shardings[k])
            for k, s in shapes.items()}
   with part.context():

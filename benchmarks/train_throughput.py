@@ -62,10 +62,10 @@ def main(argv):
   from vmx import experiment  # lazy: jax only after cli.run_main's host set-up
   model, tx, B, L, part = experiment.build_experiment(args.gin_file, bindings,
                                                      args.gin_search_paths)
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   enc = model.module.encoder
   shapes = {"left_tokens": (B, L), "right_tokens": (B, L), "left_lang": (B,), "right_lang": (B,)}
-  trainer = Trainer(model, tx, part, shapes)
+  trainer = TrainStep(model, tx, part, shapes)
   state = trainer.create_state(0)
   rng = np.random.default_rng(0)
   batch = {"left_tokens": rng.integers(3, enc.vocab_size, (B, L), dtype=np.int32),

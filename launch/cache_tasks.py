@@ -97,14 +97,14 @@ def cache_experiment(args, bindings):
   from collections.abc import Mapping
   from vmx import experiment, signals  # lazy: jax, seqio
   from vmx.data import pipeline  # lazy
-  from vmx.data.token_cache import beam, build, fingerprint as fp, format as fmt, lookup  # lazy
+  from vmx.data.token_cache import beam, build, disk_format, fingerprint as fp, lookup  # lazy
   from vmx.data.token_cache.table import Table  # lazy
   from vmx.errors import ConfigError
   if args.beam_runner:
     beam.require_beam()
-  shard_rows = args.shard_rows or fmt.SHARD_ROWS
-  if shard_rows <= 0 or shard_rows % fmt.BLOCK_ROWS:
-    raise ConfigError(f"--shard_rows={shard_rows}: a positive multiple of {fmt.BLOCK_ROWS}")
+  shard_rows = args.shard_rows or disk_format.SHARD_ROWS
+  if shard_rows <= 0 or shard_rows % disk_format.BLOCK_ROWS:
+    raise ConfigError(f"--shard_rows={shard_rows}: a positive multiple of {disk_format.BLOCK_ROWS}")
   t0 = time.time()
   inputs = experiment.training_inputs(args.gin_file, bindings, args.gin_search_paths)
   seen, order, jobs, pending, shared, records = set(), [], [], [], [], []
@@ -125,7 +125,7 @@ def cache_experiment(args, bindings):
         directory = build.directory_of(root, t, c.split, digest)
         order.append((f"{phase}{'/' + key if key else ''}", t.name, c.split, directory, root))
         records[-1][-1].append(directory)
-        if str(directory) in seen or (directory / fmt.MANIFEST).exists():
+        if str(directory) in seen or (directory / disk_format.MANIFEST).exists():
           seen.add(str(directory))
           continue
         seen.add(str(directory))

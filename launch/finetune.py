@@ -7,7 +7,7 @@
 
 INITIAL_CHECKPOINT_PATH is a vmx model directory: any finished run, or one written by
 launch/import_checkpoint.py. The benchmark's data are the user's files (XNLI_DIR,
-PAWSX_DIR, ANLI_DIR; the layouts: vmx/finetune.py, docs/evaluation.md). The run trains
+PAWSX_DIR, ANLI_DIR; the layouts: vmx/finetune/data.py, docs/evaluation.md). The run trains
 like launch/train.py (mesh, checkpoints, resume after a kill or preemption: rerun the same
 command), keeps the step with the best joint dev accuracy, and writes
 MODEL_DIR/finetune_<benchmark>.json (every language's test accuracy). `--protocol`

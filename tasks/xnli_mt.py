@@ -39,6 +39,7 @@ from typing import Mapping, Optional, Sequence
 import gin
 
 from vmx import storage
+from vmx.data.languages import XNLI
 from etils import epy
 
 from vmx.data import readers, task_settings
@@ -51,8 +52,7 @@ from tasks.parallel import held_out, languages_key
 # MPCL §3.1: the six languages of its main experiments (XNLI's, ISO 639-1)
 MPCL_LANGUAGES = ("en", "de", "fr", "es", "ru", "zh")
 
-XNLI_LANGUAGES = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr",
-                  "ur", "vi", "zh")
+XNLI_LANGUAGES = XNLI
 # label as written -> label; "contradictory" is XNLI-MT's training files' spelling
 LABELS = {"entailment": "entailment", "neutral": "neutral",
           "contradiction": "contradiction", "contradictory": "contradiction"}

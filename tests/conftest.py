@@ -111,10 +111,11 @@ def toy_encoder(tmp_path_factory, toy_task):
 
 
 def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at_step=None,
-              optimizer=None, period=3, keep=2, num_devices=2, reader="index", **train_kw):
+              optimizer=None, period=3, keep=2, num_devices=2, reader="index", data=None,
+              **train_kw):
   """train() on the toy task with a 1-layer model (dropout on); returns the final state.
-  `reader`: the DatasetConfig's. `train_kw` go to train() (e.g. eval_cfg, eval_period,
-  best_metric)."""
+  `reader`: the DatasetConfig's; `data`: an `Input` to train on instead of the task.
+  `train_kw` go to train() (e.g. eval_cfg, eval_period, best_metric)."""
   import gin
   from vmx import decoders, encoders
   from vmx.data import pipeline
@@ -143,7 +144,7 @@ def toy_train(model_dir, name, vp, *, kind="contrastive", total_steps=6, stop_at
     model = VMSSTModel(VMSST(enc, dec, num_languages=2), kl_anneal_steps=10)
   lr = optimizers.learning_rate_schedule("linear", 1e-2, 2, total_steps=total_steps)
   state, _ = train(model=model,
-                   train_dataset_cfg=cfg,
+                   train_dataset_cfg=cfg if data is None else data,
                    optimizer=optimizer or optimizers.create_optimizer("adamw", lr,
                                                                       weight_decay=0.01),
                    learning_rate=lr, model_dir=str(model_dir), total_steps=total_steps,
@@ -175,14 +176,14 @@ def build_and_step(gin_file, bindings, make_batch):
   import jax
   from vmx import experiment
   from vmx.training import partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   gin.clear_config()
   try:
     model, tx, b, _, _ = experiment.build_experiment([gin_file], bindings)
   finally:
     gin.clear_config()
   batch = make_batch(model, b)
-  trainer = Trainer(model, tx, partitioning.Partitioner(num_devices=1),
+  trainer = TrainStep(model, tx, partitioning.Partitioner(num_devices=1),
                     {k: v.shape for k, v in batch.items()})
   state, metrics = trainer.step(trainer.create_state(0), batch)
   return model, jax.device_get(state), metrics
@@ -193,11 +194,11 @@ def assert_same_loss_and_grads_on_1_and_8_devices(model, batch, loss_of):
   import jax
   import numpy as np
   from vmx.training import optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   out = []
   for n, parts in ((1, 1), (8, 2)):
     part = partitioning.Partitioner(num_partitions=parts, num_devices=n)
-    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
+    tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part,
                  {k: v.shape for k, v in batch.items()})
     state = tr.create_state(0)
     gb = part.global_batch(jax.tree.map(np.asarray, batch), tr.batch_shardings)

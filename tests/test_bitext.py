@@ -287,6 +287,7 @@ def test_negative_filter_holds_for_negative_scores():
   the positive whatever the signs; a ratio of raw cosines keeps -0.1 against a positive
   of -0.2 (-0.1 / -0.2 = 0.5 <= 0.95: sentence-transformers #3819)."""
   from vmx import negatives
+  from vmx.errors import InputError
   f = negatives.Filter(relative_margin=0.05)
   pos = np.array([-0.2, -0.2, 0.6, 0.6, 0.0])
   cand = np.array([[-0.1], [-0.5], [0.59], [0.5], [-0.02]])
@@ -300,7 +301,7 @@ def test_negative_filter_holds_for_negative_scores():
   assert strict.tolist() == [False, True, False, False, False]
   for bad in (dict(negatives=0), dict(negatives=5, candidates=3), dict(relative_margin=1.0),
               dict(absolute_margin=-0.1)):
-    with pytest.raises(Exception, match="expected"):
+    with pytest.raises(InputError, match="expected"):
       negatives.Filter(**bad).check()
 
 

@@ -159,7 +159,7 @@ def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   vectors as the cached "embeddings" give the whole-batch loss and gradients, and the
   same trained parameters, on 1 device and with the chunks split over 8."""
   from vmx.training import grad_cache, optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   if jax.device_count() < num_devices:
     pytest.skip("needs 8 (simulated) devices")
   model, batch = _model(), _batch(b=16)
@@ -167,7 +167,7 @@ def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   out = []
   for n, c in ((1, 1), (num_devices, chunks)):
     part = partitioning.Partitioner(num_devices=n)
-    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), part, shapes,
+    tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-2), part, shapes,
                  grad_cache_chunks=c)
     state = tr.create_state(0)
     gb = part.global_batch(batch, tr.batch_shardings)

@@ -1,4 +1,4 @@
-"""Cross-lingual transfer fine-tuning (vmx/finetune.py, launch/finetune.py): XNLI fine-tuned
+"""Cross-lingual transfer fine-tuning (vmx/finetune/, launch/finetune.py): XNLI fine-tuned
 and scored on a tiny checkpoint from replicas of the layouts built on shared/data's XNLI
 dev files; a stopped run resumed equals the uninterrupted one; pairs joined as each
 tokenizer's model joins them; PAWS-X's layout; missing data as one line naming the flag

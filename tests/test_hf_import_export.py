@@ -560,7 +560,7 @@ def test_vmsst_takes_the_imported_mt5_decoder(tmp_path):
   from vmx.models import VMSST, VMSSTModel
   from vmx.training import optimizers, partitioning
   from vmx.training.initial_checkpoint import assign, flatten, read_params
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   hf_dir = tmp_path / "mt5"
   m = tiny_mt5_seq2seq()
   m.save_pretrained(hf_dir)
@@ -586,7 +586,7 @@ def test_vmsst_takes_the_imported_mt5_decoder(tmp_path):
            "right_tokens": rng.integers(3, 60, (b, length)).astype(np.int32),
            "left_lang": np.arange(b, dtype=np.int32) % 3,
            "right_lang": (np.arange(b, dtype=np.int32) + 1) % 3}
-  trainer = Trainer(model, optimizers.create_optimizer("adam", 1e-3),
+  trainer = TrainStep(model, optimizers.create_optimizer("adam", 1e-3),
                     partitioning.Partitioner(num_devices=1), {k: v.shape for k, v in batch.items()})
   state = trainer.create_state(0)
   target = flatten(jax.device_get(state.params))

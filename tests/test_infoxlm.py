@@ -167,9 +167,9 @@ def test_momentum_update_formula_and_no_gradient_to_keys():
 
 def test_trainer_step_updates_the_key_encoder_with_the_new_parameters():
   from vmx.training import optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   model, batch = _model(), _batch()
-  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), partitioning.Partitioner(
+  tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-2), partitioning.Partitioner(
       num_devices=1), {k: v.shape for k, v in batch.items()})
   s0 = jax.device_get(tr.create_state(0))
   # the key encoder starts as a copy of the query encoder
@@ -190,7 +190,7 @@ def test_trainer_step_updates_the_key_encoder_with_the_new_parameters():
 def test_loss_and_state_equal_on_1_and_8_devices():
   from conftest import assert_same_loss_and_grads_on_1_and_8_devices
   from vmx.training import optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   model, batch = _model(), _batch()
   params, mutables = _init(model, batch)
   full = dict(mutables, queue=dict(mutables["queue"], filled=jnp.int32(2),
@@ -202,7 +202,7 @@ def test_loss_and_state_equal_on_1_and_8_devices():
   out = []
   for n in (1, 8):
     part = partitioning.Partitioner(num_devices=n)
-    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), part,
+    tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-2), part,
                  {k: v.shape for k, v in batch.items()})
     state = tr.create_state(0)
     for _ in range(3):
@@ -281,11 +281,12 @@ def test_infoxlm_base_config_builds_and_steps_from_xlmr_ids():
   """infoxlm_base.gin (bert family, XLM-R ids, joined `<s> x </s> y </s>`) at tiny sizes."""
   from conftest import build_and_step
   from vmx.data import pipeline
-  from vmx.training.step import input_shapes
+  from vmx.data.inputs import TokenCacheInput
 
   def make_batch(model, b):
     rng = np.random.default_rng(0)
-    shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, 6), model)
+    uniform = pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, 6)
+    shapes = TokenCacheInput(uniform).batch_shapes(model)
     out = {}
     for k, s in shapes.items():
       if len(s) == 1:

@@ -149,14 +149,14 @@ def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, t
                                                                      monkeypatch, sig):
   name, vp, _, _ = toy_task
   whole = toy_train(tmp_path / "whole", name, vp, total_steps=8, period=100)
-  real_step, calls = step_lib.Trainer.step, []
+  real_step, calls = step_lib.TrainStep.step, []
 
   def step(self, state, batch):                  # the signal arrives during step 4
     calls.append(1)
     if len(calls) == 4:
       os.kill(os.getpid(), sig)
     return real_step(self, state, batch)
-  monkeypatch.setattr(step_lib.Trainer, "step", step)
+  monkeypatch.setattr(step_lib.TrainStep, "step", step)
   d = tmp_path / "run"
   handler = signal.getsignal(sig)
   with pytest.raises(Preempted, match=rf"{sig.name} at step 4: saved .*checkpoint_4"):
@@ -165,7 +165,7 @@ def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, t
   assert max(int(p.name.split("_")[1]) for p in d.glob("checkpoint_*")) == 4
   assert not (d / "vmx.lock").exists()
   assert signal.getsignal(sig) == handler       # the trainer's handlers are gone
-  monkeypatch.setattr(step_lib.Trainer, "step", real_step)
+  monkeypatch.setattr(step_lib.TrainStep, "step", real_step)
   _same_params(toy_train(d, name, vp, total_steps=8, period=100), whole)
 
 
@@ -261,7 +261,8 @@ def test_the_validation_cache_follows_the_content(tmp_path):
   f.write_bytes(b"one\ntw\xff\n")                # corrupted in place, size and mtime kept
   os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
   assert os.stat(f).st_size == st.st_size
-  with pytest.raises(Exception, match=r"c.txt:2: invalid UTF-8"):
+  from vmx.errors import DataError
+  with pytest.raises(DataError, match=r"c.txt:2: invalid UTF-8"):
     readers.validate_text(str(f))
 
 

@@ -129,10 +129,10 @@ def _views_batch(b=4, v=3, length=8, seed=0, hard_negative=False):
 
 def test_single_positive_warmup_then_mpcl():
   from vmx.training import optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   model = _model(single_positive_steps=2)
   batch = _views_batch()
-  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3),
+  tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3),
                partitioning.Partitioner(num_devices=1), {"views": batch["views"].shape})
   state = tr.create_state(0)
   phases = []
@@ -195,7 +195,7 @@ def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
   whole-batch steps across the warm-up -> MPCL switch (the update counter advances once a
   step, in the loss), on 1 device and with the chunks split over 8."""
   from vmx.training import optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   if jax.device_count() < num_devices:
     pytest.skip("needs 8 (simulated) devices")
   model = _model(single_positive_steps=1)
@@ -203,7 +203,7 @@ def test_grad_cache_steps_equal_the_uncached_steps(num_devices, chunks):
   out = []
   for n, c in ((1, 1), (num_devices, chunks)):
     part = partitioning.Partitioner(num_devices=n)
-    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-2), part,
+    tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-2), part,
                  {"views": batch["views"].shape}, grad_cache_chunks=c)
     state, seen = tr.create_state(0), []
     for _ in range(3):

@@ -137,7 +137,7 @@ def test_a_run_resumed_on_more_devices_sees_the_same_batches(tmp_path, toy_task,
   from conftest import toy_train
   from vmx.training import step as step_lib
   name, vp, _, _ = toy_task
-  real = step_lib.Trainer.step
+  real = step_lib.TrainStep.step
 
   def recording(seen):
     def step(self, state, batch):
@@ -145,9 +145,9 @@ def test_a_run_resumed_on_more_devices_sees_the_same_batches(tmp_path, toy_task,
       return real(self, state, batch)
     return step
   whole, split = [], []
-  monkeypatch.setattr(step_lib.Trainer, "step", recording(whole))
+  monkeypatch.setattr(step_lib.TrainStep, "step", recording(whole))
   ref = toy_train(tmp_path / "ref", name, vp, total_steps=8, period=100, num_devices=1)
-  monkeypatch.setattr(step_lib.Trainer, "step", recording(split))
+  monkeypatch.setattr(step_lib.TrainStep, "step", recording(split))
   toy_train(tmp_path / "run", name, vp, total_steps=8, period=4, num_devices=1, stop_at_step=4)
   got = toy_train(tmp_path / "run", name, vp, total_steps=8, period=4, num_devices=2)
   assert len(whole) == len(split) == 8

@@ -15,7 +15,7 @@ from vmx.models import (DualEncoder, DualEncoderModel, EMS, EMSModel, MPCLModel,
                         VMSSTModel)
 from vmx.packing import Packed
 from vmx.training import optimizers, partitioning
-from vmx.training.step import Trainer
+from vmx.training.step import TrainStep
 
 V = 50
 
@@ -106,7 +106,7 @@ def _loss_and_grads(model, batch, devices=1, parts=1, chunks=1, pack=True):
   shapes = {k: v.shape for k, v in batch.items()}
   keys = {n.split("/", 1)[0] if "/" in n else None for n in shapes}
   packed = {k: packing.features_of(model, shapes, k) for k in keys} if pack else None
-  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part, shapes,
+  tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part, shapes,
                grad_cache_chunks=chunks, packed=packed)
   state = tr.create_state(0)
   placed = tr.place(batch)

@@ -282,7 +282,8 @@ def test_layer_figures_of_a_tiny_random_model(tmp_path):
   figs = [f for f in protocols._infoxlm(res) if f["table"] == "Fig. 1"]
   assert [f["column"] for f in figs] == ["layer 1", "layer 2"]
   assert figs[0]["value"] == rows[0]["accuracy_xx2en"] and figs[0]["n_languages"] == 2
-  with pytest.raises(Exception, match="layers 1 .. 2"):
+  from vmx.errors import ConfigError
+  with pytest.raises(ConfigError, match="layers 1 .. 2"):
     layerwise.layer_encoder(encoder, 3)
   # a scanned stack cut only at layer 2 reads layer 1 (and 3) as the unscanned one does
   # (§4.2's layer 7 of a run scanned around its universal layer 8)
@@ -302,7 +303,7 @@ def test_layer_figures_of_a_tiny_random_model(tmp_path):
         layerwise.layer_encoder(Encoder(m_scan, p_scan, tok, langs + ["eng"], 16), k).encode(sents),
         layerwise.layer_encoder(Encoder(m_flat, p_flat, tok, langs + ["eng"], 16), k).encode(sents),
         rtol=1e-5, atol=1e-6)
-  with pytest.raises(Exception, match="needs a vmx Encoder"):
+  with pytest.raises(ConfigError, match="needs a vmx Encoder"):
     layerwise.layer_encoder(object(), 1)
 
 

@@ -280,16 +280,27 @@ def test_model_size_mistakes_are_config_errors(binding, expected):
 @pytest.mark.parametrize("kwargs,expected", [
     (dict(total_steps=0), "train.total_steps = 0: expected a positive number of steps"),
     (dict(log_period=0), "train.log_period = 0"),
-    (dict(batch_size=6), "DatasetConfig.batch_size = 6: expected a multiple of the 4"),
 ])
 def test_train_arguments_are_checked_before_building(kwargs, expected):
   from vmx.training import trainer
-  args = dict(total_steps=10, log_period=5, eval_period=0, stop_at_step=None, batch_size=8,
-              data_parallel_size=4)
+  args = dict(total_steps=10, log_period=5, eval_period=0, stop_at_step=None)
   args.update(kwargs)
   with pytest.raises(ConfigError) as e:
     trainer.check_train_args(**args)
   assert expected in str(e.value)
+
+
+def test_an_input_checks_its_batch_against_the_devices_before_building():
+  from vmx.data import pipeline
+  from vmx.data.inputs import TokenCacheInput
+  one = TokenCacheInput(pipeline.DatasetConfig("unset", {"inputs": 8}, 6))
+  with pytest.raises(ConfigError, match="DatasetConfig.batch_size = 6: expected a multiple "
+                                        "of the 4"):
+    one.check(None, 4)
+  multi = TokenCacheInput(pipeline.MultiTaskConfig({"mlm": pipeline.DatasetConfig(
+      "unset", {"inputs": 8}, 8), "tlm": pipeline.DatasetConfig("unset", {"inputs": 8}, 6)}))
+  with pytest.raises(ConfigError, match=r"MultiTaskConfig.tasks\['tlm'\] DatasetConfig"):
+    multi.check(None, 4)
 
 
 def _cli(*args, env=None):

@@ -7,7 +7,7 @@ import pytest
 from vmx import encoders
 from vmx.models import DualEncoder, DualEncoderModel
 from vmx.training import optimizers, partitioning
-from vmx.training.step import Trainer
+from vmx.training.step import TrainStep
 
 B, L = 16, 12
 
@@ -32,7 +32,7 @@ def _loss_and_grads(num_devices, num_partitions=1, scan=False):
   model = _model(scan)
   part = partitioning.Partitioner(num_partitions=num_partitions, num_devices=num_devices)
   shapes = {k: v.shape for k, v in _batch().items()}
-  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part, shapes)
+  tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part, shapes)
   state = tr.create_state(0)
   batch = part.global_batch(_batch(), tr.batch_shardings)
   fn = jax.jit(jax.value_and_grad(lambda p, b: model.compute_loss(p, b, None, None)[0]))
@@ -127,7 +127,7 @@ def test_parameter_subset_optimizers_leave_the_other_subset_untouched():
                                   [("^projection/", "head"), ("^encoder/", "frozen")])
   model = _model()
   part = partitioning.Partitioner(num_partitions=2, num_devices=8)
-  tr = Trainer(model, tx, part, {k: v.shape for k, v in _batch().items()})
+  tr = TrainStep(model, tx, part, {k: v.shape for k, v in _batch().items()})
   state = tr.create_state(0)
   before = jax.device_get(state.params)
   for _ in range(2):
@@ -138,7 +138,7 @@ def test_parameter_subset_optimizers_leave_the_other_subset_untouched():
                          after["projection"]["dense_0"]["kernel"])
   assert float(metrics["grad_norm"].compute()) > 0
   with pytest.raises(ConfigError, match="match no rule .*encoder/"):
-    Trainer(model, optimizers.multi_optimizer({"head": optax_sgd()}, [("^projection/", "head")]),
+    TrainStep(model, optimizers.multi_optimizer({"head": optax_sgd()}, [("^projection/", "head")]),
             part, {k: v.shape for k, v in _batch().items()})
   with pytest.raises(ConfigError, match=r"subsets \['other'\]"):
     optimizers.multi_optimizer({"head": optax_sgd()}, [(".*", "other")])
@@ -188,7 +188,7 @@ def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   l1, g1, tr1, state1, _ = _loss_and_grads(1)
   model = _model()
   part = partitioning.Partitioner(num_devices=num_devices)
-  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
+  tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part,
                {k: v.shape for k, v in _batch().items()}, grad_cache_chunks=chunks)
   state = tr.create_state(0)
   batch = part.global_batch(_batch(), tr.batch_shardings)
@@ -212,17 +212,17 @@ def test_grad_cache_refuses_what_it_cannot_chunk():
   shapes = {k: v.shape for k, v in _batch().items()}
   adam = optimizers.create_optimizer("adam", 1e-3)
   with pytest.raises(ConfigError, match="not a multiple of chunks"):
-    Trainer(_model(), adam, partitioning.Partitioner(num_devices=1), shapes, grad_cache_chunks=3)
+    TrainStep(_model(), adam, partitioning.Partitioner(num_devices=1), shapes, grad_cache_chunks=3)
   with pytest.raises(ConfigError, match="positive integer"):
-    Trainer(_model(), adam, partitioning.Partitioner(num_devices=1), shapes, grad_cache_chunks=0)
+    TrainStep(_model(), adam, partitioning.Partitioner(num_devices=1), shapes, grad_cache_chunks=0)
   enc = encoders.TransformerEncoder(vocab_size=64, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=L)
   with pytest.raises(ConfigError, match="EmmaXModel has no GradCache split"):
-    Trainer(EmmaXModel(EmmaX(enc), queue_size=16), adam,
+    TrainStep(EmmaXModel(EmmaX(enc), queue_size=16), adam,
             partitioning.Partitioner(num_devices=1), {"tokens": (B, L)}, grad_cache_chunks=2)
 
   class NoSplit(DualEncoderModel):
     grad_cache_embed = None
   with pytest.raises(ConfigError, match="NoSplit has no GradCache split"):
-    Trainer(NoSplit(DualEncoder(enc)), adam, partitioning.Partitioner(num_devices=1), shapes,
+    TrainStep(NoSplit(DualEncoder(enc)), adam, partitioning.Partitioner(num_devices=1), shapes,
             grad_cache_chunks=2)

@@ -36,13 +36,14 @@ def _variables(name):
   import gin
   from vmx import experiment
   from vmx.data import pipeline
-  from vmx.training.step import input_shapes
+  from vmx.data.inputs import TokenCacheInput
   gin.clear_config()
   try:
     model, _, b, length, _ = experiment.build_experiment([name], TINY)
   finally:
     gin.clear_config()
-  shapes = input_shapes(pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length), model)
+  uniform = pipeline.uniform_config(model.FEATURE_CONVERTER_CLS, b, length)
+  shapes = TokenCacheInput(uniform).batch_shapes(model)
   return model, jax.eval_shape(lambda: model.get_initial_variables(jax.random.PRNGKey(0),
                                                                    shapes))
 

@@ -195,16 +195,16 @@ def test_a_full_disk_is_one_error_and_leaves_nothing(toy_task, tmp_path, monkeyp
   """ENOSPC while a shard is written (monkeypatched; the real small filesystem is in
   tests/test_modeldir.py): a DataError saying so, no temporary file, no manifest."""
   import errno
-  from vmx.data.token_cache import format as fmt
+  from vmx.data.token_cache import disk_format
   from vmx.errors import DataError
-  real = fmt.to_records
+  real = disk_format.to_records
 
   def full(*a, **k):
     raise OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(fmt, "to_records", full)
+  monkeypatch.setattr(disk_format, "to_records", full)
   with pytest.raises(DataError, match="no space left on the device.*finished shards are kept"):
     _build(toy_task[0], tmp_path, 256)
-  monkeypatch.setattr(fmt, "to_records", real)
+  monkeypatch.setattr(disk_format, "to_records", real)
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
   assert not (tmp_path / "manifest.json").exists()
 

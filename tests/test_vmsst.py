@@ -243,13 +243,13 @@ def test_language_encoder_assignment_selects_rows():
 @pytest.mark.parametrize("num_partitions", [1, 2])
 def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
   from vmx.training import optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   model = _model(model_kw=dict(contrastive_weight=0.01, kl_anneal_steps=2))
   batch = _batch()
   out = []
   for n, parts in ((1, 1), (8, num_partitions)):
     part = partitioning.Partitioner(num_partitions=parts, num_devices=n)
-    tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
+    tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part,
                  {k: v.shape for k, v in batch.items()})
     state = tr.create_state(0)
     gb = part.global_batch(jax.tree.map(np.asarray, batch), tr.batch_shardings)
@@ -272,7 +272,7 @@ def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   global indices, without which the loss would differ."""
   from vmx.models.base import GRAD_CACHE_ROW
   from vmx.training import grad_cache, optimizers, partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   if jax.device_count() < num_devices:
     pytest.skip("needs 8 (simulated) devices")
   model = _model(model_kw={"contrastive_weight": 0.01, "kl_anneal_steps": 4})
@@ -280,14 +280,14 @@ def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   batch = {k: np.concatenate([np.asarray(t[k]) for t in two]) for k in two[0]}   # 16 pairs
   mutables = {"annealing": {"updates": jnp.full((), 2, jnp.int32)}}
   part1 = partitioning.Partitioner(num_devices=1)
-  tr1 = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part1,
+  tr1 = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part1,
                 {k: v.shape for k, v in batch.items()})
   params = tr1.create_state(0).params
   fn = jax.value_and_grad(lambda p: _with_aux(model.compute_loss(p, batch, None, mutables)),
                           has_aux=True)
   (l1, (_, new1)), g1 = jax.jit(fn)(params)
   part = partitioning.Partitioner(num_devices=num_devices)
-  tr = Trainer(model, optimizers.create_optimizer("adam", 1e-3), part,
+  tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part,
                {k: v.shape for k, v in batch.items()}, grad_cache_chunks=chunks)
   state = tr.create_state(0)
   gb = part.global_batch(batch, tr.batch_shardings)

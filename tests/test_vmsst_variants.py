@@ -87,7 +87,7 @@ def test_every_variant_builds_and_takes_a_step(name, request):
   import gin
   from vmx import experiment
   from vmx.training import partitioning
-  from vmx.training.step import Trainer
+  from vmx.training.step import TrainStep
   bindings = TINY + ([] if name in DECODER_DEPTH_ABLATIONS else [SMALL_DECODER])
   bf16 = name == BF16
   if bf16:
@@ -105,7 +105,7 @@ def test_every_variant_builds_and_takes_a_step(name, request):
         jax.random.PRNGKey(0), {k: v.shape for k, v in batch.items()}))
     assert STRUCTURE.get(name, lambda p: True)(shapes["params"]), name
     return
-  trainer = Trainer(model, tx, partitioning.Partitioner(num_devices=1),
+  trainer = TrainStep(model, tx, partitioning.Partitioner(num_devices=1),
                     {k: v.shape for k, v in batch.items()})
   state = trainer.create_state(0)
   before = jax.tree.map(np.asarray, state.params)

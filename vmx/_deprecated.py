@@ -6,6 +6,7 @@ import importlib
 import warnings
 
 _WARNED: set = set()
+REMOVED_IN = "0.2.0"   # the release that drops the old paths (said in every warning)
 
 
 def forward(old: str, new: str):
@@ -15,7 +16,7 @@ def forward(old: str, new: str):
       raise AttributeError(name)
     if old not in _WARNED:
       _WARNED.add(old)
-      warnings.warn(f"{old} is deprecated: import {new} instead", DeprecationWarning,
-                    stacklevel=2)
+      warnings.warn(f"{old} is deprecated and goes in vmx {REMOVED_IN}: import {new} instead",
+                    DeprecationWarning, stacklevel=2)
     return getattr(importlib.import_module(new), name)
   return __getattr__

@@ -16,6 +16,7 @@ from typing import Sequence
 import gin
 
 import vmx.configurables  # noqa: F401  (registers every configurable with gin)
+from vmx.data.inputs import TokenCacheInput
 from vmx.errors import ConfigError
 from vmx.gin_utils import parse_gin_files, unset_required_macros
 
@@ -115,5 +116,6 @@ def training_inputs(gin_files: Sequence[str], bindings: Sequence[str] = (),
     return [("train", model, cfg, seed)]
   if not phases:
     raise ConfigError("the experiment sets neither train.train_dataset_cfg nor train.phases")
-  return [(ph.name, ph.model or model, ph.train_dataset_cfg, seed + 1000 * i)
-          for i, ph in enumerate(phases)]
+  # the phases that read dataset configs (a phase may hold another Input)
+  return [(ph.name, ph.model or model, ph.input.cfg, seed + 1000 * i)
+          for i, ph in enumerate(phases) if isinstance(ph.input, TokenCacheInput)]

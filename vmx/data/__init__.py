@@ -1,6 +1,6 @@
 """Data, in the order it flows (docs/data.md tells the same story):
 
-1. Sources: corpus files read and validated (`files`, `download`, `devsets`,
+1. Sources: corpus files read and validated (`readers`, `download`, `devsets`,
    `languages`), as SeqIO data sources split by content (`sources`, `nway`), tokenized
    by a vocabulary (`vocab` without TensorFlow; `seqio_vocab`, its one SeqIO adapter;
    `normalize`), prepared by preprocessors (`preprocessors`) in registered tasks and
@@ -12,7 +12,8 @@
    verified when read.
 3. The reader: `stream` maps (seed, step, row) to a cached example (N-way views drawn
    by `views`); `pipeline` holds the dataset configs, finds their caches by their record
-   (`token_cache/lookup.py`: no SeqIO) and hands the trainer its iterator (or SeqIO's
-   tf.data reader, `seqio_reader`).
+   (`token_cache/lookup.py`: no SeqIO) and makes the iterator (or SeqIO's tf.data reader,
+   `seqio_reader`); `inputs` hands a config to the training loop as its `Input`
+   (`TokenCacheInput`, the protocol of vmx/training/inputs.py).
 Beside them: `teacher` (cached teacher vectors for distillation) and `seqio_cache`
 (SeqIO's own offline cache, for the seqio reader)."""

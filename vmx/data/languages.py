@@ -18,6 +18,11 @@ ISO3 = {
 }
 
 
+# XNLI's 15 languages (XNLI 1.0 and XNLI-MT 1.0's file names), the one list of them.
+XNLI = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi",
+        "zh")
+
+
 def iso3(code: str) -> str:
   """ISO 639-3 for a code listed in ISO3; other codes are returned unchanged."""
   return ISO3.get(code, code)

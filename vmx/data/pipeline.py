@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from vmx.data import features, packing, views
+from vmx.data import features, packing, stream, views
 from vmx.data.deferred import Deferred
 from vmx.data.token_cache import lookup
+from vmx.data.token_cache.sources import CachedSource, view_draw
 from vmx.errors import ConfigError
 from vmx.gin_utils import check_range, positive_int
 
@@ -269,18 +270,12 @@ def _check_views(task: str, draw: Optional[views.Draw], layout: features.Layout)
     return
   if layout.num_views is not None and layout.num_views != draw.num_views:
     raise ConfigError(f"task {task} draws {draw.num_views} views but the model reads "
-                      f"{layout.num_views} (NUM_VIEWS)")
+                      f"{layout.num_views} (its feature converter {layout.NAME}'s num_views)")
   if layout.hard_negatives != draw.hard_negatives:
     hard = draw.hard_negatives
     raise ConfigError(f"task {task} {'has' if hard else 'has no'} hard negatives but "
                       f"the model reads {'none' if hard else 'one per example'} "
-                      f"(MPCLModel.hard_negatives)")
-
-
-def _view_draw(task) -> Optional[views.Draw]:
-  """How an N-way task's rows draw their views (None: another source)."""
-  source = task.source
-  return source.view_draw() if hasattr(source, "view_draw") else None
+                      f"(its feature converter is {layout.NAME})")
 
 
 def record_caches(cfg: DatasetConfig, layout: features.Layout, tasks, rates, tables,
@@ -290,7 +285,7 @@ def record_caches(cfg: DatasetConfig, layout: features.Layout, tasks, rates, tab
   is a deferred task call and every task's source names its files."""
   if cfg.deferred is None:
     return
-  paths = [getattr(t.source, "paths", None) for t in tasks]
+  paths = [t.source.paths if isinstance(t.source, CachedSource) else None for t in tasks]
   if not all(paths):   # a source that cannot say which files it reads: never recorded
     return
   files = sorted({str(f) for p in paths for f in p} | set(_vocabulary_files(cfg.deferred)))
@@ -298,7 +293,7 @@ def record_caches(cfg: DatasetConfig, layout: features.Layout, tasks, rates, tab
   lookup.write(
       cfg.deferred.key(), root or cfg.array_cache_dir, cfg.mixture_or_task_name,
       [{"name": t.name, "rate": float(r),
-        "draw": None if _view_draw(t) is None else _view_draw(t).describe()}
+        "draw": None if view_draw(t.source) is None else view_draw(t.source).describe()}
        for t, r in zip(tasks, rates)],
       files, cfg.split, None if any(n is None for n in counts) else [int(n) for n in counts],
       cfg.task_feature_lengths, layout, [tab.dir for tab in tables],
@@ -322,7 +317,6 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
   (no SeqIO), else opened through the registered tasks (built where missing and local)
   and recorded; `orders`: {task key: stream.Order} instead of the config's (a state
   written before format 2)."""
-  from vmx.data import stream  # grain: only for the index reader
   described = described_config(cfg, seed)
   out = {}
   for key, c in task_configs(cfg).items():
@@ -341,7 +335,7 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
       from vmx.data.token_cache import build  # SeqIO: caches not found by their record
       tasks, rates, tables = build.open_tables(c, layout.converter(), progress)
       record_caches(c, layout, tasks, rates, tables)
-      names, draws = [t.name for t in tasks], [_view_draw(t) for t in tasks]
+      names, draws = [t.name for t in tasks], [view_draw(t.source) for t in tasks]
     for name, draw in zip(names, draws):
       _check_views(name, draw, layout)
     order = orders.get(key) or stream.Order.default(c.batch_size, c.slots, c.shuffle_window)
@@ -355,7 +349,6 @@ def described_config(cfg, seed: int) -> dict:
   """{task key: the stream description of the index reader} as far as the config says it
   without opening a token cache (no `tasks`): what a restart compares before it builds
   anything (vmx/training/trainer.py)."""
-  from vmx.data import stream   # grain: only for the index reader
   out = {}
   for i, (key, c) in enumerate(task_configs(cfg).items()):
     out[str(key)] = {
@@ -380,7 +373,6 @@ def train_iterator(cfg, layouts, seed: int, rows: Optional[Mapping] = None,
   global batches (`rows` ignored)."""
   if reader_of(cfg) == "seqio":
     return _seqio_iterator(cfg, layouts, seed)
-  from vmx.data import stream  # grain: only for the index reader
   return stream.IndexIterator(_streams(cfg, layouts, seed, progress,
                                        orders or {}), rows)
 
@@ -395,7 +387,6 @@ def resume_iterator(cfg, layouts, seed: int, state: Mapping,
     if reader_of(cfg) != "index":
       raise ConfigError("the checkpoint's data state is the index reader's but "
                         "DatasetConfig.reader is 'seqio'; set it to 'index' to resume")
-    from vmx.data import stream  # grain: only for the index reader
     # a state written before format 2 continues in the order it was written with
     described = state.get("stream", {})
     orders = {key: stream.Order.legacy_v1() for key in task_configs(cfg)

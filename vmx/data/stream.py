@@ -44,9 +44,6 @@ import math
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
-# grain's rates -> integer weights of MapDataset.mix (tests/test_stream.py pins the
-# interleave to grain's own pipeline, so a change in grain shows there)
-from grain._src.python.dataset.transformations.mix import _float_to_int_proportions
 
 from vmx.errors import ConfigError
 
@@ -142,8 +139,14 @@ def permute(x: np.ndarray, m, key: np.ndarray) -> np.ndarray:
 # -- the mixture ---------------------------------------------------------------------------
 
 def proportions(rates: Sequence[float]) -> tuple:
-  """grain's integer weights of MapDataset.mix (the smallest rate scaled to 100)."""
-  return tuple(_float_to_int_proportions(list(rates))) if len(rates) > 1 else (1,)
+  """grain's integer weights of MapDataset.mix: every rate scaled so that the smallest is
+  100, truncated (grain's rule, written here rather than imported from grain's private
+  module; tests/test_stream.py pins the interleave to grain's own pipeline, so a change in
+  grain's rule shows there)."""
+  if len(rates) == 1:
+    return (1,)
+  scale = 100 / min(rates)
+  return tuple(int(r * scale) for r in rates)
 
 
 def mix_select(g_R: np.ndarray, props) -> tuple[np.ndarray, np.ndarray]:

@@ -30,15 +30,15 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
+import vmx
 from vmx import signals, storage
 from vmx.data import devsets
-from vmx.errors import DataError
 from vmx.data.languages import resolve as resolve_language
-from vmx.errors import ConfigError
+from vmx.errors import ConfigError, DataError
 from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
 from vmx.evaluation import flores, layerwise, paracrawl, plots, vectors
 
-VMX_VERSION = "0.1.0"
+VMX_VERSION = vmx.__version__   # what a resumed evaluation compares (run(resume=...))
 
 
 @dataclasses.dataclass

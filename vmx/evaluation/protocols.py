@@ -12,7 +12,7 @@ benchmark that the paper uses but vmx cannot read yet, or whose data were not gi
 listed under `missing`, with the file layout it would read; it is never silently skipped.
 The fine-tuned evaluations (InfoXLM's XNLI, EMMA-X's XNLI, ANLI and PAWS-X) are run by
 launch/finetune.py --protocol=..., which writes `protocol_<name>_finetuned.json` in the same
-form (vmx/finetune.py). Figures over fewer languages than the paper
+form (vmx/finetune/). Figures over fewer languages than the paper
 used say how many (`n_languages`). Compare a figure with the paper only at the paper's
 language set (`--languages=all`, the default for protocols).
 
@@ -403,7 +403,7 @@ EMMAX_OPTIONAL = {
     **_sts17_optional("Table 2", "MultiSTS (zero-shot): STS17's SemEval-2017 pairs")}
 
 FINETUNE = ("launch/finetune.py --gin_file=finetune/<file>.gin --protocol={protocol} "
-            "--{flag}=DIR (vmx/finetune.py; the figures in "
+            "--{flag}=DIR (vmx/finetune/; the figures in "
             "MODEL_DIR/protocol_{protocol}_finetuned.json)")
 # EMMA-X XRETE (Table 1: fine-tuned, translate-train-all, except BUCC and Tatoeba; Table 2:
 # zero-shot): what vmx runs elsewhere or cannot run, and why.
@@ -473,7 +473,7 @@ PROTOCOLS = {
 }
 
 
-# Fine-tuned figures (launch/finetune.py --protocol=...; vmx/finetune.py): for each paper,
+# Fine-tuned figures (launch/finetune.py --protocol=...; vmx/finetune/): for each paper,
 # each benchmark's (table of the average, table of the languages, the paper's setting).
 FINETUNED = {
     "infoxlm": {"xnli": ("Tables 1, 7, 10", "Table 1",
@@ -492,7 +492,7 @@ FINETUNED_MISSING = {
 
 
 def finetuned_report(protocol: str, results: dict) -> dict:
-  """The protocol JSON of one fine-tuning run (vmx/finetune.py's results): every language's
+  """The protocol JSON of one fine-tuning run (vmx/finetune/'s results): every language's
   test accuracy in the paper's per-language table and their mean in its main table, each
   with the vector and the setting; the paper's other fine-tuned benchmarks under
   `missing`."""

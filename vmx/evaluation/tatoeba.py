@@ -112,16 +112,3 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
   if own_languages:
     groups["own"] = group_means(per, [l for l in per if resolve(l, own_languages)])
   return {"languages": per, "mean": mean, "groups": groups, "seconds": time.time() - t0}
-
-
-def format_table(results: dict) -> str:
-  lines = [f"{'lang':<10}{'xx→en':>8}{'en→xx':>8}{'mean':>8}{'xSIM':>8}{'n':>7}"]
-  for lang, r in results["languages"].items():
-    lines.append(f"{lang:<10}{r['xx2en']:>8.2f}{r['en2xx']:>8.2f}{r['mean']:>8.2f}"
-                 f"{r['xsim']:>8.2f}{r['n']:>7}")
-  for name, m in [(f"mean ({results['mean'].get('n_languages', '')})", results["mean"])] + [
-      (f"{g} ({v['n_languages']})", v) for g, v in results.get("groups", {}).items()
-      if v["n_languages"]]:
-    lines.append(f"{name:<10}{m['xx2en']:>8.2f}{m['en2xx']:>8.2f}{m['mean']:>8.2f}"
-                 f"{m['xsim']:>8.2f}")
-  return "\n".join(lines)

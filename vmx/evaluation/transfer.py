@@ -42,12 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vmx.data.languages import iso3
+from vmx.data.languages import XNLI, iso3
 from vmx.errors import DataError
 from vmx.evaluation import common
 
-XNLI_LANGS = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi",
-              "zh")
+XNLI_LANGS = XNLI
 XNLI_PATTERN = "eval/xnli/dev-{lang}.tsv"
 XNLI_N_TRAIN = 1494   # 498 premises x 3 hypotheses; the remaining 996 lines are the test set
 

@@ -10,5 +10,8 @@
                   files), from hf_weights.py (the tensors' map: encoder, T5 decoder)
                   and hf_mlm_head.py (a masked-LM head, mlm_head/)
   hf_export.py    a vmx model directory -> a sentence-transformers folder
+  model_card.py   the README.md an export writes: how the model was trained and scored
+  run.py          the run's lock, its stored config as the contract of a restart, and
+                  --fresh (moving an earlier run aside)
 Training, inference and the converters all read and write MODEL_DIR through these.
 """

@@ -1,4 +1,5 @@
-"""Model classes: one module per method family, all with t5x's BaseModel interface."""
+"""Model classes: one module per method family, all with vmx's model contract
+(vmx/models/base.py `BaseModel`, shaped like t5x's; vmx/t5x_compat.py runs them in t5x)."""
 from vmx.models.base import BaseModel, SentenceEncoderModel, model_from_config
 from vmx.models.distill import DistillationModel
 from vmx.models.dual_encoder import DualEncoder, DualEncoderModel

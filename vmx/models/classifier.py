@@ -2,7 +2,7 @@
 (InfoXLM §4.2 / Tables 1, 7, 10: XNLI; EMMA-X's XRETE: XNLI, AmericasNLI, PAWS-X).
 
 The encoder (a `TransformerEncoder`, `encoder/...`, loaded from any vmx checkpoint or
-imported Hugging Face encoder by vmx/finetune.py) reads a sentence or a sentence pair
+imported Hugging Face encoder by vmx/finetune/) reads a sentence or a sentence pair
 joined into one sequence (the tokenizer's `encode_pairs`, vmx/data/vocab.py: its own pair format,
 `<s> a </s></s> b </s>` for XLM-R, `[CLS] a [SEP] b [SEP]` for BERT); its top layer is
 pooled (`pooling`: the CLS for pretrained encoders, the mean for vmx's own vocabularies)

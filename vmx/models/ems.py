@@ -121,7 +121,7 @@ class EMSModel(SentenceEncoderModel):
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"token_embed/(.*)", r"encoder/token_embed/\1"),
                                    (r"sentence_encoder/(.*)", r"encoder/\1"))
   # Where the sentence encoder's parameters and its (shared) token table are, for a run
-  # that starts from this model's encoder (vmx/finetune.py source_encoder).
+  # that starts from this model's encoder (vmx/finetune/run.py source_encoder).
   ENCODER_PARAMS = ("sentence_encoder", "token_embed")
   FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "temperature", "xtr_weight", "contrastive_weight")

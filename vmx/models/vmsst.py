@@ -314,7 +314,7 @@ class VMSSTModel(SentenceEncoderModel):
       (r"(?:semantic_encoder|language_encoder_\d+)/(.*)", r"encoder/\1"),
       (r"decoder_\d+/(.*)", r"decoder/\1"))
   # The semantic encoder (the retrieval vector's) and the shared token table, for a run
-  # that starts from this model's encoder (vmx/finetune.py source_encoder).
+  # that starts from this model's encoder (vmx/finetune/run.py source_encoder).
   ENCODER_PARAMS = ("semantic_encoder", "token_embed")
   FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",

@@ -11,17 +11,18 @@ preemption (preemption.py), MODEL_DIR (vmx/modeldir/).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+from typing import Optional, Sequence
 
 import jax
 from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 from vmx import signals
-from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import DataError, NonFiniteError, Preempted
-from vmx.evaluation.periodic import metric_value
+from vmx.evaluation.periodic import Evaluator, metric_value
 from vmx.inference import Encoder
 from vmx.modeldir import checkpoints, layout
 from vmx.training import initial_checkpoint
@@ -32,32 +33,66 @@ from vmx.training.preemption import PreemptionWatch
 from vmx.training.step import compute_metrics, host_params, local_value, merge_metrics
 
 
-class TrainingRun:
-  """One invocation of `train()` on an open run directory (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+  """MODEL_DIR and its restart contract: what the run reads and writes there.
 
-  def __init__(self, *, model, phases, trainers, model_dir, total_steps, vocabulary,
-               languages, partitioner, checkpoint_cfg, eval_cfg, eval_period, log_period,
-               random_seed, progress, stop_at_step, initial_checkpoint_path,
-               initial_checkpoint_assignment, best_metric, best_mode, max_length,
-               operative_config, lock, prefetch_batches, allow_data_change):
+  `languages`, `vocabulary`, `max_length`: the inference files (vmx_model.json);
+  `operative_config`: config.gin (filled by `run_phases`, as is `max_length`, the
+  longest input of any phase); `allow_config_change`, `allow_data_change`, `fresh`: what
+  a restart with other settings may do (vmx/modeldir/run.py); `best_metric`/`best_mode`:
+  MODEL_DIR/best/ (checkpoints.BestCheckpointer)."""
+  model_dir: str
+  vocabulary: str
+  languages: Sequence[str]
+  checkpoint_cfg: checkpoints.CheckpointConfig
+  initial_checkpoint_path: Optional[str] = None
+  initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None
+  best_metric: Optional[str] = None
+  best_mode: str = "max"
+  allow_config_change: bool = False
+  allow_data_change: bool = False
+  fresh: bool = False
+  max_length: int = 0
+  operative_config: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """How the loop runs: `total_steps` (the schedule), `stop_at_step` (this invocation
+  ends early, as a preempted job would), the log and evaluation periods (0: no
+  evaluation), the data seed (phase i reads with random_seed + 1000 i), the progress bar
+  and the batches prefetched (vmx/training/prefetch.py)."""
+  total_steps: int
+  log_period: int = 50
+  eval_period: int = 1000
+  random_seed: int = 0
+  stop_at_step: Optional[int] = None
+  progress: bool = True
+  prefetch_batches: int = 2
+
+
+class TrainingRun:
+  """One invocation of a run on an open run directory (see the module docstring); built
+  by vmx/training/trainer.py `run_phases` alone."""
+
+  def __init__(self, model, phases, trainers, partitioner, files: RunFiles,
+               settings: LoopSettings, evaluator: Optional[Evaluator], lock):
     self.model, self.phases, self.trainers = model, phases, trainers
-    self.model_dir, self.total_steps = model_dir, total_steps
-    self.vocabulary, self.languages, self.max_length = vocabulary, languages, max_length
-    self.partitioner, self.eval_cfg = partitioner, eval_cfg
-    self.eval_period, self.log_period = eval_period, log_period
-    self.random_seed, self.progress, self.stop_at_step = random_seed, progress, stop_at_step
-    self.initial_checkpoint_path = initial_checkpoint_path
-    self.initial_checkpoint_assignment = initial_checkpoint_assignment
-    self.best_metric, self.operative_config, self.lock = best_metric, operative_config, lock
-    self.prefetch_batches, self.allow_data_change = prefetch_batches, allow_data_change
+    self.partitioner, self.files, self.eval_cfg, self.lock = partitioner, files, evaluator, lock
+    self.model_dir, self.total_steps = files.model_dir, settings.total_steps
+    self.eval_period, self.log_period = settings.eval_period, settings.log_period
+    self.random_seed, self.progress = settings.random_seed, settings.progress
+    self.stop_at_step, self.prefetch_batches = settings.stop_at_step, settings.prefetch_batches
     self.primary = jax.process_index() == 0
     if jax.process_count() > 1:   # the other processes wait for open_run (--fresh moves files)
       multihost_utils.sync_global_devices("vmx.open_run")
     # Reads (and checks) a resumed run's best-checkpoint record; writes nothing yet.
-    self.best = (checkpoints.BestCheckpointer(model_dir, best_metric, best_mode)
-                 if best_metric else None)
-    self.ckpt = checkpoints.Checkpointer(model_dir, checkpoint_cfg)
-    self.restore = checkpoint_cfg.restore
+    self.best = (checkpoints.BestCheckpointer(self.model_dir, files.best_metric,
+                                              files.best_mode)
+                 if files.best_metric else None)
+    self.ckpt = checkpoints.Checkpointer(self.model_dir, files.checkpoint_cfg)
+    self.restore = files.checkpoint_cfg.restore
     self.eval_s, self.t0 = 0.0, time.time()
     self.bar, self.writer, self.encoder, self.data = None, None, None, None
 
@@ -65,10 +100,9 @@ class TrainingRun:
   def phase_data(self, i: int, data_state=None) -> Prefetcher:
     """Phase i's batches (this process's rows), from its start or a checkpoint's state."""
     ph, tr = self.phases[i], self.trainers[i]
-    args = (ph.train_dataset_cfg, ph.model.feature_layout(), self.random_seed + 1000 * i)
-    it = (pipeline.train_iterator(*args, tr.local_rows(), progress=self.primary)
-          if data_state is None else
-          pipeline.resume_iterator(*args, data_state, tr.local_rows(), self.allow_data_change))
+    rows = tr.local_rows()
+    it = ph.input.start(ph.model, self.random_seed + 1000 * i, rows, data_state,
+                        self.files.allow_data_change, progress=self.primary)
     return Prefetcher(it, tr.placer(it.rows), self.prefetch_batches)
 
   def start(self):
@@ -88,12 +122,13 @@ class TrainingRun:
     trainer = self.trainers[0]
     self.data = self.phase_data(0)
     state = trainer.create_state(self.random_seed)
-    if self.initial_checkpoint_path:
+    files = self.files
+    if files.initial_checkpoint_path:
       rules = (self.model.INITIAL_CHECKPOINT_ASSIGNMENT
-               if self.initial_checkpoint_assignment is None
-               else self.initial_checkpoint_assignment)
+               if files.initial_checkpoint_assignment is None
+               else files.initial_checkpoint_assignment)
       state = trainer.replace_params(state, initial_checkpoint.load(
-          state.params, trainer.state_shardings.params, self.initial_checkpoint_path, rules))
+          state.params, trainer.state_shardings.params, files.initial_checkpoint_path, rules))
     n = self.phases[0].model.prefill_batches(state.flax_mutables)
     if n:   # e.g. InfoXLM's queue of negatives, filled before step 1 (§4.1)
       print(f"[vmx] filling the model state before step 1: {n} batches, forward only",
@@ -105,15 +140,16 @@ class TrainingRun:
     """Inference files, config.gin, the metrics writer and the evaluation's Encoder:
     written once the restore succeeded, so a refused restart changes nothing."""
     if self.primary:
-      layout.write_inference_files(self.model_dir, self.model, self.languages,
-                                   self.max_length, self.vocabulary)
-      layout.write_config(self.model_dir, self.operative_config)
+      layout.write_inference_files(self.model_dir, self.model, self.files.languages,
+                                   self.files.max_length, self.files.vocabulary)
+      layout.write_config(self.model_dir, self.files.operative_config)
     # metrics.jsonl keeps one row per logged step: rows after the resumed step (written
     # by the stopped run after its last checkpoint) are dropped, as the run redoes them.
     self.writer = metrics_lib.create_writer(self.model_dir, resume_step=start)
     if self.eval_cfg is not None:   # one jitted encode function for every evaluation
-      self.encoder = Encoder(self.model, None, load_tokenizer(self.vocabulary),
-                             self.languages, self.max_length, self.eval_cfg.batch_size)
+      self.encoder = Encoder(self.model, None, load_tokenizer(self.files.vocabulary),
+                             self.files.languages, self.files.max_length,
+                             self.eval_cfg.batch_size)
 
   # -- the steps of the loop -------------------------------------------------------------
   def say(self, line: str):
@@ -140,11 +176,11 @@ class TrainingRun:
     self.say(f"[vmx] step {step}: {line} [{seconds:.1f} s; evaluation {share:.1f}% of the "
              f"run's time so far]")
     if self.best is not None:
-      value = metric_value(self.best_metric, scalars)
+      value = metric_value(self.files.best_metric, scalars)
       before = self.best.record
       if self.best.update(step, value, state.params):
         was = f"; was {before['value']:.2f} at step {before['step']}" if before else ""
-        self.say(f"[vmx] step {step}: best {self.best_metric} {value:.2f}{was} -> "
+        self.say(f"[vmx] step {step}: best {self.files.best_metric} {value:.2f}{was} -> "
                  f"{layout.BEST_DIR}/{layout.CHECKPOINT_PREFIX}_{step}")
     return scalars
 
@@ -301,7 +337,7 @@ class TrainingRun:
       if log_due:
         dt = time.time() - t_log
         last.update(self.log(done, acc, steps_since, dt, waited,
-                             phases[p].train_dataset_cfg.batch_size))
+                             phases[p].input.batch_size))
         acc, t_log, steps_since, waited = None, time.time(), 0, 0.0
       self.save(done, state, force)
       if preempted:

@@ -24,7 +24,7 @@ import optax
 from clu import metrics as clu_metrics
 from jax.experimental import multihost_utils
 
-from vmx.data import packing, pipeline
+from vmx.data import packing
 from vmx.models.base import BaseModel, averaged
 from vmx.training import grad_cache, partitioning
 
@@ -38,13 +38,7 @@ class TrainState:
   rng: jax.Array  # raw uint32 key data; dropout rng of step s = fold_in(rng, s)
 
 
-def input_shapes(dataset_cfg, model: BaseModel) -> dict:
-  """Global batch shapes of the model features: [B] for scalars, [B, length] otherwise
-  (`task/feature` names for a MultiTaskConfig)."""
-  return pipeline.model_feature_shapes(dataset_cfg, model.feature_layout())
-
-
-class Trainer:
+class TrainStep:
   """Builds the sharded state and the jitted step for `model` on `partitioner`'s mesh.
 
   `shapes`: the global batch's example shapes ({feature: [B, ...]}); `packed`: {task key:

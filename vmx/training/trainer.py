@@ -24,15 +24,15 @@ current step's before a log line or a checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import gin
 import jax
 import optax
 
 from vmx import cli, gin_utils
-from vmx.data import pipeline
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError
 from vmx.evaluation.periodic import Evaluator, check_best_metric
@@ -41,9 +41,9 @@ from vmx.modeldir import checkpoints
 from vmx.modeldir import run as run_lib
 from vmx.models.base import BaseModel
 from vmx.training import partitioning
-from vmx.training.loop import TrainingRun
+from vmx.training.loop import LoopSettings, RunFiles, TrainingRun
 from vmx.training.phases import Phase, check_same_state, phase_index, resolve_phases
-from vmx.training.step import TrainState, Trainer, input_shapes
+from vmx.training.step import TrainState, TrainStep
 
 
 def check_vocabulary_fits(model: BaseModel, vocabulary: str):
@@ -54,8 +54,7 @@ def check_vocabulary_fits(model: BaseModel, vocabulary: str):
                 model.vocab_size, f"at least the {pieces} pieces of the vocabulary {vocabulary}")
 
 
-def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_size,
-                     data_parallel_size):
+def check_train_args(total_steps, log_period, eval_period, stop_at_step):
   """Range checks naming the binding (and macro), before anything is built."""
   check_range(positive_int(total_steps), "train", "total_steps", total_steps,
               "a positive number of steps")
@@ -65,16 +64,11 @@ def check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_s
               eval_period, "a number of steps >= 0 (0: no evaluation)")
   check_range(stop_at_step is None or positive_int(stop_at_step), "train", "stop_at_step",
               stop_at_step, "None or a positive step")
-  sizes = dict(batch_size) if isinstance(batch_size, Mapping) else {None: batch_size}
-  for key, size in sizes.items():
-    check_range(size % data_parallel_size == 0, "DatasetConfig" if key is None else
-                f"MultiTaskConfig.tasks[{key!r}] DatasetConfig", "batch_size", size,
-                f"a multiple of the {data_parallel_size} data-parallel devices")
 
 
 @gin.configurable
 def train(*, model: BaseModel = gin.REQUIRED,
-          train_dataset_cfg: pipeline.DatasetConfig | pipeline.MultiTaskConfig | None = None,
+          train_dataset_cfg=None,
           optimizer: optax.GradientTransformation = gin.REQUIRED,
           model_dir: str = gin.REQUIRED, total_steps: int = gin.REQUIRED,
           vocabulary: str = gin.REQUIRED, languages: Sequence[str] = gin.REQUIRED,
@@ -98,9 +92,11 @@ def train(*, model: BaseModel = gin.REQUIRED,
   in model_dir) with `initial_checkpoint_path` starts from that model directory's
   parameters, renamed by `initial_checkpoint_assignment` (default: the model's
   INITIAL_CHECKPOINT_ASSIGNMENT); see vmx/training/initial_checkpoint.py.
-  `phases` (instead of `train_dataset_cfg`): a list of `Phase`s run one after the
-  other, their steps adding up to `total_steps`; `model` is then the default objective
-  and the model written for inference.
+  `train_dataset_cfg`: the data of a run of one phase, a DatasetConfig or
+  MultiTaskConfig (read by vmx/data/inputs.py `TokenCacheInput`) or any `Input`
+  (vmx/training/inputs.py). `phases` (instead of `train_dataset_cfg`): a list of
+  `Phase`s run one after the other, their steps adding up to `total_steps`; `model` is
+  then the default objective and the model written for inference.
   `grad_cache_chunks` > 1: each step's gradients by GradCache in that many chunks
   (vmx/training/grad_cache.py: the same gradients, memory of one chunk's activations).
   `best_metric` (an evaluation metric, e.g. 'tatoeba/mean'): after every evaluation the
@@ -121,65 +117,64 @@ def train(*, model: BaseModel = gin.REQUIRED,
   """
   if not isinstance(model_dir, (str, os.PathLike)) or not str(model_dir):
     check_range(False, "train", "model_dir", model_dir, "a path: set MODEL_DIR")
-  model_dir = str(model_dir)
-  partitioner = partitioner or partitioning.Partitioner()
-  checkpoint_cfg = checkpoint_cfg or checkpoints.CheckpointConfig()
-  check_train_args(total_steps, log_period, eval_period, stop_at_step, {}, 1)
+  check_train_args(total_steps, log_period, eval_period, stop_at_step)
   check_range(isinstance(prefetch_batches, int) and not isinstance(prefetch_batches, bool)
               and prefetch_batches >= 0, "train", "prefetch_batches", prefetch_batches,
               "a number of batches >= 0 (0: no prefetch)")
   check_best_metric(best_metric, eval_cfg, eval_period)
   phases = resolve_phases(phases, model, train_dataset_cfg, optimizer, learning_rate,
                           total_steps)
+  files = RunFiles(str(model_dir), vocabulary, languages,
+                   checkpoint_cfg or checkpoints.CheckpointConfig(), initial_checkpoint_path,
+                   initial_checkpoint_assignment, best_metric, best_mode, allow_config_change,
+                   allow_data_change, fresh)
+  settings = LoopSettings(total_steps, log_period, eval_period, random_seed, stop_at_step,
+                          progress, prefetch_batches)
+  return run_phases(model, phases, partitioner or partitioning.Partitioner(), files, settings,
+                    eval_cfg, grad_cache_chunks)
+
+
+def run_phases(model: BaseModel, phases: Sequence[Phase], partitioner: partitioning.Partitioner,
+               files: RunFiles, settings: LoopSettings, evaluator: Optional[Evaluator] = None,
+               grad_cache_chunks: int = 1) -> tuple[TrainState, dict]:
+  """Runs resolved `phases` (vmx/training/phases.py) into `files.model_dir`: every phase's
+  input checked against its model and the devices and its step built (`TrainStep`) before
+  anything is written, then the run directory opened (its lock, the restart contract) and
+  the loop run. The one place a `TrainingRun` is built: `train()` and fine-tuning
+  (vmx/finetune/run.py) differ only in the inputs, model and evaluator they hand in."""
   trainers = []
   for i, ph in enumerate(phases):
     where = f"Phase({ph.name!r}) " if len(phases) > 1 else ""
-    batch_sizes = {k: c.batch_size for k, c in pipeline.task_configs(ph.train_dataset_cfg).items()}
     try:
-      check_train_args(total_steps, log_period, eval_period, stop_at_step, batch_sizes,
-                       partitioner.data_parallel_size)
-      examples = pipeline.num_examples(ph.train_dataset_cfg)
-      empty = sorted(str(k) for k, n in examples.items() if n == 0)
-      if empty:
-        raise ConfigError(f"the data of task(s) {empty} have no examples")
-      ph.model.validate_data(examples, batch_sizes)
-      shapes = input_shapes(ph.train_dataset_cfg, ph.model)
-      layouts = ph.model.feature_layout()
-      trainers.append(Trainer(
+      ph.input.check(ph.model, partitioner.data_parallel_size)
+      shapes = ph.input.batch_shapes(ph.model)
+      trainers.append(TrainStep(
           ph.model, ph.optimizer, partitioner, shapes, ph.learning_rate, grad_cache_chunks,
-          packed=pipeline.packed_features(ph.train_dataset_cfg, ph.model, shapes),
-          token_features=pipeline.token_features(ph.train_dataset_cfg, layouts)))
+          packed=ph.input.packed_features(ph.model, shapes),
+          token_features=ph.input.token_features(ph.model)))
     except ConfigError as e:
       if not where:
         raise
       raise ConfigError(f"{where}{e}") from None
     if i:
       check_same_state(phases[0], trainers[0], ph, trainers[i])
-  check_vocabulary_fits(model, vocabulary)
-  # The longest input of any phase: what inference truncates to (vmx_model.json).
-  max_length = max(n for ph in phases
-                   for n in pipeline.token_lengths(ph.train_dataset_cfg,
-                                                   ph.model.feature_layout()))
+  check_vocabulary_fits(model, files.vocabulary)
   primary = jax.process_index() == 0
   if primary:
     cli.warn_untested_versions()
-  # config.gin: the experiment's files, bindings and header as comments, then gin's own
-  operative_config = gin_utils.experiment_header() + gin.operative_config_str()
-  lock = run_lib.open_run(model_dir, model, operative_config, allow_config_change, fresh,
-                          primary, lambda: data_changes(model_dir, phases, random_seed),
-                          allow_data_change, vocabulary)
+  files = dataclasses.replace(
+      files,
+      # The longest input of any phase: what inference truncates to (vmx_model.json).
+      max_length=max(n for ph in phases for n in ph.input.token_lengths(ph.model)),
+      # config.gin: the experiment's files, bindings and header as comments, then gin's own
+      operative_config=gin_utils.experiment_header() + gin.operative_config_str())
+  lock = run_lib.open_run(
+      files.model_dir, model, files.operative_config, files.allow_config_change, files.fresh,
+      primary, lambda: data_changes(files.model_dir, phases, settings.random_seed),
+      files.allow_data_change, files.vocabulary)
   try:
-    return TrainingRun(
-        model=model, phases=phases, trainers=trainers, model_dir=model_dir,
-        total_steps=total_steps, vocabulary=vocabulary, languages=languages,
-        partitioner=partitioner, checkpoint_cfg=checkpoint_cfg, eval_cfg=eval_cfg,
-        eval_period=eval_period, log_period=log_period, random_seed=random_seed,
-        progress=progress, stop_at_step=stop_at_step,
-        initial_checkpoint_path=initial_checkpoint_path,
-        initial_checkpoint_assignment=initial_checkpoint_assignment, best_metric=best_metric,
-        best_mode=best_mode, max_length=max_length, operative_config=operative_config,
-        lock=lock, prefetch_batches=prefetch_batches,
-        allow_data_change=allow_data_change).run()
+    return TrainingRun(model, phases, trainers, partitioner, files, settings, evaluator,
+                       lock).run()
   finally:
     if lock is not None:
       lock.release()
@@ -188,17 +183,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
 def data_changes(model_dir, phases, random_seed: int) -> list[str]:
   """How the newest checkpoint's data stream differs from this config's, as far as the
   config says without building anything (the batch size, the mixture, the lengths...)."""
-  from vmx.data import stream   # grain: only for the index reader
   latest = checkpoints.latest_data_state(model_dir)
-  if latest is None or latest[1].get("reader") != "index":
+  if latest is None:
     return []
   step, state = latest
   p = phase_index(phases, step)
-  old = {k: {f: v for f, v in d.items() if f != "tasks"}
-         for k, d in state.get("stream", {}).items()}
-  new = pipeline.described_config(phases[p].train_dataset_cfg, random_seed + 1000 * p)
-  for k, d in new.items():   # a state written before format 2 keeps its own order
-    if "order" not in old.get(k, {}):
-      d.pop("order", None)
-  return stream.stream_difference(old, new)
-
+  return phases[p].input.changes(state, random_seed + 1000 * p)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from vmx import signals, storage
 from vmx.data import seqio_cache
 from vmx.data.token_cache import fingerprint as fp
-from vmx.data.token_cache import format as fmt
+from vmx.data.token_cache import disk_format
 from vmx.data.token_cache import writer
 from vmx.data.token_cache.lookup import default_root
 from vmx.data.token_cache.table import Table
@@ -52,9 +52,9 @@ def input_count(task: seqio.Task, split: str, use_cached: bool = False) -> int:
 
 
 def shard_plan(task: seqio.Task, split: str, use_cached: bool = False,
-               shard_rows: int = fmt.SHARD_ROWS) -> list[tuple[int, int, int, int]]:
+               shard_rows: int = disk_format.SHARD_ROWS) -> list[tuple[int, int, int, int]]:
   """[(index, count, start, end)] of the shards of a task's split."""
-  ranges = fmt.plan(input_count(task, split, use_cached), shard_rows)
+  ranges = disk_format.plan(input_count(task, split, use_cached), shard_rows)
   return [(i, len(ranges), a, b) for i, (a, b) in enumerate(ranges)]
 
 
@@ -63,9 +63,9 @@ def missing_shards(directory, digest: str, plan) -> list:
   the directory is refused."""
   out = []
   for job in plan:
-    rec = writer.shard_record(directory, fmt.shard_name(job[0], job[1]))
+    rec = writer.shard_record(directory, disk_format.shard_name(job[0], job[1]))
     if rec is not None and rec.get("fingerprint") != digest:
-      raise DataError(f"{storage.path(directory) / fmt.shard_name(job[0], job[1])}.json: a "
+      raise DataError(f"{storage.path(directory) / disk_format.shard_name(job[0], job[1])}.json: a "
                       f"shard built from other inputs (fingerprint "
                       f"{str(rec.get('fingerprint'))[:16]}…) in the directory of "
                       f"{digest[:16]}…: shards of two fingerprints are never mixed; delete "
@@ -80,7 +80,7 @@ def assemble(directory, digest: str, parts: dict, num_shards: int, builder: str)
   d = storage.path(directory)
   records = []
   for i in range(num_shards):
-    name = fmt.shard_name(i, num_shards)
+    name = disk_format.shard_name(i, num_shards)
     rec = writer.shard_record(d, name)
     if rec is None:
       raise DataError(f"{d / name}.json: missing: shard {i} of {num_shards} is not written")
@@ -98,9 +98,9 @@ def assemble(directory, digest: str, parts: dict, num_shards: int, builder: str)
   features = json.loads(specs.pop())
   shards = [{"name": r["name"], "count": r["count"], "sums_sha256": r["sums_sha256"]}
             for r in records]
-  m = fmt.manifest(digest, parts, features, shards, "", builder, time.time())
+  m = disk_format.manifest(digest, parts, features, shards, "", builder, time.time())
   m["content_digest"] = _content_digest(d, m)
-  storage.write_atomic(d / fmt.MANIFEST, fmt.dumps(m))
+  storage.write_atomic(d / disk_format.MANIFEST, disk_format.dumps(m))
   return m
 
 
@@ -108,20 +108,21 @@ def _content_digest(d, m: dict) -> str:
   """sha256 over the digests of blocks counted from row 0: the shards' own digests when
   every shard but the last holds whole blocks (as planned), else recomputed from the rows."""
   counts = [s["count"] for s in m["shards"]]
-  if all(c % fmt.BLOCK_ROWS == 0 for c in counts[:-1]):
-    return fmt.content_digest((d / f"{s['name']}.sums").read_bytes()
-                              for s in m["shards"] if s["count"])
-  storage.write_atomic(d / fmt.MANIFEST, fmt.dumps(m))   # (readable by Table meanwhile)
+  if all(c % disk_format.BLOCK_ROWS == 0 for c in counts[:-1]):
+    return disk_format.content_digest((d / f"{s['name']}.sums").read_bytes()
+                                      for s in m["shards"] if s["count"])
+  # (readable by Table meanwhile)
+  storage.write_atomic(d / disk_format.MANIFEST, disk_format.dumps(m))
   table = Table(d)
-  step = fmt.BLOCK_ROWS
-  return fmt.content_digest(
-      fmt.block_digest(table.take_records(range(i, min(i + step, len(table)))).tobytes())
+  step = disk_format.BLOCK_ROWS
+  return disk_format.content_digest(
+      disk_format.block_digest(table.take_records(range(i, min(i + step, len(table)))).tobytes())
       for i in range(0, len(table), step))
 
 
 def build_local(task: seqio.Task, split: str, lengths, converter, directory, parts: dict,
                 use_cached: bool = False, progress: bool = True,
-                shard_rows: int = fmt.SHARD_ROWS) -> dict:
+                shard_rows: int = disk_format.SHARD_ROWS) -> dict:
   """Builds the cache of `task` in this process, the missing shards only."""
   digest = fp.digest(parts)
   gone = storage.remove_leftovers(directory)
@@ -148,7 +149,7 @@ def _others(task_dir, split: str) -> list:
   if not task_dir.exists():
     return out
   for p in task_dir.glob(f"{split}.*"):
-    for name in (fmt.MANIFEST, "arrays.json"):
+    for name in (disk_format.MANIFEST, "arrays.json"):
       try:
         info = json.loads((p / name).read_text())
       except (OSError, ValueError):
@@ -169,10 +170,10 @@ def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[
   digest = fp.digest(parts)
   directory = directory_of(root, task, split, digest)
   hint = rebuild_hint(root, directory)
-  if (directory / fmt.MANIFEST).exists():
+  if (directory / disk_format.MANIFEST).exists():
     table = Table(directory, hint)
     if table.info.get("fingerprint") != digest:
-      raise DataError(f"{directory / fmt.MANIFEST}: built from other inputs than its name "
+      raise DataError(f"{directory / disk_format.MANIFEST}: built from other inputs than its name "
                       f"says; {hint}")
     return table
   differs = ""

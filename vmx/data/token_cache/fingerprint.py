@@ -18,7 +18,8 @@ import seqio
 
 from vmx.data import seqio_vocab
 from vmx.data.deferred import stand_in
-from vmx.data.token_cache import format as fmt
+from vmx.data.token_cache import disk_format
+from vmx.data.token_cache.sources import CachedSource
 from vmx.errors import ConfigError
 
 
@@ -52,18 +53,17 @@ def callable_fingerprint(fn) -> dict:
 def source_fingerprint(task: seqio.Task) -> str:
   """The source's own fingerprint (`fingerprint()`: vmx's sources hash their files);
   another source cannot be checked for changes, so the index path refuses it."""
-  fp = getattr(task.source, "fingerprint", None)
-  if fp is None:
+  if not isinstance(task.source, CachedSource):
     raise ConfigError(
         f"task {task.name}: its source ({type(task.source).__name__}) cannot say when its "
         f"data change (no fingerprint()), so the index-based input cannot cache it; set "
         f"DatasetConfig.reader = 'seqio' for it")
-  return fp()
+  return task.source.fingerprint()
 
 
 def parts(task: seqio.Task, split: str, lengths: Mapping[str, int], converter) -> dict:
   vocab = seqio_vocab.task_vocabulary(task)
-  return {"format": fmt.FORMAT, "task": task.name, "split": split,
+  return {"format": disk_format.FORMAT, "task": task.name, "split": split,
           "vocabulary": vocab and seqio_vocab.fingerprint(vocab),
           "source": source_fingerprint(task),
           "source_code": callable_fingerprint(type(task.source)),

@@ -25,7 +25,7 @@ from typing import Mapping, Optional
 
 from vmx import storage
 from vmx.data import readers
-from vmx.data.token_cache import format as fmt
+from vmx.data.token_cache import disk_format
 from vmx.data.token_cache.table import Table
 from vmx.errors import DataError
 
@@ -82,7 +82,7 @@ class Record:
     out = []
     for e in entries:
       directory = base / e["directory"]
-      if not (directory / fmt.MANIFEST).exists():
+      if not (directory / disk_format.MANIFEST).exists():
         return None
       try:
         table = Table(directory, f"delete {directory} and run again")

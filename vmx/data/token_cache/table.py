@@ -31,7 +31,7 @@ from typing import Optional
 import numpy as np
 
 from vmx import storage
-from vmx.data.token_cache import format as fmt
+from vmx.data.token_cache import disk_format
 from vmx.errors import ConfigError, DataError
 
 RETRY_ENV = "VMX_REMOTE_RETRY_S"
@@ -58,19 +58,19 @@ def env_number(name: str, default: float, kind=float, minimum: float = 0.0):
 
 FETCH_THREADS = 16                        # VMX_REMOTE_THREADS
 FETCH_BLOCKS = 4                          # digest blocks per ranged read of a remote shard
-FETCH_ROWS = FETCH_BLOCKS * fmt.BLOCK_ROWS   # (the stream's default window: one read)
+FETCH_ROWS = FETCH_BLOCKS * disk_format.BLOCK_ROWS   # (the stream's default window: one read)
 
 
 def read_manifest(directory, rebuild: str) -> dict:
-  path = storage.path(directory) / fmt.MANIFEST
+  path = storage.path(directory) / disk_format.MANIFEST
   try:
     info = json.loads(path.read_text())
   except (OSError, ValueError) as e:
     raise DataError(f"{path}: unreadable ({type(e).__name__}: {e}); {rebuild}") from None
-  if info.get("format") != fmt.FORMAT:
+  if info.get("format") != disk_format.FORMAT:
     raise DataError(f"{path}: token cache format {info.get('format')!r}, this vmx reads "
-                    f"format {fmt.FORMAT}; {rebuild}")
-  wrong = fmt.records_disagree(info)
+                    f"format {disk_format.FORMAT}; {rebuild}")
+  wrong = disk_format.records_disagree(info)
   if wrong:
     raise DataError(f"{path}: {wrong}: the token cache's records disagree; {rebuild}")
   return info
@@ -211,7 +211,7 @@ def shared_blocks() -> Blocks:
 
 
 class Table:
-  """The rows of one built token cache (see vmx/data/token_cache/format.py)."""
+  """The rows of one built token cache (see vmx/data/token_cache/disk_format.py)."""
 
   def __init__(self, directory, rebuild: str = "build it again",
                blocks: Optional[Blocks] = None):
@@ -220,7 +220,7 @@ class Table:
     self.info = read_manifest(self.dir, rebuild)
     self.count = int(self.info["count"])
     self.features = self.info["features"]
-    self.dtype = fmt.record_dtype(self.features)
+    self.dtype = disk_format.record_dtype(self.features)
     self.row_bytes = self.dtype.itemsize
     shards = self.info["shards"]
     self.starts = np.cumsum([0] + [int(s["count"]) for s in shards])
@@ -239,7 +239,7 @@ class Table:
       for i, s in enumerate(shards):
         self._check_record(i, s)
         self._check_size(self._bins[i], int(s["count"]) * self.row_bytes)
-        self._check_size(self._sums_files[i], self._num_blocks(i) * fmt.DIGEST_BYTES)
+        self._check_size(self._sums_files[i], self._num_blocks(i) * disk_format.DIGEST_BYTES)
 
   def _check_record(self, i: int, entry: dict):
     """Shard i's own .json record (written with its .bin, before the manifest) against the
@@ -265,7 +265,7 @@ class Table:
     return self.count
 
   def _num_blocks(self, shard: int) -> int:
-    return -(-int(self._shards[shard]["count"]) // fmt.BLOCK_ROWS)
+    return -(-int(self._shards[shard]["count"]) // disk_format.BLOCK_ROWS)
 
   def _check_size(self, path, want: int):
     have = os.path.getsize(path) if os.path.exists(path) else -1
@@ -274,8 +274,8 @@ class Table:
                       f": the token cache is truncated or damaged; {self.rebuild}")
 
   def _damaged(self, shard: int, block: int) -> DataError:
-    r0 = int(self.starts[shard]) + block * fmt.BLOCK_ROWS
-    r1 = min(r0 + fmt.BLOCK_ROWS, int(self.starts[shard + 1])) - 1
+    r0 = int(self.starts[shard]) + block * disk_format.BLOCK_ROWS
+    r1 = min(r0 + disk_format.BLOCK_ROWS, int(self.starts[shard + 1])) - 1
     return DataError(f"{self._bins[shard]}: block {block} (rows {r0}-{r1}) does not match "
                      f"its digest in {self._sums_files[shard].name}: the token cache is "
                      f"damaged; {self.rebuild}")
@@ -297,9 +297,9 @@ class Table:
           if data is None:
             data = self._fetch_sums(shard)
             self.blocks.put(key, data)
-      return np.frombuffer(data, np.uint8).reshape(-1, fmt.DIGEST_BYTES)
-    sums = np.memmap(f, np.uint8, mode="r").reshape(-1, fmt.DIGEST_BYTES)
-    if fmt.sums_sha256(sums.tobytes()) != want:
+      return np.frombuffer(data, np.uint8).reshape(-1, disk_format.DIGEST_BYTES)
+    sums = np.memmap(f, np.uint8, mode="r").reshape(-1, disk_format.DIGEST_BYTES)
+    if disk_format.sums_sha256(sums.tobytes()) != want:
       raise DataError(f"{f}: its digests do not match the manifest's sha256: the token "
                       f"cache is damaged; {self.rebuild}")
     self._sums[shard] = sums
@@ -307,12 +307,12 @@ class Table:
 
   def _fetch_sums(self, shard: int) -> bytes:
     f = self._sums_files[shard]
-    n = self._num_blocks(shard) * fmt.DIGEST_BYTES
+    n = self._num_blocks(shard) * disk_format.DIGEST_BYTES
     data = self.blocks.read(f, 0, n, self.rebuild)
     if len(data) != n:
       raise DataError(f"{f}: {len(data)} bytes, expected {n}: the token cache is truncated; "
                       f"{self.rebuild}")
-    if fmt.sums_sha256(data) != self._shards[shard]["sums_sha256"]:
+    if disk_format.sums_sha256(data) != self._shards[shard]["sums_sha256"]:
       raise DataError(f"{f}: its digests do not match the manifest's sha256: the token "
                       f"cache is damaged; {self.rebuild}")
     return data
@@ -338,7 +338,7 @@ class Table:
     todo = blocks[~self._verified[blocks]]
     if not len(todo):
       return
-    step = fmt.BLOCK_ROWS * self.row_bytes
+    step = disk_format.BLOCK_ROWS * self.row_bytes
     shards = np.searchsorted(self._block0, todo, side="right") - 1
     for shard in np.unique(shards).tolist():
       sums = self._shard_sums(shard)
@@ -346,7 +346,7 @@ class Table:
       try:
         for g in todo[shards == shard].tolist():
           b = g - int(self._block0[shard])
-          if fmt.block_digest(os.pread(fd, step, b * step)) != sums[b].tobytes():
+          if disk_format.block_digest(os.pread(fd, step, b * step)) != sums[b].tobytes():
             raise self._damaged(shard, b)
           self._verified[g] = True
       finally:
@@ -359,19 +359,19 @@ class Table:
     def fetch():
       sums = self._shard_sums(shard)
       n = int(self._shards[shard]["count"])
-      first = unit * FETCH_BLOCKS * fmt.BLOCK_ROWS
-      rows = min(FETCH_BLOCKS * fmt.BLOCK_ROWS, n - first)
+      first = unit * FETCH_BLOCKS * disk_format.BLOCK_ROWS
+      rows = min(FETCH_BLOCKS * disk_format.BLOCK_ROWS, n - first)
       start = first * self.row_bytes
       data = self.blocks.read(self._bins[shard], start, rows * self.row_bytes, self.rebuild)
       if len(data) != rows * self.row_bytes:
         raise DataError(f"{self._bins[shard]}: {len(data)} bytes at offset {start}, expected "
                         f"{rows * self.row_bytes}: the token cache is truncated; "
                         f"{self.rebuild}")
-      step = fmt.BLOCK_ROWS * self.row_bytes
+      step = disk_format.BLOCK_ROWS * self.row_bytes
       view = memoryview(data)
       for i in range(0, len(data), step):
         b = unit * FETCH_BLOCKS + i // step
-        if fmt.block_digest(view[i:i + step]) != sums[b].tobytes():
+        if disk_format.block_digest(view[i:i + step]) != sums[b].tobytes():
           raise self._damaged(shard, b)
       return data
     return fetch
@@ -400,7 +400,7 @@ class Table:
   def take_records(self, indices) -> np.ndarray:
     """[R] records of rows `indices` (verified)."""
     shard_R, local_R = self.locate(indices)
-    block_R = local_R // fmt.BLOCK_ROWS
+    block_R = local_R // disk_format.BLOCK_ROWS
     out = np.empty(len(shard_R), self.dtype)
     if not self.remote:
       blocks = np.unique(self._block0[shard_R] + block_R)
@@ -424,7 +424,7 @@ class Table:
 
   def take(self, indices) -> dict:
     """{feature: [R, ...]} of rows `indices` (verified)."""
-    return fmt.from_records(self.take_records(indices))
+    return disk_format.from_records(self.take_records(indices))
 
   def all_records(self) -> np.ndarray:
     """Every row, verified (small tables held in memory)."""

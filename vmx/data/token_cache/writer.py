@@ -20,7 +20,8 @@ from typing import Callable, Mapping, Optional
 import seqio
 
 from vmx import storage
-from vmx.data.token_cache import format as fmt
+from vmx.data.token_cache import disk_format
+from vmx.data.token_cache.sources import NwayGroups
 from vmx.errors import DataError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -31,7 +32,7 @@ def examples(task: seqio.Task, split: str, lengths: Mapping[str, int], converter
   """Numpy batches of the task's examples [start, end) (in file order), as
   `task.get_dataset(shuffle=False, num_epochs=1)` and the converter yield them."""
   source = task.source
-  if hasattr(source, "stored_examples"):   # N-way groups: views are drawn when read
+  if isinstance(source, NwayGroups):   # N-way groups: views are drawn when read
     return source.stored_examples(task, split, lengths, start, end)
   src = task._get_cached_source(split) if use_cached else source   # noqa: SLF001
   ds = src.get_dataset(split=split, shuffle=False, seed=None).skip(start).take(end - start)
@@ -59,7 +60,7 @@ class _Blocks:
   """Block digests of a byte stream written in pieces."""
 
   def __init__(self, row_bytes: int):
-    self.step = fmt.BLOCK_ROWS * row_bytes
+    self.step = disk_format.BLOCK_ROWS * row_bytes
     self.buf = bytearray()
     self.sums = []
 
@@ -68,13 +69,13 @@ class _Blocks:
     n = len(self.buf) // self.step * self.step
     if n:
       view = memoryview(self.buf)
-      self.sums += [fmt.block_digest(view[i:i + self.step]) for i in range(0, n, self.step)]
+      self.sums += [disk_format.block_digest(view[i:i + self.step]) for i in range(0, n, self.step)]
       view.release()
       del self.buf[:n]
 
   def close(self) -> bytes:
     if self.buf:
-      self.sums.append(fmt.block_digest(bytes(self.buf)))
+      self.sums.append(disk_format.block_digest(bytes(self.buf)))
       self.buf = bytearray()
     return b"".join(self.sums)
 
@@ -96,7 +97,7 @@ def write_shard(task: seqio.Task, split: str, lengths: Mapping[str, int], conver
   returns its record (also written as `<name>.json`, last)."""
   d = storage.path(directory)
   remote = storage.is_remote(d)
-  name = fmt.shard_name(index, count)
+  name = disk_format.shard_name(index, count)
   final = {s: d / f"{name}.{s}" for s in ("bin", "sums")}
   tmp = final if remote else {s: storage.path(storage.tmp_name(p)) for s, p in final.items()}
   d.mkdir(parents=True, exist_ok=True)
@@ -105,11 +106,11 @@ def write_shard(task: seqio.Task, split: str, lengths: Mapping[str, int], conver
     try:
       for batch in examples(task, split, lengths, converter, start, end, use_cached):
         if f is None:
-          features = fmt.feature_specs(batch)
-          dtype = fmt.record_dtype(features)
+          features = disk_format.feature_specs(batch)
+          dtype = disk_format.record_dtype(features)
           blocks = _Blocks(dtype.itemsize)
           f = tmp["bin"].open("wb")
-        data = fmt.to_records(batch, dtype).tobytes()
+        data = disk_format.to_records(batch, dtype).tobytes()
         f.write(data)
         blocks.add(data)
         n = len(next(iter(batch.values())))
@@ -140,7 +141,7 @@ def write_shard(task: seqio.Task, split: str, lengths: Mapping[str, int], conver
     raise
   record = {"name": name, "count": rows, "input": [start, end], "features": features,
             "row_bytes": dtype.itemsize if dtype is not None else None,
-            "sums_sha256": fmt.sums_sha256(sums), "fingerprint": fingerprint,
+            "sums_sha256": disk_format.sums_sha256(sums), "fingerprint": fingerprint,
             "written_at": time.time()}
   try:
     storage.write_atomic(d / f"{name}.json", json.dumps(record))

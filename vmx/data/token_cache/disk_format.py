@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -35,17 +34,10 @@ MANIFEST = "manifest.json"
 BLOCK_ROWS = 256            # rows per digest (and per remote read)
 SHARD_ROWS = 1 << 20        # input examples per shard (a multiple of BLOCK_ROWS)
 DIGEST_BYTES = 16
-_SHARD = re.compile(r"^rows-(\d{5})-of-(\d{5})\.(bin|sums|json)$")
 
 
 def shard_name(index: int, count: int) -> str:
   return f"rows-{index:05d}-of-{count:05d}"
-
-
-def parse_shard_file(name: str):
-  """(index, count, suffix) of a shard file name, or None."""
-  m = _SHARD.match(name)
-  return (int(m.group(1)), int(m.group(2)), m.group(3)) if m else None
 
 
 def record_dtype(features: Mapping[str, Mapping]) -> np.dtype:
@@ -72,15 +64,6 @@ def to_records(batch: Mapping[str, np.ndarray], dtype: np.dtype) -> np.ndarray:
 def from_records(rec: np.ndarray) -> dict:
   """{feature: contiguous [n, ...] array} of [n] records."""
   return {name: np.ascontiguousarray(rec[name]) for name in rec.dtype.names}
-
-
-def block_digests(data: bytes | memoryview | np.ndarray, row_bytes: int) -> bytes:
-  """The concatenated digests of the blocks of `data` (whole records, the last block
-  short where the rows do not fill it)."""
-  view = memoryview(np.ascontiguousarray(np.frombuffer(data, np.uint8))
-                    if isinstance(data, np.ndarray) else data).cast("B")
-  step = BLOCK_ROWS * row_bytes
-  return b"".join(block_digest(view[i:i + step]) for i in range(0, len(view), step))
 
 
 def block_digest(data) -> bytes:
