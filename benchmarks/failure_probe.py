@@ -27,7 +27,7 @@ Cases:
   full_disk         the cache's disk fills up (an 8 MB tmpfs; root): one `error:` line
   config_and_data_change  --gin.BATCH_SIZE changed on restart: one refusal, both flags
   vocabulary_edited the vocabulary's corpus edited in place: a new vocabulary, the run refuses
-  eval_bad_path     launch/eval.py --sts17_dir=/nonexistent: one line within seconds
+  eval_bad_path     launch/eval.py --sts17.dir=/nonexistent: one line within seconds
 
 Prints one line per case (`ok` / `FAIL`, exit status, the last stderr line, bytes kept) and a
 final JSON summary; exit status 1 if a case failed.
@@ -333,10 +333,10 @@ class Probe:
     d = self.trained("eval_paths")
     t0 = time.time()
     p = self.run(common.launcher_command("eval", f"--checkpoint_dir={d}", "--protocol=mpcl",
-                                         "--sts17_dir=/nonexistent", "--no_progress"))
+                                         "--sts17.dir=/nonexistent", "--no_progress"))
     seconds = time.time() - t0
     line = last_line(p.stderr)
-    ok = p.returncode == 2 and "--sts17_dir=/nonexistent" in line and seconds < 60
+    ok = p.returncode == 2 and "--sts17.dir=/nonexistent" in line and seconds < 60
     return ok, p.returncode, f"{line} [{seconds:.0f} s]", True
 
   def _import(self, config) -> tuple:

@@ -6,10 +6,14 @@
 
 Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, stsb,
 geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
-(standard + sts17 + retrieval, which need --sts17_dir / --retrieval_dir). Tasks outside
-the suites: paracrawl, mldoc, amazon_v1, amazon_v2, flores (their --*_dir) and
-tatoeba_layers (per-layer Tatoeba, --tatoeba_layers), tatoeba_vector (Tatoeba with one
-layer's mean or CLS, --tatoeba_vector).
+(standard + sts17 + retrieval, which need --sts17.dir / --retrieval.dirs). Tasks outside
+the suites: paracrawl, mldoc, amazon_v1, amazon_v2, flores (their --TASK.dir) and
+tatoeba_layers (per-layer Tatoeba, --tatoeba_layers.layers), tatoeba_vector (Tatoeba with
+one layer's mean or CLS, --tatoeba_vector.vector).
+Every task's settings are the fields of its evaluator (vmx/evaluation/evaluators.py), set
+as --TASK.FIELD=VALUE, e.g. --tatoeba.languages=deu,fra --bucc.pairs=de-en
+--dev.max_sentences=none; lists are comma-separated. The flags of earlier releases
+(--bucc_pairs, --sts17_dir, ...) still work, with a warning.
 `--protocol=vmsst|ems|infoxlm|emmax|mpcl` (comma-separated for several) runs what that
 paper's tables report, with its conventions, and writes OUTPUT_DIR/protocol_<name>.json
 naming each figure's table and the benchmarks vmx cannot read yet
@@ -32,20 +36,46 @@ def _list(s):
   return [x for x in s.split(",") if x] if s else []
 
 
+# Flags of earlier releases -> the task settings they set (`--task.field`); they still
+# work, with one warning, until vmx/_deprecated.py's REMOVED_IN.
+ALIASES = {
+    "bucc_pairs": ("bucc.pairs",), "sts17_dir": ("sts17.dir",),
+    "sts17_gs_dir": ("sts17.gs_dir",), "retrieval_dir": ("retrieval.dirs",),
+    "geometry_files": ("geometry.files",), "geometry_n": ("geometry.n",),
+    "transfer_languages": ("xnli_transfer.languages",),
+    "transfer_source": ("xnli_transfer.source",),
+    "transfer_probe": ("xnli_transfer.probe", "mldoc.probe", "amazon_v1.probe",
+                       "amazon_v2.probe"),
+    "transfer_seeds": ("xnli_transfer.seeds", "mldoc.seeds", "amazon_v1.seeds",
+                       "amazon_v2.seeds"),
+    "mldoc_dir": ("mldoc.dir",), "amazon_v1_dir": ("amazon_v1.dir",),
+    "amazon_v2_dir": ("amazon_v2.dir",), "paracrawl_dir": ("paracrawl.dir",),
+    "paracrawl_languages": ("paracrawl.languages",),
+    "paracrawl_queries": ("paracrawl.queries",),
+    "paracrawl_candidates": ("paracrawl.candidates",), "paracrawl_seed": ("paracrawl.seed",),
+    "flores_dir": ("flores.dir",), "flores_splits": ("flores.splits",),
+    "flores_languages": ("flores.languages",), "tatoeba_layers": ("tatoeba_layers.layers",),
+    "tatoeba_vector": ("tatoeba_vector.vector",),
+    "tatoeba_layer_languages": ("tatoeba_layers.languages",), "dev_sets": ("dev.sets",),
+    "dev_max_sentences": ("dev.max_sentences",), "dev_languages": ("dev.languages",),
+}
+PATH_FIELDS = ("dir", "gs_dir", "dirs", "files")   # settings naming files or directories
+
+
 def parse_args(argv):
-  from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
+  from vmx.evaluation import evaluators, harness, protocols  # lazy: jax, after cli.run_main
   from vmx.modeldir.layout import BEST_DIR, BEST_STEP  # lazy: after cli.run_main
 
-  from vmx import cli   # (light: neither jax nor TensorFlow)
+  from vmx import _deprecated, cli   # (light: neither jax nor TensorFlow)
   p = cli.ArgumentParser(description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--checkpoint_dir", required=True, help="a vmx model_dir")
   p.add_argument("--suite", default="standard", help=f"one of {sorted(harness.SUITES)}")
   p.add_argument("--protocol", default="",
                  help=f"a paper's evaluation protocol, comma-separated of "
                       f"{sorted(protocols.PROTOCOLS)} (replaces --suite / --tasks)")
   p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
-                                             f"{sorted(harness.TASKS)}")
+                                             f"{sorted(evaluators.EVALUATORS)}")
   p.add_argument("--step", type=cli.step_flag, default=None,
                  help=f"checkpoint step, or {BEST_STEP!r} (MODEL_DIR/{BEST_DIR}/, kept by runs "
                       "with BEST_METRIC); default: the latest")
@@ -58,133 +88,83 @@ def parse_args(argv):
   p.add_argument("--data_dir", default=None, help="default: $VMX_DATA_DIR, else the cache")
   p.add_argument("--languages", default="", help="Tatoeba languages (ISO 639-3), or 'all'; "
                                                  "default: the model's trained languages")
-  p.add_argument("--bucc_pairs", default="",
-                 help=f"comma-separated (default: every one of {','.join(harness.bucc.PAIRS)} "
-                      f"whose gold files are supplied)")
-  p.add_argument("--sts17_dir", default=None)
-  p.add_argument("--sts17_gs_dir", default=None)
-  p.add_argument("--retrieval_dir", action="append", default=[],
-                 help="a directory with queries.tsv, corpus.tsv, qrels.tsv (repeatable)")
-  p.add_argument("--geometry_files", default="",
-                 help="lang=path,... line-aligned N-way files (default newstest2013 x6)")
-  p.add_argument("--geometry_n", type=int, default=1000)
-  p.add_argument("--transfer_languages", default=",".join(harness.transfer.XNLI_LANGS))
-  p.add_argument("--transfer_source", default="en")
-  p.add_argument("--transfer_probe", default=None, choices=harness.transfer.PROBES,
-                 help="probe of the transfer tasks (default: xnli_transfer logistic, "
-                      "mldoc / amazon_v1 / amazon_v2 EMS's mlp)")
-  p.add_argument("--transfer_seeds", default="",
-                 help="comma-separated probe seeds; the mean is reported (default: "
-                      "xnli_transfer 0, mldoc / amazon 0,1,2,3,4)")
-  for name in harness.transfer.BENCHMARKS:
-    b = harness.transfer.BENCHMARKS[name]
-    p.add_argument(f"--{name}_dir", default=None,
-                   help=f"task {name} (EMS {b.table}): DIR/{b.pattern}, text<TAB>label")
-  p.add_argument("--paracrawl_dir", default=None,
-                 help="task paracrawl (EMS Table 9): OPUS ParaCrawl v5 ParaCrawl.<pair>.<xx> "
-                      "files (vmx/evaluation/paracrawl.py)")
-  p.add_argument("--paracrawl_languages", default="",
-                 help="comma-separated (default: every Table 9 language whose files are there)")
-  p.add_argument("--paracrawl_queries", type=int, default=harness.paracrawl.N_QUERIES)
-  p.add_argument("--paracrawl_candidates", type=int, default=harness.paracrawl.N_CANDIDATES)
-  p.add_argument("--paracrawl_seed", type=int, default=0)
-  p.add_argument("--flores_dir", default=None,
-                 help="task flores (EMMA-X Tables 3-4): FLORES-200's flores200_dataset/ "
-                      "(<split>/<lang_Script>.<split>)")
-  p.add_argument("--flores_splits", default=",".join(harness.flores.DEFAULT_SPLITS),
-                 help="task flores: splits read, concatenated (EMMA-X: all 3,001 sentences)")
-  p.add_argument("--flores_languages", default="",
-                 help="task flores: FLORES codes (default: every language supplied)")
-  p.add_argument("--tatoeba_layers", default="",
-                 help="task tatoeba_layers (InfoXLM Fig. 1): 'all' or comma-separated layer "
-                      "numbers; with --protocol=infoxlm it adds the Fig. 1 rows")
-  p.add_argument("--tatoeba_vector", default="7,mean",
-                 help="task tatoeba_vector (InfoXLM Tables 2-3 in --protocol=infoxlm): "
-                      "LAYER,POOLING (mean or first) of the encoder, whatever vector the "
-                      "model embeds; default §4.2's, the mean of layer 7")
-  p.add_argument("--tatoeba_layer_languages",
-                 default=",".join(harness.tatoeba.INFOXLM_PARALLEL14),
-                 help="task tatoeba_layers: its Tatoeba languages (default InfoXLM's 14)")
-  p.add_argument("--dev_sets", default=",".join(harness.devsets.DEFAULT_DEV_SETS),
-                 help="task dev: dev sets carved from the training data (vmx/data/devsets.py)")
-  p.add_argument("--dev_max_sentences", type=int, default=1000,
-                 help="task dev: the first N sentences of each set (0: all)")
-  p.add_argument("--dev_languages", default="", help="task dev: a subset of the languages")
   p.add_argument("--batch_size", type=int, default=256)
   p.add_argument("--no_plots", action="store_true")
   p.add_argument("--no_progress", action="store_true")
-  args = p.parse_args(argv)
-  _check_paths(args)
-  geo = None
-  if args.geometry_files:
-    try:
-      geo = dict(kv.split("=", 1) for kv in _list(args.geometry_files))
-    except ValueError:
-      p.error(f"--geometry_files={args.geometry_files!r}: expected lang=path,lang=path")
-  langs = _list(args.languages)
-  layers = None
-  if args.tatoeba_layers:
-    try:
-      layers = (args.tatoeba_layers if args.tatoeba_layers == "all" else
-                [int(x) for x in _list(args.tatoeba_layers)])
-    except ValueError:
-      p.error(f"--tatoeba_layers={args.tatoeba_layers!r}: expected 'all' or layer numbers 1,2,..")
+  for old in ALIASES:
+    p.add_argument(f"--{old}", action="append", default=None, help=argparse.SUPPRESS)
+  args, rest = p.parse_known_args(argv)
+  settings = {name: cls() for name, cls in evaluators.EVALUATORS.items()}
+  given = []   # (flag, task, field, text), in command-line order
+  for old, targets in ALIASES.items():
+    values = getattr(args, old)
+    if values is None:
+      continue
+    _deprecated.flag(f"--{old}", " / ".join(f"--{t}" for t in targets))
+    text = ",".join(values)
+    if old == "dev_max_sentences" and text.strip() == "0":
+      text = "none"    # 0 meant every sentence
+    given += [(f"--{old}", *t.split("."), text) for t in targets]
   try:
-    seeds = [int(x) for x in _list(args.transfer_seeds)] or None
-  except ValueError:
-    p.error(f"--transfer_seeds={args.transfer_seeds!r}: expected integers 0,1,..")
-  vector = _list(args.tatoeba_vector)
-  if (len(vector) != 2 or not vector[0].isdigit() or int(vector[0]) < 1
-      or vector[1] not in ("mean", "first")):
-    p.error(f"--tatoeba_vector={args.tatoeba_vector!r}: expected LAYER,POOLING, e.g. 7,mean "
-            f"(pooling mean or first)")
+    given += _task_settings(rest, settings)
+  except ValueError as e:
+    p.error(str(e))
+  for flag, task, field, text in given:
+    setattr(settings[task], field, evaluators.parse_setting(settings[task], field, text, flag))
+  _check_paths(args, given)
+  langs = _list(args.languages)
   if langs == ["all"]:
     from vmx.evaluation import tatoeba  # lazy: jax
     langs = tatoeba.available_languages(args.data_dir)
-  cfg = harness.EvalConfig(
-      data_dir=args.data_dir, tatoeba_languages=langs or None,
-      bucc_pairs=_list(args.bucc_pairs) or None,
-      sts17_dir=args.sts17_dir, sts17_gs_dir=args.sts17_gs_dir, retrieval_dirs=args.retrieval_dir,
-      geometry_files=geo, geometry_n=args.geometry_n,
-      transfer_languages=_list(args.transfer_languages), transfer_source=args.transfer_source,
-      transfer_probe=args.transfer_probe, transfer_seeds=seeds,
-      **{f"{name}_dir": getattr(args, f"{name}_dir") for name in harness.transfer.BENCHMARKS},
-      paracrawl_dir=args.paracrawl_dir,
-      paracrawl_languages=_list(args.paracrawl_languages) or None,
-      paracrawl_queries=args.paracrawl_queries, paracrawl_candidates=args.paracrawl_candidates,
-      paracrawl_seed=args.paracrawl_seed, tatoeba_layers=layers,
-      tatoeba_vector=(int(vector[0]), vector[1]),
-      flores_dir=args.flores_dir, flores_splits=_list(args.flores_splits),
-      flores_languages=_list(args.flores_languages) or None,
-      tatoeba_layer_languages=_list(args.tatoeba_layer_languages),
-      dev_sets=_list(args.dev_sets), dev_max_sentences=args.dev_max_sentences or None,
-      dev_languages=_list(args.dev_languages) or None, plots=not args.no_plots, progress=not args.no_progress)
   try:
     args.protocols = protocols.resolve(_list(args.protocol))
-    tasks = (protocols.tasks_of(args.protocols, cfg) if args.protocols else
+    tasks = (protocols.tasks_of(args.protocols, settings) if args.protocols else
              harness.resolve_tasks(args.suite, _list(args.tasks)))
   except ValueError as e:
     p.error(str(e))
-  if args.protocols and not langs:   # a protocol's own languages (else every language)
+  if not langs and args.protocols:   # a protocol's own languages (else every language)
     wanted = [p_.tatoeba_languages for p_ in args.protocols]
     if all(w is not None for w in wanted):
-      cfg.tatoeba_languages = sorted({l for w in wanted for l in w})
+      langs = sorted({l for w in wanted for l in w})
     else:
       from vmx.evaluation import tatoeba  # lazy: jax
-      cfg.tatoeba_languages = tatoeba.available_languages(args.data_dir)
-  return args, cfg, tasks
+      langs = tatoeba.available_languages(args.data_dir)
+  for task in ("tatoeba", "tatoeba_vector"):
+    if langs and not any(g[1:3] == (task, "languages") for g in given):
+      settings[task].languages = langs
+  return args, settings, tasks
 
 
-def _check_paths(args):
-  """Every path flag names something that exists, checked before any long work."""
+def _task_settings(rest, settings) -> list:
+  """[(flag, task, field, text)] of `--task.field=VALUE` (or `--task.field VALUE`)."""
+  out, i = [], 0
+  while i < len(rest):
+    arg = rest[i]
+    name, eq, text = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+    task, dot, field = name.partition(".")
+    if not dot or task not in settings:
+      raise ValueError(f"unrecognized argument {arg!r}" + (
+          f" (a task setting is --TASK.FIELD=VALUE with TASK one of {sorted(settings)})"
+          if dot else ""))
+    if not eq:
+      if i + 1 >= len(rest):
+        raise ValueError(f"{arg}: expected a value")
+      i, text = i + 1, rest[i + 1]
+    out.append((f"--{name}", task, field, text))
+    i += 1
+  return out
+
+
+def _check_paths(args, given):
+  """Every path setting names something that exists, checked before any long work."""
   from vmx import storage  # lazy: after cli.run_main
-  given = [(f"--{k}", v) for k, v in sorted(vars(args).items())
-           if (k.endswith("_dir") or k == "checkpoint_dir") and v and k != "output_dir"]
-  given += [("--retrieval_dir", v) for v in args.retrieval_dir]
-  if args.geometry_files:
-    given += [("--geometry_files", kv.split("=", 1)[-1]) for kv in _list(args.geometry_files)]
   from vmx.errors import ConfigError
-  for flag, value in given:
+  paths = [("--checkpoint_dir", args.checkpoint_dir)]
+  paths += [("--data_dir", args.data_dir)] if args.data_dir else []
+  for flag, task, field, text in given:
+    if field in PATH_FIELDS and text.strip().lower() != "none":
+      paths += [(flag, v.split("=", 1)[-1]) for v in _list(text)]
+  for flag, value in paths:
     if not storage.path(value).exists():
       raise ConfigError(f"{flag}={value}: no such file or directory")
   if not (storage.path(args.checkpoint_dir) / "vmx_model.json").exists():
@@ -196,7 +176,7 @@ def main(argv):
   from vmx import cli, signals, storage  # lazy: after cli.run_main
   from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
   from vmx.inference import Encoder  # lazy: jax
-  args, cfg, tasks = parse_args(argv)
+  args, settings, tasks = parse_args(argv)
   signals.install()   # SIGTERM / SIGINT: exit 75, the finished tasks' results kept
   with signals.activity("loading the checkpoint"):
     enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
@@ -208,7 +188,9 @@ def main(argv):
                 "continue (they are kept)")
   failed = None
   try:
-    results = harness.run(enc, output_dir=out, config=cfg, tasks=tasks,
+    results = harness.run(enc, output_dir=out, evaluators={t: settings[t] for t in tasks},
+                          data_dir=args.data_dir, plots=not args.no_plots,
+                          progress=not args.no_progress,
                           model_info={"name": enc.name, "revision": enc.revision,
                                       **({"dim": enc.dim} if enc.dim else {}),
                                       **({"precision": enc.quantized} if enc.quantized
@@ -218,7 +200,7 @@ def main(argv):
     failed, results = e, e.results
   print((out / "summary.md").read_text())
   for proto in args.protocols:
-    report = protocols.report(proto, results, failed.errors if failed else {}, cfg)
+    report = protocols.report(proto, results, failed.errors if failed else {}, settings)
     storage.write_atomic(out / f"protocol_{proto.name}.json", json.dumps(report, indent=1))
     print(f"[vmx eval] protocol {proto.name} ({proto.paper}):")
     for f in report["figures"]:

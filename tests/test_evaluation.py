@@ -3,6 +3,7 @@ blocked kNN == brute force (1 and 8 devices); the harness's files round-trip."""
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import jax
@@ -692,20 +693,24 @@ def test_harness_writes_mteb_like_files_summary_and_plots(tmp_path):
 
 def test_harness_resume_keeps_results_of_this_model_and_settings_only(tmp_path, monkeypatch):
   """An interrupted evaluation continues: a task whose result file was written for this
-  model, vmx version and settings is kept; another model, other settings, a damaged file
-  or resume=False run it again."""
+  model, vmx version and settings is kept, whatever the other tasks' settings; another
+  model, another data directory, a damaged file or resume=False run it again."""
   _harness_data(tmp_path / "data")
   cfg = harness.EvalConfig(data_dir=str(tmp_path / "data"), progress=False)
   out, enc = tmp_path / "out", MeaningEncoder(noise=0.05)
   model = {"name": "toy", "revision": "r1"}
   first = harness.run(enc, tasks=["stsb"], output_dir=str(out), config=cfg,
                       model_info=model, resume=True)
-  real, calls = harness.TASKS["stsb"], []
-  monkeypatch.setitem(harness.TASKS, "stsb", lambda *a: calls.append(1) or real(*a))
+  from vmx.evaluation import evaluators
+  real, calls = evaluators.Stsb.run, []
+  monkeypatch.setattr(evaluators.Stsb, "run", lambda *a: calls.append(1) or real(*a))
   run = lambda **kw: harness.run(enc, tasks=["stsb"], output_dir=str(out),
                                  **{"config": cfg, "model_info": model, "resume": True, **kw})
   assert run()["stsb"] == json.loads(json.dumps(first["stsb"])) and calls == []
-  run(config=dataclasses.replace(cfg, dev_max_sentences=5))    # other settings
+  run(config=dataclasses.replace(cfg, dev_max_sentences=5))    # another task's settings
+  assert calls == []
+  shutil.copytree(tmp_path / "data", tmp_path / "data2")
+  run(config=dataclasses.replace(cfg, data_dir=str(tmp_path / "data2")))   # other data
   assert len(calls) == 1
   run(model_info={"name": "toy", "revision": "r2"})              # another checkpoint
   assert len(calls) == 2
@@ -723,7 +728,7 @@ def test_harness_missing_data_fails_that_task_only(tmp_path):
   with pytest.raises(harness.EvaluationFailed,
                      match=r"bucc: DataError: task bucc: no gold file for any of de-en, fr-en, "
                            r"ru-en, zh-en.*retrieval: "
-                           r"DataError: task retrieval: needs --retrieval_dir"):
+                           r"DataError: task retrieval: needs --retrieval.dirs"):
     harness.run(MeaningEncoder(), tasks=["tatoeba", "bucc", "retrieval", "stsb"],
                 output_dir=str(out), config=cfg)
   assert (out / "tatoeba.json").exists() and (out / "stsb.json").exists()
@@ -956,5 +961,6 @@ def test_paracrawl_bad_input_names_the_file(tmp_path):
   _paracrawl(tmp_path, "de", n=100)
   with pytest.raises(DataError, match=r"has 100 lines, fewer than the 200 candidates"):
     paracrawl.evaluate(enc, tmp_path, n_queries=10, n_candidates=200)
-  with pytest.raises(DataError, match=r"needs --paracrawl_dir"):
-    harness.TASKS["paracrawl"](enc, harness.EvalConfig(), {"files": common.DataFiles("paracrawl")})
+  from vmx.evaluation import evaluators
+  with pytest.raises(DataError, match=r"needs --paracrawl.dir"):
+    evaluators.Paracrawl().run(evaluators.Context(enc, enc, common.DataFiles("paracrawl")))

@@ -151,8 +151,8 @@ def test_emmax_multists_is_table_2_spearman_over_its_pairs():
   assert f["value"] == pytest.approx(50.0) and f["task"] == "sts17"
   assert set(f["pairs_missing"]) == {"ar-en", "en-de", "en-en", "es-es", "fr-en", "it-en",
                                      "nl-en"}
-  report = protocols.report(protocols.PROTOCOLS["emmax"], {}, {},
-                            __import__("vmx.evaluation.harness").evaluation.harness.EvalConfig())
+  from vmx.evaluation import harness
+  report = protocols.report(protocols.PROTOCOLS["emmax"], {}, {}, harness.settings_of())
   xrete = {m["benchmark"].split(" (")[0] for m in report["missing"]}
   assert {"XNLI", "ANLI / AmericasNLI", "PAWS-X", "QE", "LAReQA", "Mewsli-X", "XCOPA",
           "MultiEURLEX", "MultiARC", "MultiSTS"} <= xrete
@@ -221,19 +221,20 @@ def test_ems_figures_and_optional_tasks():
   assert figs[("Table 10", "mldoc Avg. (both directions)")]["value"] == 75.0
   assert figs[("Table 13", "MLDoc X->en Avg.")]["value"] == 76.0
   ems = protocols.PROTOCOLS["ems"]
-  bare = harness.EvalConfig()
+  bare = harness.settings_of()
   assert protocols.tasks_of([ems], bare) == ["tatoeba", "bucc"]
   missing = {m["benchmark"]: m["layout"] for m in protocols.report(ems, {}, {}, bare)["missing"]}
   assert set(missing) == {"ParaCrawl sentence retrieval (2k queries, 200k candidates)",
                           "mldoc", "amazon_v1", "amazon_v2"}
-  assert "--mldoc_dir=DIR: DIR/{lang}.{train,dev,test}.tsv" in missing["mldoc"]
+  assert "--mldoc.dir=DIR: DIR/{lang}.{train,dev,test}.tsv" in missing["mldoc"]
   assert "MLP" in missing["mldoc"] and "ParaCrawl.<pair>" in missing[
       "ParaCrawl sentence retrieval (2k queries, 200k candidates)"]
-  given = harness.EvalConfig(paracrawl_dir="/x", mldoc_dir="/y")
+  given = harness.settings_of(harness.EvalConfig(paracrawl_dir="/x", mldoc_dir="/y"))
   assert protocols.tasks_of([ems], given) == ["tatoeba", "bucc", "paracrawl", "mldoc"]
   assert len(protocols.report(ems, {}, {}, given)["missing"]) == 2
   infoxlm = protocols.PROTOCOLS["infoxlm"]
-  assert protocols.tasks_of([infoxlm], harness.EvalConfig(tatoeba_layers="all")) == [
+  assert protocols.tasks_of([infoxlm], harness.settings_of(
+      harness.EvalConfig(tatoeba_layers="all"))) == [
       "tatoeba_vector", "tatoeba_layers"]
   assert "tatoeba_layers" not in protocols.tasks_of([infoxlm], bare)
   assert tatoeba.INFOXLM_PARALLEL14 == protocols.INFOXLM_PARALLEL14
@@ -351,7 +352,7 @@ def test_infoxlm_tables_2_3_score_section_4_2s_vector_whatever_the_run_embeds(tm
   res = harness.run(base, tasks=["tatoeba", "tatoeba_vector"], config=cfg)
   assert res["tatoeba"]["vector"] == "layer 8, CLS"
   assert res["tatoeba_vector"]["vector"] == "layer 7, mean"
-  report = protocols.report(protocols.PROTOCOLS["infoxlm"], res, {}, cfg)
+  report = protocols.report(protocols.PROTOCOLS["infoxlm"], res, {}, harness.settings_of(cfg))
   figs = {(f["table"], f["column"]): f for f in report["figures"]}
   want = tatoeba.evaluate(layerwise.layer_encoder(base, 7, "mean").encode, langs, str(tmp_path))
   per = want["languages"]
@@ -367,7 +368,7 @@ def test_infoxlm_tables_2_3_score_section_4_2s_vector_whatever_the_run_embeds(tm
   assert "Tatoeba with" not in json.dumps(report["missing"])
   shallow = make(2, pooling="mean")                    # no layer 7: its own vector, named
   res = harness.run(shallow, tasks=["tatoeba_vector"], config=cfg)
-  report = protocols.report(protocols.PROTOCOLS["infoxlm"], res, {}, cfg)
+  report = protocols.report(protocols.PROTOCOLS["infoxlm"], res, {}, harness.settings_of(cfg))
   assert {f["vector"] for f in report["figures"]} == {"mean of the last layer"}
   gone = [m for m in report["missing"] if m["table"] == "Tables 2, 3"]
   assert len(gone) == 1 and "layer 7, mean" in gone[0]["benchmark"]
@@ -428,7 +429,7 @@ def test_reproduction_commands_parse(monkeypatch):
   spec = importlib.util.spec_from_file_location("vmx_eval_launcher", REPO / "launch" / "eval.py")
   eval_launcher = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(eval_launcher)
-  monkeypatch.setattr(eval_launcher, "_check_paths", lambda args: None)
+  monkeypatch.setattr(eval_launcher, "_check_paths", lambda args, given: None)
   from vmx.gin_utils import split_gin_bindings
   for line in lines:
     argv = shlex.split(line)[2:]

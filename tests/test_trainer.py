@@ -72,20 +72,20 @@ def test_best_checkpoint_follows_the_dev_metric_across_a_resume(tmp_path, toy_ta
   a resumed run continues from the record and replaces it only with a better value;
   Encoder.from_checkpoint(dir, 'best') opens it; a different metric is refused."""
   from vmx.errors import CheckpointError, ConfigError, InputError
-  from vmx.evaluation import harness
+  from vmx.evaluation import evaluators
   from vmx.inference import Encoder
   from vmx.evaluation.periodic import TatoebaEvalConfig
   name, vp, _, _ = toy_task
   scores = []
 
-  def scripted(encode, cfg, ctx):            # the harness's tatoeba task, scripted
-    encode(["alpha beta"], None)             # the encoder of the current parameters works
+  def scripted(self, ctx):                   # the harness's tatoeba task, scripted
+    ctx.encode(["alpha beta"], None)         # the encoder of the current parameters works
     v = scores.pop(0)
     return {"scores": {"test": [{"hf_subset": f"{l}-eng", "languages": [l, "eng"],
-                                 "main_score": v} for l in cfg.tatoeba_languages]},
+                                 "main_score": v} for l in self.languages]},
             "main_score": v}
 
-  monkeypatch.setitem(harness.TASKS, "tatoeba", scripted)
+  monkeypatch.setattr(evaluators.Tatoeba, "run", scripted)
   d = tmp_path / "run"
   kw = dict(period=2, keep=10, eval_cfg=TatoebaEvalConfig(["deu"]), eval_period=2,
             best_metric="tatoeba/mean")

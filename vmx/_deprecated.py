@@ -1,8 +1,11 @@
-"""Old import paths that users may have written, kept as thin forwarding modules: the
-first name read through one warns once (DeprecationWarning) with the new path."""
+"""Old import paths and command-line flags that users may have written: the modules are
+kept as thin forwarders (the first name read through one warns once, DeprecationWarning,
+with the new path), the flags as aliases (one warning line each, `flag`), until vmx
+REMOVED_IN."""
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 
 _WARNED: set = set()
@@ -20,3 +23,12 @@ def forward(old: str, new: str):
                     DeprecationWarning, stacklevel=2)
     return getattr(importlib.import_module(new), name)
   return __getattr__
+
+
+def flag(old: str, new: str):
+  """One warning line on stderr for a command-line flag of an earlier release (once)."""
+  if old in _WARNED:
+    return
+  _WARNED.add(old)
+  print(f"[vmx] warning: {old} is deprecated and goes in vmx {REMOVED_IN}: use {new}",
+        file=sys.stderr, flush=True)

@@ -4,15 +4,17 @@
   results = harness.run(encoder, suite="standard", output_dir="/tmp/vmx/eval")
 
 `encoder` is a vmx `Encoder` or anything with `encode(list_of_str) -> [n, d]`
-(see `common.as_encode_fn`). For each task the harness writes
+(see `common.as_encode_fn`). The tasks are evaluators (vmx/evaluation/evaluators.py:
+one dataclass per task, its fields its settings), given as `evaluators={name: ...}` or
+built from a suite / task list and the flat `EvalConfig`. For each task the harness writes
 `OUTPUT_DIR/<task>.json` in an MTEB-like schema:
 
   {"task_name", "main_score", "dataset_revision" (sha256 of the input files),
    "evaluation_time" (s), "model": {"name", "revision"}, "vmx_version",
    "mteb_version": null, "kg_co2_emissions": null,
    "scores": {split: [{"hf_subset", "languages", "main_score", ...metrics}]},
-   "vector" (the sentence vector scored, vmx/evaluation/vectors.py), ...task-level
-   aggregates}
+   "vector" (the sentence vector scored, vmx/evaluation/vectors.py), "settings" (the
+   evaluator's), "eval_config_digest", ...task-level aggregates}
 
 plus `summary.md` (one row per task) and plots (`tatoeba_languages.png`,
 `geometry_projection.png`). A task whose data are missing or whose inputs are
@@ -26,24 +28,26 @@ import hashlib
 import json
 import time
 import traceback
-from typing import Callable, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
 import vmx
 from vmx import signals, storage
 from vmx.data import devsets
-from vmx.data.languages import resolve as resolve_language
-from vmx.errors import ConfigError, DataError
-from vmx.evaluation import bucc, common, dev, geometry, retrieval, sts, tatoeba, transfer
-from vmx.evaluation import flores, layerwise, paracrawl, plots, vectors
+from vmx.errors import DataError
+from vmx.evaluation import common, flores, paracrawl, tatoeba, transfer, vectors
+from vmx.evaluation import evaluators as evaluators_lib
+from vmx.evaluation import plots as plots_lib
 
 VMX_VERSION = vmx.__version__   # what a resumed evaluation compares (run(resume=...))
 
 
 @dataclasses.dataclass
 class EvalConfig:
-  """Where the data are and what to run on; every field is a flag of launch/eval.py."""
+  """Every task's settings in one flat object (the Python API of earlier releases, and
+  what the periodic evaluators build): `evaluators_of` maps each field to the setting of
+  one task's evaluator (vmx/evaluation/evaluators.py), which is what runs."""
   data_dir: Optional[str] = None               # default: $VMX_DATA_DIR, else download cache
   tatoeba_languages: Optional[Sequence[str]] = None   # default: the model's, else all
   tatoeba_english: str = "eng"                 # the code the model knows English by
@@ -85,130 +89,47 @@ class EvalConfig:
   progress: bool = True
 
 
-def _record_tatoeba(files: common.DataFiles, langs):
-  """Resolves (and records) the Tatoeba files of `langs`: a missing one fails here, named."""
-  for l in langs:
-    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.{l}")
-    files.path(f"eval/tatoeba/v1/tatoeba.{l}-eng.eng")
+def evaluators_of(cfg: EvalConfig, names: Sequence[str]) -> dict:
+  """{task: its Evaluator} of the flat `cfg`: each EvalConfig field is one evaluator's
+  setting (vmx/evaluation/evaluators.py), and this is where they meet."""
+  c = cfg
+  transfer_dirs = {name: getattr(c, f"{name}_dir") for name in transfer.BENCHMARKS}
+  def make(name):
+    if name in transfer.BENCHMARKS:
+      return evaluators_lib.EVALUATORS[name](
+          dir=transfer_dirs[name], probe=c.transfer_probe or "mlp",
+          seeds=c.transfer_seeds or transfer.EMS_SEEDS)
+    tatoeba_kw = dict(languages=c.tatoeba_languages, english=c.tatoeba_english)
+    return {
+        "tatoeba": lambda: evaluators_lib.Tatoeba(**tatoeba_kw),
+        "tatoeba_vector": lambda: evaluators_lib.TatoebaVector(**tatoeba_kw,
+                                                           vector=tuple(c.tatoeba_vector)),
+        "tatoeba_layers": lambda: evaluators_lib.TatoebaLayers(
+            c.tatoeba_layers, c.tatoeba_layer_languages, c.tatoeba_english),
+        "bucc": lambda: evaluators_lib.Bucc(c.bucc_pairs),
+        "sts12-16": evaluators_lib.Sts12To16,
+        "stsb": evaluators_lib.Stsb,
+        "sts17": lambda: evaluators_lib.Sts17(c.sts17_dir, c.sts17_gs_dir),
+        "retrieval": lambda: evaluators_lib.Retrieval(tuple(c.retrieval_dirs)),
+        "geometry": lambda: evaluators_lib.Geometry(c.geometry_files, c.geometry_n, c.geometry_cov),
+        "dev": lambda: evaluators_lib.Dev(c.dev_sets, c.dev_max_sentences, c.dev_languages),
+        "xnli_transfer": lambda: evaluators_lib.XnliTransfer(
+            c.transfer_languages, c.transfer_source, c.transfer_probe or "logistic",
+            c.transfer_seeds or (0,)),
+        "paracrawl": lambda: evaluators_lib.Paracrawl(
+            c.paracrawl_dir, c.paracrawl_languages, c.paracrawl_queries,
+            c.paracrawl_candidates, c.paracrawl_seed),
+        "flores": lambda: evaluators_lib.Flores(c.flores_dir, c.flores_splits, c.flores_languages),
+    }[name]()
+  return {name: make(name) for name in names}
 
 
-def _tatoeba(encode, cfg: EvalConfig, ctx) -> dict:
-  langs = list(cfg.tatoeba_languages or ctx.get("languages") or [])
-  available = tatoeba.available_languages(cfg.data_dir)
-  if not langs:
-    langs = available
-  elif ctx.get("languages") and not cfg.tatoeba_languages:
-    # Tatoeba's languages that the model knows, under their code or another one
-    # (pes for fas: vmx.data.languages.resolve)
-    langs = [l for l in available if resolve_language(l, langs) is not None]
-  _record_tatoeba(ctx["files"], langs)
-  own = ctx.get("languages")
-  res = tatoeba.evaluate(encode, langs, cfg.data_dir, english=cfg.tatoeba_english,
-                         progress=cfg.progress, own_languages=own)
-  # `seen`: whether the model trained on the language (VMSST A.3's Table 8), where the
-  # model says which languages it trained on
-  subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
-              "accuracy_xx2en": r["xx2en"], "accuracy_en2xx": r["en2xx"], "xsim_error": r["xsim"],
-              "n": r["n"], "group": "head" if l in tatoeba.EMMAX_HEAD else "long_tail",
-              **({"seen": resolve_language(l, own) is not None} if own else {})}
-             for l, r in res["languages"].items()]
-  return {"scores": {"test": subsets}, "main_score": res["mean"]["mean"],
-          "mean": res["mean"], "groups": res["groups"]}
+TASKS = evaluators_lib.EVALUATORS    # {task name: its Evaluator class}
 
 
-def _tatoeba_vector(encode, cfg: EvalConfig, ctx) -> dict:
-  """Tatoeba (as the `tatoeba` task) with the mean (or CLS) of one layer of the encoder,
-  `cfg.tatoeba_vector` = (layer, pooling), whatever vector the model embeds (InfoXLM §4.2:
-  the mean of layer 7, Tables 2-3). An encoder that cannot give it (not a vmx model, or
-  fewer layers) is scored with its own vector, and the result says so
-  (`vector_requested`, `vector_unavailable`)."""
-  layer, pooling = cfg.tatoeba_vector
-  wanted = f"layer {int(layer)}, {vectors.POOLING_NAMES.get(pooling, pooling)}"
-  encoder = ctx["encoder"]
-  try:
-    chosen = layerwise.layer_encoder(encoder, int(layer), pooling)
-    why = None
-  except ConfigError as e:
-    chosen, why = encoder, str(e)
-  out = _tatoeba(encode if why else common.as_encode_fn(
-      chosen, progress=None if cfg.progress else False), cfg, ctx)
-  out["vector"] = vectors.describe(chosen)
-  out["vector_requested"] = wanted
-  if why:
-    out["vector_unavailable"] = why
-  return out
-
-
-def _tatoeba_layers(encode, cfg: EvalConfig, ctx) -> dict:
-  """InfoXLM Fig. 1: Tatoeba accuracy of each layer's mean-pooled hidden states
-  (vmx/evaluation/layerwise.py), one Tatoeba pass per layer; main score = the best layer's
-  xx->en accuracy."""
-  del encode
-  encoder = ctx["encoder"]
-  layers = cfg.tatoeba_layers
-  if layers in (None, "all"):
-    layers = list(range(1, layerwise.num_layers(encoder) + 1))
-  langs = list(cfg.tatoeba_layer_languages)
-  _record_tatoeba(ctx["files"], langs)
-  rows = []
-  for k in layers:
-    layer_enc = layerwise.layer_encoder(encoder, int(k))
-    enc_k = common.as_encode_fn(layer_enc, progress=None if cfg.progress else False)
-    res = tatoeba.evaluate(enc_k, langs, cfg.data_dir, english=cfg.tatoeba_english)
-    m = res["mean"]
-    rows.append({"hf_subset": f"layer_{k}", "layer": int(k), "languages": langs,
-                 "vector": vectors.describe(layer_enc),
-                 "main_score": m["xx2en"], "accuracy_xx2en": m["xx2en"],
-                 "accuracy_en2xx": m["en2xx"], "accuracy_mean": m["mean"],
-                 "n_languages": m["n_languages"]})
-  best = max(rows, key=lambda r: r["main_score"])
-  return {"scores": {"test": rows}, "main_score": best["main_score"], "best_layer": best["layer"],
-          "pooling": "mean", "direction": "xx2en", "vector": "each layer's mean (per row)"}
-
-
-def _transfer_benchmark(name: str):
-  """The harness task of transfer benchmark `name`, reading `EvalConfig.<name>_dir`."""
-  bench, flag = transfer.BENCHMARKS[name], f"{name}_dir"
-  return lambda e, c, x: transfer.evaluate_benchmark(
-      e, bench, _required(getattr(c, flag), name, flag, "transfer"),
-      c.transfer_probe or "mlp", c.transfer_seeds or transfer.EMS_SEEDS, c.progress,
-      files=x["files"])
-
-
-TASKS: dict[str, Callable] = {
-    "tatoeba": _tatoeba,
-    "bucc": lambda e, c, x: bucc.evaluate(e, c.bucc_pairs, c.data_dir, progress=c.progress,
-                                          files=x["files"]),
-    "sts12-16": lambda e, c, x: sts.evaluate_sts12_16(e, data_dir=c.data_dir,
-                                                      progress=c.progress, files=x["files"]),
-    "stsb": lambda e, c, x: sts.evaluate_stsb(e, data_dir=c.data_dir, files=x["files"]),
-    "sts17": lambda e, c, x: sts.evaluate_sts17(e, _required(c.sts17_dir, "sts17", "sts17_dir"),
-                                                c.sts17_gs_dir, c.progress, files=x["files"]),
-    "retrieval": lambda e, c, x: _retrieval(e, c, x),
-    "geometry": lambda e, c, x: geometry.evaluate(e, c.geometry_files, c.geometry_n,
-                                                  c.geometry_cov, c.data_dir, c.progress,
-                                                  files=x["files"]),
-    # the model's languages bound the dev languages only if the model reads language ids
-    "dev": lambda e, c, x: dev.evaluate(e, c.dev_sets, c.data_dir, c.dev_max_sentences,
-                                        c.dev_languages, x.get("id_languages"), c.progress),
-    "xnli_transfer": lambda e, c, x: transfer.evaluate(
-        e, languages=c.transfer_languages, source=c.transfer_source, data_dir=c.data_dir,
-        progress=c.progress, files=x["files"], probe=c.transfer_probe or "logistic",
-        seeds=c.transfer_seeds or (0,)),
-    **{name: _transfer_benchmark(name) for name in transfer.BENCHMARKS},
-    "paracrawl": lambda e, c, x: paracrawl.evaluate(
-        e, _required(c.paracrawl_dir, "paracrawl", "paracrawl_dir"), c.paracrawl_languages,
-        c.paracrawl_queries, c.paracrawl_candidates, c.paracrawl_seed, progress=c.progress,
-        files=x["files"]),
-    "tatoeba_layers": _tatoeba_layers,
-    "tatoeba_vector": _tatoeba_vector,
-    "flores": lambda e, c, x: flores.evaluate(
-        e, _required(c.flores_dir, "flores", "flores_dir"), c.flores_splits, c.flores_languages,
-        progress=c.progress, files=x["files"], model_languages=x.get("id_languages")),
-}
-# main_score direction, for readers of the results (MTEB assumes higher is better)
-LOWER_IS_BETTER = {"geometry"}
-
+def settings_of(cfg: Optional[EvalConfig] = None) -> dict:
+  """{task: Evaluator} of every task, with `cfg`'s settings (default: each task's own)."""
+  return evaluators_of(cfg or EvalConfig(), list(TASKS))
 SUITES = {
     "tatoeba": ("tatoeba",),
     "dev": ("dev",),              # model selection: retrieval on the dev sets only
@@ -219,27 +140,6 @@ SUITES = {
     "full": ("tatoeba", "bucc", "sts12-16", "stsb", "sts17", "retrieval", "xnli_transfer",
              "geometry"),
 }
-
-
-def _required(value, task, flag, module=None):
-  if not value:
-    raise DataError(f"task {task}: needs --{flag} (see vmx/evaluation/"
-                    f"{module or task.rstrip('0123456789')}.py for the file layout)")
-  return value
-
-
-def _retrieval(encode, cfg, ctx):
-  dirs = list(cfg.retrieval_dirs)
-  if not dirs:
-    _required(None, "retrieval", "retrieval_dir")
-  scores, mains = {"test": []}, []
-  for d in dirs:
-    r = retrieval.evaluate(encode, d, progress=cfg.progress, files=ctx["files"])
-    for s in r["scores"]["test"]:
-      s["hf_subset"] = f"{r['name']}/{s['hf_subset']}"
-      scores["test"].append(s)
-    mains.append(r["main_score"])
-  return {"scores": scores, "main_score": common.mean(mains)}
 
 
 class EvaluationFailed(RuntimeError):
@@ -278,9 +178,10 @@ def _jsonable(o):
   raise TypeError(f"not JSON-serializable: {type(o).__name__}")
 
 
-def config_digest(cfg: EvalConfig) -> str:
-  """What a task's result depends on besides the model: every setting but the display's."""
-  settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("plots", "progress")}
+def settings_digest(evaluator: evaluators_lib.Evaluator, data_dir: Optional[str]) -> str:
+  """What a task's result depends on besides the model: its own settings and the data
+  directory (a result kept by a resumed run must have the same)."""
+  settings = {**evaluator.settings(), "data_dir": data_dir}
   return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -300,25 +201,35 @@ def _kept(path, model: dict, digest: str) -> Optional[dict]:
 
 def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = None,
         config: Optional[EvalConfig] = None, tasks: Optional[Sequence[str]] = None,
-        model_info: Optional[dict] = None, resume: bool = False) -> dict:
+        model_info: Optional[dict] = None, resume: bool = False,
+        evaluators: Optional[Mapping[str, evaluators_lib.Evaluator]] = None,
+        data_dir: Optional[str] = None, plots: bool = True, progress: bool = True) -> dict:
   """Runs the tasks; returns {task: result dict}; writes files when output_dir is set.
 
+  The tasks are `evaluators` ({task: Evaluator}, vmx/evaluation/evaluators.py, run with
+  `data_dir`, `plots`, `progress`), or those of `tasks` / `suite` with the settings of the
+  flat `config` (`EvalConfig`, which also gives data_dir, plots and progress).
   `resume`: a task whose result file in output_dir was written for this model (name and
-  revision), vmx version and settings (`config_digest`) is kept, not run again: an
-  interrupted evaluation (SIGTERM: exit 75, vmx/signals.py) continues where it stopped."""
-  cfg = config or EvalConfig()
-  digest = config_digest(cfg)
-  names = resolve_tasks(None if tasks else suite, tasks)
-  encode = common.as_encode_fn(encoder, progress=None if cfg.progress else False)
+  revision), vmx version and the task's settings (`settings_digest`) is kept, not run
+  again: an interrupted evaluation (SIGTERM: exit 75, vmx/signals.py) continues where it
+  stopped."""
+  if evaluators is None:
+    cfg = config or EvalConfig()
+    evaluators = evaluators_of(cfg, resolve_tasks(None if tasks else suite, tasks))
+    data_dir, plots, progress = cfg.data_dir, cfg.plots, cfg.progress
+  elif config is not None or tasks:
+    raise ValueError("harness.run: give evaluators, or config / tasks / suite, not both")
+  encode = common.as_encode_fn(encoder, progress=None if progress else False)
   model = model_info or {"name": common.model_name(encoder), "revision": None}
-  ctx_langs = getattr(encoder, "languages", None)
+  langs = getattr(encoder, "languages", None)
   reads_ids = getattr(getattr(encoder, "model", None), "uses_languages", False)
   out = storage.path(output_dir) if output_dir else None
   if out:
     out.mkdir(parents=True, exist_ok=True)
   results, errors, artifacts = {}, {}, {}
-  for name in names:
-    files = common.DataFiles(name, cfg.data_dir)
+  for name, evaluator in evaluators.items():
+    digest = settings_digest(evaluator, data_dir)
+    files = common.DataFiles(name, data_dir)
     t0 = time.time()
     kept = _kept(out / f"{name}.json", model, digest) if out and resume else None
     if kept is not None:
@@ -327,11 +238,11 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
             f"{out / f'{name}.json'} is this model's, with these settings)", flush=True)
       continue
     print(f"[vmx eval] {name} ...", flush=True)
+    ctx = evaluators_lib.Context(encoder, encode, files, data_dir, progress, langs,
+                                 langs if reads_ids else None)
     try:
       with signals.activity(f"evaluating {name}"):
-        res = TASKS[name](encode, cfg, {"files": files, "languages": ctx_langs,
-                                           "id_languages": ctx_langs if reads_ids else None,
-                                           "encoder": encoder})
+        res = evaluator.run(ctx)
     except (DataError, ValueError, OSError) as e:
       errors[name] = f"{type(e).__name__}: {e}"
       print(f"[vmx eval] {name} FAILED: {errors[name]}", flush=True)
@@ -342,11 +253,11 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
       artifacts[name] = res.pop("embeddings")
     record = {"task_name": name, "main_score": res.pop("main_score"),
               "vector": res.pop("vector", None) or vectors.describe(encoder),
-              "higher_is_better": name not in LOWER_IS_BETTER,
+              "higher_is_better": not evaluator.LOWER_IS_BETTER,
               "dataset_revision": files.revision(),
               "evaluation_time": round(time.time() - t0, 3), "model": model,
               "vmx_version": VMX_VERSION, "mteb_version": None, "kg_co2_emissions": None,
-              "eval_config_digest": digest,
+              "eval_config_digest": digest, "settings": evaluator.settings(),
               "scores": res.pop("scores"), **res}
     results[name] = record
     print(f"[vmx eval] {name}: main score {record['main_score']:.2f} "
@@ -355,11 +266,11 @@ def run(encoder, suite: Optional[str] = "standard", output_dir: Optional[str] = 
       _write_json(out / f"{name}.json", record)
   if out:
     storage.write_atomic(out / "summary.md", summary_markdown(results, errors, model))
-    if cfg.plots:
+    if plots:
       if "tatoeba" in results:
-        plots.tatoeba_bars(results["tatoeba"], out / "tatoeba_languages.png")
+        plots_lib.tatoeba_bars(results["tatoeba"], out / "tatoeba_languages.png")
       if "geometry" in artifacts:
-        plots.projection(artifacts["geometry"], out / "geometry_projection.png")
+        plots_lib.projection(artifacts["geometry"], out / "geometry_projection.png")
   if errors:
     raise EvaluationFailed("; ".join(f"{k}: {v}" for k, v in errors.items()) +
                            (f" (other results are in {out})" if out else ""), results, errors)

@@ -47,7 +47,7 @@ from vmx.evaluation import common, knn, mining
 LANGUAGES = ("bg", "cs", "da", "de", "el", "es", "et", "fi", "fr", "hr", "hu", "it", "lt",
              "lv", "nl", "pl", "pt", "ro", "sk", "sl", "sv")
 N_QUERIES, N_CANDIDATES, K = 2000, 200_000, 4
-LAYOUT = ("--paracrawl_dir=DIR: OPUS ParaCrawl v5.0 Moses files ParaCrawl.<pair>.{<xx>,en} "
+LAYOUT = ("--paracrawl.dir=DIR: OPUS ParaCrawl v5.0 Moses files ParaCrawl.<pair>.{<xx>,en} "
           "(<pair> = bg-en, ..., en-fr: the two codes in alphabetical order), line i "
           "parallel (vmx/evaluation/paracrawl.py)")
 

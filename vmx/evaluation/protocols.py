@@ -29,7 +29,7 @@ Language groups (Tatoeba v1 ISO 639-3 codes):
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from vmx.evaluation import common, paracrawl, tatoeba, transfer
 
@@ -92,7 +92,7 @@ EMS_TABLE6 = {
 EMS_TABLE13 = {">300k (43)": tuple(l for l in EMS_SEEN58 if l not in _EMS_UNDER300K_OWN),
                "<300k (15)": _EMS_UNDER300K_OWN}
 EMS_TRANSFER = tuple(transfer.BENCHMARKS)   # mldoc, amazon_v1, amazon_v2: data in --<task>_dir
-STS17_LAYOUT = ("--sts17_dir=DIR: SemEval-2017 Task 1 test release, STS.input.trackN.xx-yy.txt "
+STS17_LAYOUT = ("--sts17.dir=DIR: SemEval-2017 Task 1 test release, STS.input.trackN.xx-yy.txt "
                 "with STS.gs.trackN.xx-yy.txt (vmx/evaluation/sts.py)")
 
 
@@ -111,7 +111,8 @@ class Protocol:
   figures: Callable[[dict], list]                  # {task: result} -> figure rows
   missing: tuple = ()
   tatoeba_languages: Optional[Sequence[str]] = None   # None: every available language
-  optional_tasks: dict = dataclasses.field(default_factory=dict)   # task -> (Missing, needs)
+  # task -> (Missing, the setting of its evaluator that gives its data)
+  optional_tasks: dict = dataclasses.field(default_factory=dict)
   # what the results themselves show to be missing (results -> [Missing])
   missing_from: Optional[Callable[[dict], list]] = None
 
@@ -380,26 +381,26 @@ def _mpcl(results) -> list:
 
 
 def _sts17_optional(tables: str, benchmark: str = "STS17") -> dict:
-  return {"sts17": (Missing(tables, benchmark, STS17_LAYOUT), "sts17_dir")}
+  return {"sts17": (Missing(tables, benchmark, STS17_LAYOUT), "dir")}
 
 
 EMS_OPTIONAL = {
     "paracrawl": (Missing("Table 9", "ParaCrawl sentence retrieval (2k queries, 200k "
-                          "candidates)", paracrawl.LAYOUT), "paracrawl_dir"),
+                          "candidates)", paracrawl.LAYOUT), "dir"),
     **{task: (Missing(transfer.BENCHMARKS[task].table, task,
-                      transfer.BENCHMARKS[task].layout(flag)), flag)
-       for task, flag in ((t, f"{t}_dir") for t in EMS_TRANSFER)}}
+                      transfer.BENCHMARKS[task].layout(f"{task}.dir")), "dir")
+       for task in EMS_TRANSFER}}
 INFOXLM_OPTIONAL = {
     "tatoeba_layers": (Missing("Fig. 1", "Tatoeba xx->en accuracy of each layer (14 "
-                               "languages)", "--tatoeba_layers=all (or 1,4,7): one Tatoeba "
-                               "pass over the 14 languages per layer"), "tatoeba_layers")}
+                               "languages)", "--tatoeba_layers.layers=all (or 1,4,7): one "
+                               "Tatoeba pass over the 14 languages per layer"), "layers")}
 
 EMMAX_OPTIONAL = {
     "flores": (Missing("Tables 3, 4", "FLORES-200 head (68) / long-tail retrieval xx->En, "
                        "and the geometry metrics on it",
-                       "--flores_dir=DIR: FLORES-200's flores200_dataset/ with "
+                       "--flores.dir=DIR: FLORES-200's flores200_dataset/ with "
                        "<split>/<lang_Script>.<split> (vmx/evaluation/flores.py); without it "
-                       "Table 4 is computed on newstest2013"), "flores_dir"),
+                       "Table 4 is computed on newstest2013"), "dir"),
     **_sts17_optional("Table 2", "MultiSTS (zero-shot): STS17's SemEval-2017 pairs")}
 
 FINETUNE = ("launch/finetune.py --gin_file=finetune/<file>.gin --protocol={protocol} "
@@ -419,9 +420,9 @@ EMMAX_XRETE_MISSING = (
             "not built: a regression head over source and translation"),
     Missing("Tables 1, 2", "LAReQA (mAP@20)", "not built: XQuAD-R answer retrieval (Table 1 "
             "fine-tuned on SQuAD); its pool in vmx's retrieval layout (queries.tsv, corpus.tsv, "
-            "qrels.tsv) is scored by --retrieval_dir, not mapped to this table"),
+            "qrels.tsv) is scored by --retrieval.dirs, not mapped to this table"),
     Missing("Tables 1, 2", "Mewsli-X (mAP@20)", "not built: entity retrieval (Table 1 "
-            "fine-tuned); as LAReQA, --retrieval_dir scores it in vmx's retrieval layout"),
+            "fine-tuned); as LAReQA, --retrieval.dirs scores it in vmx's retrieval layout"),
     Missing("Table 1", "XCOPA", "not built: multiple choice (premise, two alternatives)"),
     Missing("Table 1", "MultiEURLEX", "not built: multi-label legal document classification"),
     Missing("Table 1", "MultiARC", "not built: review rating, scored by MAE"))
@@ -535,21 +536,27 @@ def resolve(names: Sequence[str]) -> list[Protocol]:
   return [PROTOCOLS[n] for n in names]
 
 
-def tasks_of(protocols: Sequence[Protocol], cfg) -> list[str]:
-  """The harness tasks to run (optional ones only where their data are given)."""
+def tasks_of(protocols: Sequence[Protocol], settings: Mapping) -> list[str]:
+  """The harness tasks to run (optional ones only where `settings` {task: Evaluator} give
+  their data: the setting the protocol names)."""
   out = []
   for p in protocols:
     out += [t for t in p.tasks if t not in out]
     out += [t for t, (_, needs) in p.optional_tasks.items()
-            if getattr(cfg, needs, None) and t not in out]
+            if _given(settings, t, needs) and t not in out]
   return out
 
 
-def report(protocol: Protocol, results: dict, errors: dict, cfg) -> dict:
+def _given(settings: Optional[Mapping], task: str, field: str) -> bool:
+  return bool(settings) and task in settings and bool(getattr(settings[task], field))
+
+
+def report(protocol: Protocol, results: dict, errors: dict,
+           settings: Optional[Mapping] = None) -> dict:
   """The protocol's JSON: its figures, what is missing, and tasks that failed."""
   missing = [dataclasses.asdict(m) for m in protocol.missing]
   for task, (m, needs) in protocol.optional_tasks.items():
-    if not getattr(cfg, needs, None):
+    if not _given(settings, task, needs):
       missing.append(dataclasses.asdict(m))
   if protocol.missing_from is not None:
     missing += [dataclasses.asdict(m) for m in protocol.missing_from(results)]
