@@ -26,6 +26,7 @@ from flax import traverse_util
 from vmx import encoders
 from vmx.errors import ConfigError
 from vmx.losses import l2_normalize
+from vmx.models.base import BaseModel, SentenceVector
 
 _STACK = re.compile(r"^(layers|layers_from_(\d+))$")
 
@@ -46,10 +47,14 @@ def unscanned_params(params: dict) -> dict:
 
 
 def encoder_module(model) -> encoders.TransformerEncoder:
-  enc = getattr(getattr(model, "module", None), "encoder", None)
+  """The TransformerEncoder of `model`'s sentence vector (its `sentence_vector()`)."""
+  try:
+    enc = model.sentence_vector().encoder if isinstance(model, BaseModel) else None
+  except ConfigError:
+    enc = None
   if not isinstance(enc, encoders.TransformerEncoder):
-    raise ConfigError(f"per-layer evaluation reads the model module's `encoder` "
-                      f"(a TransformerEncoder); {type(model).__name__} has none")
+    raise ConfigError(f"per-layer evaluation reads the encoder of the model's sentence "
+                      f"vector (a TransformerEncoder); {type(model).__name__} has none")
   return enc
 
 
@@ -65,6 +70,9 @@ class LayerModel:
     self.encoder = enc.clone(parent=None, scan_layers=False, scan_boundaries=(),
                              remat_policy="none")
     self.uses_languages = model.uses_languages
+
+  def sentence_vector(self) -> SentenceVector:
+    return SentenceVector(self.encoder, self.pooling, self.layer)
 
   def check_params(self, params):
     """ConfigError unless `params` keep the encoder at params['encoder']."""

@@ -4,14 +4,16 @@
 Papers score different vectors of the same network (InfoXLM §4.2 retrieves with the mean
 of layer 7, its XLCO trains layer 8's CLS; EMMA-X and MPCL use the last layer's CLS), so a
 figure without its vector cannot be compared. `describe(encoder)` reads it off a vmx
-`Encoder`'s model: the pooled layer (an intermediate one as `layer k, <pooling>`, the top
-one as `<pooling> of the last layer`), the pooling (`CLS`, `mean`, BERT's `pooler`), and
-what follows it (a projection head, VMSST's Gaussian head). Any other encoder (an object
+`Encoder`'s model (its `sentence_vector()`): the pooled layer (an intermediate one as
+`layer k, <pooling>`, the top one as `<pooling> of the last layer`), the pooling (`CLS`,
+`mean`, BERT's `pooler`), and what follows it (a projection head, VMSST's Gaussian head). Any other encoder (an object
 with `encode()`) is named as such: vmx cannot see inside it.
 """
 from __future__ import annotations
 
+from vmx.errors import ConfigError
 from vmx.evaluation import layerwise
+from vmx.models.base import BaseModel
 
 POOLING_NAMES = {"first": "CLS", "mean": "mean", "pooler": "pooler (tanh dense on the CLS)"}
 OTHER_ENCODER = "the encoder's own vector (its encode(); not a vmx model)"
@@ -25,23 +27,15 @@ def name(layer: int, num_layers: int, pooling: str, then: str = "") -> str:
 
 
 def of_model(model) -> str:
-  """The retrieval vector of a vmx model (what its `encode_tokens` returns, normalized)."""
-  if isinstance(model, layerwise.LayerModel):
-    enc = layerwise.encoder_module(model.model)
-    return name(model.layer, enc.num_layers, model.pooling)
-  module = getattr(model, "module", None)
-  enc = getattr(module, "encoder", None)
-  if enc is None or not hasattr(module, "pooling"):
+  """The retrieval vector of a vmx model (what its `encode_tokens` returns, normalized):
+  the model's own account of it (`sentence_vector()`, vmx/models/base.py)."""
+  if not isinstance(model, (BaseModel, layerwise.LayerModel)):
     return f"the retrieval vector of {type(model).__name__}"
-  if hasattr(module, "retrieval_layer"):          # InfoXLM: the universal or a chosen layer
-    layer = module.retrieval_layer or module.xlco_layer
-    return name(layer, enc.num_layers, module.retrieval_pooling or module.pooling)
-  if hasattr(module, "latent_dim"):               # VMSST: the semantic Gaussian's mean
-    return name(enc.depth, enc.num_layers, module.pooling,
-                "then the semantic Gaussian head's mean (mu_sem)")
-  dims = tuple(getattr(module, "projection_dims", ()) or ())
-  then = f"then a projection head ({' -> '.join(map(str, dims))})" if dims else ""
-  return name(enc.depth, enc.num_layers, module.pooling, then)
+  try:
+    v = model.sentence_vector()
+  except ConfigError:
+    return f"the retrieval vector of {type(model).__name__}"
+  return name(v.layer, v.encoder.num_layers, v.pooling, v.then)
 
 
 def describe(encoder) -> str:

@@ -40,13 +40,12 @@ def source_encoder(model):
   the encoder), its pooling) of a vmx model's sentence encoder: `encoder/` (dual
   encoders, MPCL, InfoXLM, EMMA-X, imported checkpoints), EMS's `sentence_encoder/` and
   VMSST's `semantic_encoder/` (both with the shared `token_embed/`)."""
-  module = getattr(model, "module", None)
-  enc = getattr(module, "encoder", None)
-  if enc is None or not hasattr(module, "pooling"):
+  try:
+    v = model.sentence_vector()
+  except ConfigError:
     raise ConfigError(f"fine-tuning starts from a model with a sentence encoder; "
-                      f"{type(model).__name__} has none")
-  prefix, table = getattr(type(model), "ENCODER_PARAMS", ("encoder", None))
-  return enc, prefix, table, module.pooling
+                      f"{type(model).__name__} has none") from None
+  return v.encoder, v.params, v.token_table, v.pooling
 
 
 def predict(model, params, tokens_NxL, batch_size: int = 256) -> np.ndarray:

@@ -46,8 +46,9 @@ A model whose steps read several tasks at once returns {task: converter} from
 What inference, export and import ask a model (so that they hard-code neither feature
 names nor model classes): `inference_shapes(max_length)` / `abstract_params(max_length)`
 (how it is initialised without data), `encode_tokens(params, tokens_BxL, lang_B)` (the
-retrieval vectors), `vocab_size` (the size of its token table) and `pooled_encoder()`
-(what a sentence-transformers export writes).
+retrieval vectors), `vocab_size` (the size of its token table), `sentence_vector()` (which
+vector that is and where its encoder's parameters are) and `pooled_encoder()` (what a
+sentence-transformers export writes).
 
 `SentenceEncoderModel` is the base of every vmx method: a method is its linen module,
 `embed` (the sentence vector used for retrieval) and `compute_loss` (its objective as a
@@ -140,6 +141,11 @@ class BaseModel(abc.ABC):
     """The size of the model's token table (token ids must stay below it), or None."""
     return None
 
+  def sentence_vector(self) -> SentenceVector:
+    """The model's sentence vector and where its encoder is (`SentenceVector`);
+    ConfigError for a model without a sentence encoder."""
+    raise ConfigError(f"{type(self).__name__} has no sentence encoder (sentence_vector())")
+
   def pooled_encoder(self):
     """(the TransformerEncoder, its pooling) whose pooled, L2-normalized output is this
     model's retrieval vector, for export to sentence-transformers; ConfigError saying why
@@ -213,6 +219,20 @@ def row_key(batch, name: str):
   return token_row_key(batch[name])
 
 
+@dataclasses.dataclass(frozen=True)
+class SentenceVector:
+  """Which vector a model embeds a sentence with (`sentence_vector()`), and where its
+  encoder is: what evaluation names in every result (vmx/evaluation/vectors.py),
+  per-layer evaluation reads (vmx/evaluation/layerwise.py) and fine-tuning starts from
+  (vmx/finetune/run.py)."""
+  encoder: Any                 # the TransformerEncoder module
+  pooling: str                 # 'first' (CLS), 'mean' or 'pooler'
+  layer: int                   # the pooled layer, 1 .. encoder.num_layers
+  then: str = ""               # what follows the pooling (a projection head, VMSST's mean)
+  params: str = "encoder"      # the encoder's parameters: the model's params[params]
+  token_table: Optional[str] = None   # params[token_table]: its token table, kept outside
+
+
 def averaged(metrics: Mapping[str, Any]) -> dict:
   """Scalars -> clu Average metrics (averaged over the steps of a log period)."""
   return {k: clu_metrics.Average.from_model_output(v) for k, v in metrics.items()}
@@ -242,6 +262,11 @@ class SentenceEncoderModel(BaseModel):
   @property
   def vocab_size(self) -> int:
     return self.module.encoder.vocab_size
+
+  def sentence_vector(self) -> SentenceVector:
+    """The module's `encoder` at its top layer pooled by its `pooling` (methods whose
+    vector is another say so by overriding this)."""
+    return SentenceVector(self.module.encoder, self.module.pooling, self.module.encoder.depth)
 
   # Whether in-batch negatives leave out copies of a pair's own sentences (false
   # negatives: the same translation in another row); a model's switch, default on.

@@ -17,7 +17,7 @@ from flax import linen as nn
 
 from vmx import encoders, losses, packing
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel
+from vmx.models.base import SentenceEncoderModel, SentenceVector
 
 
 class DualEncoder(nn.Module):
@@ -48,6 +48,14 @@ class DualEncoder(nn.Module):
             self.encode(right_tokens, right_lang, deterministic, "right"))
 
 
+def dual_encoder_vector(module: DualEncoder) -> SentenceVector:
+  """A DualEncoder's sentence vector: its (left) encoder's pooled top layer, then its
+  projection head where it has one (CONTRASTIVE, distillation, MPCL)."""
+  enc, dims = module.encoder, tuple(module.projection_dims or ())
+  then = f"then a projection head ({' -> '.join(map(str, dims))})" if dims else ""
+  return SentenceVector(enc, module.pooling, enc.depth, then)
+
+
 class DualEncoderModel(SentenceEncoderModel):
   """Dual encoders trained with in-batch InfoNCE.
 
@@ -76,6 +84,9 @@ class DualEncoderModel(SentenceEncoderModel):
 
   def packed_features(self):
     return {"left_tokens": 0, "right_tokens": 0}
+
+  def sentence_vector(self) -> SentenceVector:
+    return dual_encoder_vector(self.module)
 
   def pooled_encoder(self):
     if not self.module.share_encoders or self.module.projection_dims:

@@ -39,7 +39,7 @@ from flax import linen as nn
 
 from vmx import encoders, layers, losses, packing
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel
+from vmx.models.base import SentenceEncoderModel, SentenceVector
 
 
 class EMS(nn.Module):
@@ -120,11 +120,14 @@ class EMSModel(SentenceEncoderModel):
   # and the token table; the XTR and contrastive heads start fresh.
   INITIAL_CHECKPOINT_ASSIGNMENT = ((r"token_embed/(.*)", r"encoder/token_embed/\1"),
                                    (r"sentence_encoder/(.*)", r"encoder/\1"))
-  # Where the sentence encoder's parameters and its (shared) token table are, for a run
-  # that starts from this model's encoder (vmx/finetune/run.py source_encoder).
-  ENCODER_PARAMS = ("sentence_encoder", "token_embed")
   FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "temperature", "xtr_weight", "contrastive_weight")
+
+  def sentence_vector(self) -> SentenceVector:
+    # the sentence encoder's, its token table shared with the XTR head (kept outside it)
+    enc = self.module.encoder
+    return SentenceVector(enc, self.module.pooling, enc.depth, params="sentence_encoder",
+                          token_table="token_embed")
 
   def __init__(self, module: EMS, temperature: float = 0.1, xtr_weight: float = 1.0,
                contrastive_weight: float = 1.0, mask_duplicates: bool = True):

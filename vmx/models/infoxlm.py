@@ -59,7 +59,7 @@ from flax import linen as nn
 from vmx import encoders, layers, losses, masked_lm
 from vmx.errors import ConfigError
 from vmx.models import momentum as moco
-from vmx.models.base import SentenceEncoderModel
+from vmx.models.base import SentenceEncoderModel, SentenceVector
 
 MOMENTUM_SCHEDULES = ("constant", "inverse_sqrt", "infoxlm15")   # infoxlm15: inverse_sqrt's old name
 TASKS = ("mmlm", "tlm", "xlco")
@@ -179,6 +179,12 @@ class InfoXLMModel(SentenceEncoderModel):
   CONFIG_FIELDS = ("module", "mask_id", "special_ids", "random_low", "mmlm_weight",
                    "tlm_weight", "xlco_weight", "temperature", "queue_size", "momentum",
                    "momentum_schedule", "mixup", "joined_drops_first", "normalize")
+
+  def sentence_vector(self) -> SentenceVector:
+    # the universal layer's (XLCO's) vector, or the layer / pooling chosen for retrieval
+    m = self.module
+    return SentenceVector(m.encoder, m.retrieval_pooling or m.pooling,
+                          m.retrieval_layer or m.xlco_layer)
 
   def __init__(self, module: InfoXLM, mask_id: int = 1, special_ids: Sequence[int] = (),
                random_low: int = 1, mmlm_weight: float = 1.0, tlm_weight: float = 1.0,

@@ -39,14 +39,17 @@ import jax.numpy as jnp
 
 from vmx import losses, packing
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel
-from vmx.models.dual_encoder import DualEncoder
+from vmx.models.base import SentenceEncoderModel, SentenceVector
+from vmx.models.dual_encoder import DualEncoder, dual_encoder_vector
 
 
 class MPCLModel(SentenceEncoderModel):
   """MPCL: multi-positive InfoNCE over N-way groups."""
   CONFIG_FIELDS = ("module", "num_views", "temperature", "rescale", "single_positive_steps",
                    "anchors", "positives", "hard_negatives", "matryoshka_dims")
+
+  def sentence_vector(self) -> SentenceVector:
+    return dual_encoder_vector(self.module)
 
   def __init__(self, module: DualEncoder, num_views: int = 4, temperature: float = 0.05,
                rescale: bool = True, single_positive_steps: int = 0, anchors: str = "first",

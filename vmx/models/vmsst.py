@@ -83,7 +83,7 @@ from flax import linen as nn
 
 from vmx import decoders, encoders, layers, losses, packing
 from vmx.errors import ConfigError
-from vmx.models.base import GRAD_CACHE_ROW, SentenceEncoderModel
+from vmx.models.base import GRAD_CACHE_ROW, SentenceEncoderModel, SentenceVector
 
 Array = jax.Array
 CONTRASTIVE_REDUCTIONS = ("sum", "mean")
@@ -313,9 +313,6 @@ class VMSSTModel(SentenceEncoderModel):
       (r"token_embed/(.*)", r"encoder/token_embed/\1"),
       (r"(?:semantic_encoder|language_encoder_\d+)/(.*)", r"encoder/\1"),
       (r"decoder_\d+/(.*)", r"decoder/\1"))
-  # The semantic encoder (the retrieval vector's) and the shared token table, for a run
-  # that starts from this model's encoder (vmx/finetune/run.py source_encoder).
-  ENCODER_PARAMS = ("semantic_encoder", "token_embed")
   FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
                    "contrastive_weight", "contrastive_temperature", "contrastive_reduction",
@@ -445,6 +442,14 @@ class VMSSTModel(SentenceEncoderModel):
     loss, m = self.objective_of(pairs, batch,
                                 losses.linear_anneal(updates, self.kl_anneal_steps))
     return loss, m, {**flax_mutables, "annealing": {"updates": updates + 1}}
+
+  def sentence_vector(self) -> SentenceVector:
+    # the semantic encoder's Gaussian mean; its parameters and the shared token table are
+    # where a run that starts from this model's encoder finds them (vmx/finetune/)
+    enc = self.module.encoder
+    return SentenceVector(enc, self.module.pooling, enc.depth,
+                          "then the semantic Gaussian head's mean (mu_sem)",
+                          "semantic_encoder", "token_embed")
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     """mu_sem: the semantic encoder's mean (no language id)."""
