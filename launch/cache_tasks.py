@@ -8,10 +8,10 @@ whose hosts read a shared gs:// dir, and on Beam past one machine (the `beam` ex
   VMX_DATA_DIR=../shared/data python launch/cache_tasks.py \
       --gin_file=contrastive_small_1h.gin --beam_runner=DirectRunner --beam_workers=2
   python launch/cache_tasks.py --gin_file=ems.gin --gin.DATA_DIR="'gs://bucket/data'" \
-      --array_cache_dir=gs://bucket/vmx_arrays --beam_runner=DataflowRunner \
+      --token_cache_dir=gs://bucket/vmx_arrays --beam_runner=DataflowRunner \
       --beam_options="--project=P --region=us-central1 --temp_location=gs://bucket/tmp"
   python launch/train.py --gin_file=ems.gin \
-      --gin.train/DatasetConfig.array_cache_dir="'gs://bucket/vmx_arrays'" ...
+      --gin.train/DatasetConfig.token_cache_dir="'gs://bucket/vmx_arrays'" ...
 
 The same command with --beam_runner=FlinkRunner or SparkRunner (and their
 --beam_options) runs there. A rerun writes only the shards that are missing. The last
@@ -42,9 +42,10 @@ def main(argv):
   p = cli.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   gin_utils.add_gin_flags(p)
-  p.add_argument("--array_cache_dir", default=None,
+  p.add_argument("--token_cache_dir", default=None,
                  help="with --gin_file: where to write (default: the run's "
-                      "DatasetConfig.array_cache_dir, else ~/.cache/vmx/arrays)")
+                      "DatasetConfig.token_cache_dir, else ~/.cache/vmx/arrays)")
+  p.add_argument("--array_cache_dir", default=None, help=argparse.SUPPRESS)   # earlier name
   p.add_argument("--beam_runner", default=None,
                  help="build on Apache Beam with this runner (DirectRunner, DataflowRunner, "
                       "FlinkRunner, SparkRunner, ...); default: in this process")
@@ -61,6 +62,10 @@ def main(argv):
   p.add_argument("--overwrite", action="store_true")
   p.add_argument("--no_progress", action="store_true")
   args = p.parse_args(argv)
+  if args.array_cache_dir:
+    from vmx import _deprecated
+    _deprecated.flag("--array_cache_dir", "--token_cache_dir")
+    args.token_cache_dir = args.token_cache_dir or args.array_cache_dir
   from vmx import signals
   signals.install()   # SIGTERM / SIGINT: exit 75, one `preempted:` line, finished shards kept
   signals.saved("the finished shards and tasks of the cache are kept (each file appears "
@@ -113,7 +118,7 @@ def cache_experiment(args, bindings):
     for key, c in pipeline.task_configs(cfg).items():
       if c.reader != "index":
         continue
-      root = args.array_cache_dir or c.array_cache_dir or lookup.default_root()
+      root = args.token_cache_dir or c.token_cache_dir or lookup.default_root()
       layout = layouts[key] if isinstance(layouts, Mapping) else layouts
       converter = layout.converter()
       tasks, rates = build.config_tasks(c)

@@ -17,7 +17,7 @@ as --TASK.FIELD=VALUE, e.g. --tatoeba.languages=deu,fra --bucc.pairs=de-en
 `--protocol=vmsst|ems|infoxlm|emmax|mpcl` (comma-separated for several) runs what that
 paper's tables report, with its conventions, and writes OUTPUT_DIR/protocol_<name>.json
 naming each figure's table and the benchmarks vmx cannot read yet
-(vmx/evaluation/protocols.py; docs/evaluation.md).
+(vmx/evaluation/protocols/; docs/evaluation.md).
 Writes OUTPUT_DIR/<task>.json (MTEB-like), summary.md and plots; OUTPUT_DIR defaults
 to CHECKPOINT_DIR/eval/checkpoint_<step>. Exits 1 if any task failed (the others'
 results are still written). Any object with encode(list_of_str) can be evaluated

@@ -13,7 +13,7 @@ command), keeps the step with the best joint dev accuracy, and writes
 MODEL_DIR/finetune_<benchmark>.json (every language's test accuracy). `--protocol`
 writes MODEL_DIR/protocol_<name>_finetuned.json: the figures in the paper's tables they
 mirror (InfoXLM Table 1; EMMA-X Table 1 and its per-language tables), each with its
-vector, and what else the paper fine-tunes that this run did not (vmx/evaluation/protocols.py).
+vector, and what else the paper fine-tunes that this run did not (vmx/evaluation/protocols/).
 """
 import importlib.util  # noqa: F401  (gin-config 0.5 gotcha: import before gin parses)
 import argparse

@@ -45,14 +45,14 @@ def test_a_recorded_cache_is_found_without_registering_and_reads_the_same(toy_fi
   from vmx.data import deferred, pipeline
   s, t, vp = toy_files
   root = str(tmp_path / "arrays")
-  first = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root)
+  first = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root)
   assert first.record is None and first.mixture_or_task_name == "lookup_xx_en"
   want, counted = _batches(first), pipeline.num_examples(first)
   assert list((tmp_path / "arrays" / "runs").glob("*.json"))
 
   calls = []
   monkeypatch.setattr(deferred.Deferred, "name", lambda self: calls.append(self) or "never")
-  again = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root)
+  again = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root)
   assert again.record is not None and again.mixture_or_task_name == "lookup_xx_en"
   got = _batches(again)
   assert not calls     # nothing registered
@@ -69,29 +69,29 @@ def test_a_changed_input_file_falls_back_to_seqio_and_reads_the_new_data(toy_fil
   from vmx.data import pipeline
   s, t, vp = toy_files
   root = str(tmp_path / "arrays")
-  pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root)
+  pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root)
   before = pipeline.num_examples(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8,
-                                                        array_cache_dir=root))
-  _batches(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root))
+                                                        token_cache_dir=root))
+  _batches(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root))
   with open(s, "a") as f:
     f.write("alpha beta\n")
   with open(t, "a") as f:
     f.write("ALPHA BETA\n")
-  cfg = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root)
+  cfg = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root)
   assert cfg.record is None
   assert "an input file changed" in capsys.readouterr().out
   _batches(cfg)
   assert pipeline.num_examples(cfg)[None] == before[None] + 1
   # ...and the record written then is found again
-  assert pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root).record
+  assert pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root).record
 
 
 def test_a_deleted_cache_is_rebuilt_through_seqio(toy_files, tmp_path):
   from vmx.data import pipeline
   s, t, vp = toy_files
   root = str(tmp_path / "arrays")
-  want = _batches(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root))
-  cfg = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root)
+  want = _batches(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root))
+  cfg = pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root)
   assert cfg.record is not None
   shutil.rmtree(tmp_path / "arrays" / "lookup_xx_en")
   got = _batches(cfg)     # the record's table is gone: registered, rebuilt, recorded
@@ -104,9 +104,9 @@ def test_another_argument_is_another_record(toy_files, tmp_path):
   from vmx.data import pipeline
   s, t, vp = toy_files
   root = str(tmp_path / "arrays")
-  _batches(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, array_cache_dir=root))
+  _batches(pipeline.DatasetConfig(_call(s, t, vp), LENGTHS, 8, token_cache_dir=root))
   other = pipeline.DatasetConfig(_call(s, t, vp, name="lookup_other"), LENGTHS, 8,
-                                 array_cache_dir=root)
+                                 token_cache_dir=root)
   assert other.record is None and other.mixture_or_task_name == "lookup_other"
 
 

@@ -1,4 +1,4 @@
-"""Each paper's evaluation protocol (vmx/evaluation/protocols.py): the direction and group
+"""Each paper's evaluation protocol (vmx/evaluation/protocols/): the direction and group
 arithmetic against NumPy, and `launch/eval.py --protocol=...` end to end on a tiny
 checkpoint, its JSON naming the paper's tables and what vmx cannot read yet."""
 import json
@@ -36,7 +36,7 @@ def test_directions_and_groups_match_numpy():
   assert len(protocols.EMMAX_HEAD) == 41           # A.1's 42 codes less English
   head = protocols.tatoeba_mean(res, protocols.EMMAX_HEAD, "xx2en")
   assert head["n_languages"] == 38 and "ukr" in head["languages_missing"]
-  figs = protocols._emmax(res)                     # long tail: every other evaluated language
+  figs = protocols.PROTOCOLS["emmax"].figures(res)  # long tail: every other evaluated language
   tail = [f for f in figs if f["column"].startswith("Tatoeba long-tail")][0]
   assert tail["value"] == pytest.approx(np.mean([rows[l]["accuracy_xx2en"]
                                                  for l in ("xho", "zza")]))
@@ -50,7 +50,8 @@ def test_vmsst_sts17_means_and_score():
                                         ("es-en", 35.0)])]   # es-en: tracks 4a and 4b
   res = {"sts17": {"scores": {"test": sts17}}, "sts12-16": {"vmsst_pearson": 60.0,
                                                             "sbert_spearman": 55.0}}
-  figs = {f["column"]: f for f in protocols._vmsst(res) if f["table"] == "Table 1"}
+  figs = {f["column"]: f for f in protocols.PROTOCOLS["vmsst"].figures(res)
+          if f["table"] == "Table 1"}
   assert figs["XL (s.)"]["value"] == pytest.approx(60.0)
   assert figs["XL (d.)"]["value"] == pytest.approx(30.0)
   assert figs["XL Sem. Sim."]["value"] == pytest.approx(42.0)     # the five sets
@@ -66,7 +67,8 @@ def test_mpcl_sts17_takes_mteb_sets_and_emmax_flores_groups():
   sts17 = [{"hf_subset": "track4a.es-en", "spearman": 30.0, "mteb": True},
            {"hf_subset": "track4b.es-en", "spearman": 10.0, "mteb": False},
            {"hf_subset": "track5.en-en", "spearman": 80.0, "mteb": True}]
-  figs = {f["column"]: f for f in protocols._mpcl({"sts17": {"scores": {"test": sts17}}})}
+  figs = {f["column"]: f for f in protocols.PROTOCOLS["mpcl"].figures(
+      {"sts17": {"scores": {"test": sts17}}})}
   sts = [f for c, f in figs.items() if c.startswith("STS17")][0]
   assert sts["value"] == pytest.approx(55.0) and sts["tracks"] == ["track4a.es-en",
                                                                    "track5.en-en"]
@@ -78,7 +80,7 @@ def test_mpcl_sts17_takes_mteb_sets_and_emmax_flores_groups():
                    "all": {"xx2en": 76.7, "en2xx": 0.0, "n_languages": 180}},
         "head_missing": ["bel_Cyrl"], "splits": ["dev", "devtest"], "n_sentences": 2009,
         "geometry": {g: {**geo, "n_languages": 3} for g in ("head", "long_tail", "all")}}
-  figs = {f["column"]: f for f in protocols._emmax({"flores": fl})}
+  figs = {f["column"]: f for f in protocols.PROTOCOLS["emmax"].figures({"flores": fl})}
   assert figs["FLORES head (A.1's 68), xx->En"]["value"] == 90.0
   assert figs["FLORES long-tail, xx->En"]["value"] == 70.0
   eq16 = figs["invariance KL (Eq. 16), FLORES all"]
@@ -145,7 +147,7 @@ def test_emmax_multists_is_table_2_spearman_over_its_pairs():
            {"hf_subset": "track4a.es-en", "spearman": 30.0, "mteb": True},
            {"hf_subset": "track4b.es-en", "spearman": 0.0, "mteb": False},
            {"hf_subset": "track6.tr-en", "spearman": 50.0, "mteb": True}]
-  figs = {(f["table"], f["column"]): f for f in protocols._emmax(
+  figs = {(f["table"], f["column"]): f for f in protocols.PROTOCOLS["emmax"].figures(
       {"sts17": {"scores": {"test": sts17}}})}
   f = figs[("Table 2", "MultiSTS (zero-shot, Spearman)")]
   assert f["value"] == pytest.approx(50.0) and f["task"] == "sts17"
@@ -210,7 +212,7 @@ def test_ems_figures_and_optional_tasks():
   res["mldoc"] = {"main_score": 75.0, "en2xx": 74.0, "xx2en": 76.0, "probe": "mlp",
                   "seeds": [0, 1, 2, 3, 4], "scores": {"test": [{}] * 14}}
   rows = {r["languages"][0]: r for r in res["tatoeba"]["scores"]["test"]}
-  figs = {(f["table"], f["column"]): f for f in protocols._ems(res)}
+  figs = {(f["table"], f["column"]): f for f in protocols.PROTOCOLS["ems"].figures(res)}
   for group, langs in protocols.EMS_TABLE6.items():
     f = figs[("Table 6", f"Tatoeba P@1, {group}")]
     assert f["value"] == pytest.approx(np.mean([rows[l]["main_score"] for l in langs]))
@@ -280,7 +282,7 @@ def test_layer_figures_of_a_tiny_random_model(tmp_path):
   assert [r["layer"] for r in rows] == [1, 2]
   assert rows[1]["accuracy_xx2en"] == res["tatoeba"]["mean"]["xx2en"]
   assert rows[1]["accuracy_en2xx"] == res["tatoeba"]["mean"]["en2xx"]
-  figs = [f for f in protocols._infoxlm(res) if f["table"] == "Fig. 1"]
+  figs = [f for f in protocols.PROTOCOLS["infoxlm"].figures(res) if f["table"] == "Fig. 1"]
   assert [f["column"] for f in figs] == ["layer 1", "layer 2"]
   assert figs[0]["value"] == rows[0]["accuracy_xx2en"] and figs[0]["n_languages"] == 2
   from vmx.errors import ConfigError

@@ -176,7 +176,7 @@ def test_cached_tasks_give_the_uncached_batches(toy_data, tmp_path):
     def batches(use_cached, split="train", n=4, reader="seqio", root=None):
       cfg = pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8}, batch_size=8, seed=3,
                                    use_cached=use_cached, split=split, reader=reader,
-                                   array_cache_dir=root)
+                                   token_cache_dir=root)
       it = pipeline.train_iterator(cfg, fc, 0)
       return [next(it) for _ in range(n)]
 

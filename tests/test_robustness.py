@@ -442,3 +442,13 @@ def test_an_untested_jax_version_is_one_warning_line(monkeypatch, capsys):
   cli.warn_untested_versions()
   out = capsys.readouterr().out.splitlines()
   assert len(out) == 1 and "jax 0.99.0" in out[0] and "not a tested version" in out[0]
+
+
+def test_the_token_cache_dirs_earlier_name_still_works_with_one_warning(capsys):
+  from vmx.data import pipeline
+  cfg = pipeline.DatasetConfig("unset", {"inputs": 8}, 8, array_cache_dir="/tmp/cache")
+  assert cfg.token_cache_dir == "/tmp/cache" and cfg.array_cache_dir is None
+  pipeline.DatasetConfig("unset", {"inputs": 8}, 8, array_cache_dir="/tmp/cache")
+  assert capsys.readouterr().err.count("DatasetConfig.array_cache_dir is deprecated") == 1
+  with pytest.raises(ConfigError, match="both set, to different directories"):
+    pipeline.DatasetConfig("unset", {"inputs": 8}, 8, token_cache_dir="/a", array_cache_dir="/b")

@@ -278,7 +278,7 @@ def test_cache_tasks_builds_an_experiments_cache_locally_and_on_beam(tmp_path):
                                                "--beam_workers=2", "--shard_rows=2048"])):
     root = str(tmp_path / name)
     out = subprocess.run([sys.executable, "launch/cache_tasks.py", *args, *extra,
-                          f"--array_cache_dir={root}", "--no_progress"],
+                          f"--token_cache_dir={root}", "--no_progress"],
                          capture_output=True, text=True, cwd=REPO, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "train: 2 task(s)" in out.stdout and root in out.stdout
@@ -289,7 +289,7 @@ def test_cache_tasks_builds_an_experiments_cache_locally_and_on_beam(tmp_path):
   assert max(len(m["shards"]) for m in manifests) > 1
   _, model, cfg, _ = experiment.training_inputs(
       ["contrastive_tiny.gin"], [a[len("--gin."):] for a in args[1:]])[0]
-  cfg.array_cache_dir = str(tmp_path / "beam")
+  cfg.token_cache_dir = str(tmp_path / "beam")
   _, _, tables = build.open_tables(cfg, model.FEATURE_CONVERTER_CLS(), progress=False,
                                    build=False)
   assert len(tables) == 2 and all(len(t) > 1000 for t in tables)
@@ -319,7 +319,7 @@ def test_cache_tasks_sigterm_exits_75_and_the_rerun_builds_the_same_cache(tmp_pa
   args = ["--gin_file=contrastive_tiny.gin", "--gin.TRAIN_LANGUAGES=['deu', 'fra']",
           "--gin.LANGUAGES=['deu', 'fra', 'eng']", "--gin.VOCAB_SIZE=2000"]
   cmd = lambda root, *extra: [sys.executable, "launch/cache_tasks.py", *args,
-                              f"--array_cache_dir={tmp_path / root}", *extra]
+                              f"--token_cache_dir={tmp_path / root}", *extra]
   ref = subprocess.run(cmd("ref", "--no_progress"), capture_output=True, text=True, cwd=REPO,
                        timeout=900)
   assert ref.returncode == 0, ref.stderr[-3000:]

@@ -90,7 +90,7 @@ class Deferred:
             f"tasks to build one needs {' and '.join(missing)}: pip install 'vmx[train]' "
             f"(in a checkout: pip install -e '.[train]'), or build the cache where they are "
             f"installed (launch/cache_tasks.py --gin_file=...) into the same "
-            f"DatasetConfig.array_cache_dir")
+            f"DatasetConfig.token_cache_dir")
       self._name = self.fn(**self.arguments)
     return self._name
 

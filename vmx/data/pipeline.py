@@ -25,6 +25,7 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional
 
+from vmx import _deprecated
 from vmx.data import features, packing, stream, views
 from vmx.data.deferred import Deferred
 from vmx.data.token_cache import lookup
@@ -44,7 +45,7 @@ class DatasetConfig:
   vmx/data/sources.py). `use_cached`: read seqio's offline cache of the tasks
   (vmx/data/seqio_cache.py; the cache dir given by launch/train.py's
   --seqio_additional_cache_dirs). `reader`: `index` or `seqio` (see the module
-  docstring). `array_cache_dir`: where the index reader's token cache lives (default
+  docstring). `token_cache_dir`: where the index reader's token cache lives (default
   `vmx.data.token_cache.build.default_root()`, built there on first use; a gs:// dir must
   be written first by launch/cache_tasks.py --gin_file=...).
   The index reader's order (vmx/data/stream.py; part of the stream a resume keeps):
@@ -67,10 +68,11 @@ class DatasetConfig:
   seed: Optional[int] = None
   use_cached: bool = False
   reader: str = "index"
-  array_cache_dir: Optional[str] = None
+  token_cache_dir: Optional[str] = None
   slots: Optional[int] = None
   shuffle_window: int = 1024
   pack: bool = False
+  array_cache_dir: Optional[str] = None   # token_cache_dir's name in earlier releases
   # what the name was resolved from (not arguments: set by __post_init__)
   deferred: Optional[Deferred] = dataclasses.field(default=None, init=False, repr=False,
                                                    compare=False)
@@ -78,6 +80,13 @@ class DatasetConfig:
                                                       compare=False)
 
   def __post_init__(self):
+    if self.array_cache_dir is not None:    # the earlier name: one warning, same setting
+      _deprecated.flag("DatasetConfig.array_cache_dir", "DatasetConfig.token_cache_dir")
+      if self.token_cache_dir not in (None, self.array_cache_dir):
+        raise ConfigError("DatasetConfig: token_cache_dir and array_cache_dir (its earlier "
+                          "name) are both set, to different directories; set "
+                          "token_cache_dir only")
+      self.token_cache_dir, self.array_cache_dir = self.array_cache_dir, None
     check_range(positive_int(self.batch_size), "DatasetConfig", "batch_size", self.batch_size,
                 "a positive integer (the global batch)")
     lengths = dict(self.task_feature_lengths) if isinstance(self.task_feature_lengths,
@@ -98,7 +107,7 @@ class DatasetConfig:
                 "True or False (PACKING)")
     if isinstance(self.mixture_or_task_name, Deferred):
       self.deferred = self.mixture_or_task_name
-      self.record, why = lookup.find(self.deferred.key(), self.array_cache_dir)
+      self.record, why = lookup.find(self.deferred.key(), self.token_cache_dir)
       if self.record is not None:
         self.mixture_or_task_name = self.record.name
       else:
@@ -291,7 +300,7 @@ def record_caches(cfg: DatasetConfig, layout: features.Layout, tasks, rates, tab
   files = sorted({str(f) for p in paths for f in p} | set(_vocabulary_files(cfg.deferred)))
   counts = [t.num_input_examples(cfg.split) for t in tasks]
   lookup.write(
-      cfg.deferred.key(), root or cfg.array_cache_dir, cfg.mixture_or_task_name,
+      cfg.deferred.key(), root or cfg.token_cache_dir, cfg.mixture_or_task_name,
       [{"name": t.name, "rate": float(r),
         "draw": None if view_draw(t.source) is None else view_draw(t.source).describe()}
        for t, r in zip(tasks, rates)],
@@ -323,7 +332,7 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
     d = described[str(key)]
     layout = _layouts(cfg, layouts)[key]
     tables = c.record and c.record.tables(c.split, c.task_feature_lengths, layout,
-                                          c.array_cache_dir)
+                                          c.token_cache_dir)
     if tables:
       if progress:
         print(f"[vmx] {c.mixture_or_task_name}: {len(tables)} token cache(s) found by their "

@@ -155,7 +155,7 @@ FREE_BINDINGS = re.compile(
     r"CheckpointConfig\.\w+|MODEL_DIR|train\.model_dir|DATA_DIR|.*\.data_dir|"
     r"INITIAL_CHECKPOINT_PATH|train\.initial_checkpoint_path|ALLOW_CONFIG_CHANGE|"
     r"train\.allow_config_change|ALLOW_DATA_CHANGE|train\.allow_data_change|"
-    r".*DatasetConfig\.array_cache_dir|train\.fresh|BEST_METRIC|train\.best_metric|"
+    r".*DatasetConfig\.(token|array)_cache_dir|train\.fresh|BEST_METRIC|train\.best_metric|"
     r"train\.best_mode|EVAL_\w+|DEV_\w+|TatoebaEvalConfig\.\w+|HarnessEvalConfig\.\w+|"
     r"train\.eval_cfg|learning_rate_schedule\.total_steps|steps_for_epochs\.epochs|"
     r"train\.prefetch_batches|"

@@ -3,7 +3,7 @@
   python launch/cache_tasks.py --gin_file=contrastive_small_1h.gin \
       --beam_runner=DirectRunner --beam_workers=2            # this machine, 2 processes
   python launch/cache_tasks.py --gin_file=ems.gin --gin.DATA_DIR="'gs://bucket/data'" \
-      --array_cache_dir=gs://bucket/vmx_arrays --beam_runner=DataflowRunner \
+      --token_cache_dir=gs://bucket/vmx_arrays --beam_runner=DataflowRunner \
       --beam_options="--project=P --region=us-central1 --temp_location=gs://bucket/tmp"
 
 The pipeline is one ParDo over shard jobs (task, split, shard, input range): each worker
@@ -107,7 +107,7 @@ def check_shared_storage(runner: str, paths: Sequence[str]):
   local = [p for p in paths if p and not storage.is_remote(p)]
   if local:
     raise ConfigError(f"--beam_runner={runner}: its workers run on other machines, so the "
-                      f"data, the vocabulary and --array_cache_dir must be on storage they "
+                      f"data, the vocabulary and --token_cache_dir must be on storage they "
                       f"all read (gs://...); local: {local[0]}")
 
 

@@ -36,7 +36,7 @@ def directory_of(root, task: seqio.Task, split: str, digest: str):
 def rebuild_hint(root, directory) -> str:
   if storage.is_remote(root):
     return (f"write it again with `python launch/cache_tasks.py --gin_file=<the run's gin "
-            f"files> --array_cache_dir={root}`")
+            f"files> --token_cache_dir={root}`")
   return f"delete {directory} and run again (a local cache is rebuilt)"
 
 
@@ -188,7 +188,7 @@ def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[
     raise ConfigError(
         f"task {task.name}: no tokenized cache for this run under {root}{differs}; write it "
         f"with `python launch/cache_tasks.py --gin_file=<the run's gin files> "
-        f"--array_cache_dir={root}`")
+        f"--token_cache_dir={root}`")
   if differs:
     print(f"[vmx] task {task.name}: building a new tokenized cache{differs}", flush=True)
   build_local(task, split, lengths, converter, directory, parts, use_cached, progress)
@@ -213,7 +213,7 @@ def open_tables(cfg, converter, progress: bool = True, build: Optional[bool] = N
     seqio_cache.check_cached(cfg.mixture_or_task_name, cfg.split)
   tasks, rates = config_tasks(cfg)
   tables = [open_table(t, cfg.split, cfg.task_feature_lengths, converter,
-                       cfg.array_cache_dir, cfg.use_cached, progress, build)
+                       cfg.token_cache_dir, cfg.use_cached, progress, build)
             for t in tqdm(tasks, desc="[vmx] opening the tokenized cache", unit=" task",
                           disable=not progress or len(tasks) < 10, leave=False)]
   return tasks, rates, tables

@@ -1,0 +1,27 @@
+"""Zhao et al., MPCL: Table 1's BUCC, Tatoeba over 14 and XTREME's 36 languages (xx->En),
+and STS17 as MTEB scores it."""
+from __future__ import annotations
+
+from vmx.evaluation import tatoeba
+from vmx.evaluation.protocols.base import Missing, Protocol, _sts17_optional
+from vmx.evaluation.protocols.figures import (INFOXLM_PARALLEL14, _bucc, _figure, _sts17,
+                                              tatoeba_mean)
+
+
+def _mpcl(results) -> list:
+  out = _figure("Table 1", "BUCC F1", _bucc(results, "cosine"))
+  out += _figure("Table 1", "Tatoeba (14avg.), xx->En",
+                 tatoeba_mean(results, INFOXLM_PARALLEL14, "xx2en"))
+  out += _figure("Table 1", "Tatoeba (36avg.), xx->En",
+                 tatoeba_mean(results, tatoeba.XTREME36, "xx2en"))
+  out += _figure("Table 1", "STS17 (Spearman, MTEB's SemEval-2017 sets present)",
+                 _sts17(results, None, "spearman", mteb_only=True))
+  return out
+
+
+PROTOCOL = Protocol(
+    "mpcl", "Zhao et al., MPCL",
+    ("tatoeba", "bucc"), _mpcl,
+    (Missing("Table 1", "STS22", "MTEB's STS22 per language pair"),
+     Missing("Table 1", "MTOP domain classification", "MTEB's MTOPDomainClassification")),
+    tatoeba_languages=tatoeba.XTREME36, optional_tasks=_sts17_optional("Table 1"))
