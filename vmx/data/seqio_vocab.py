@@ -9,7 +9,7 @@
   (vmx/data/preprocessors.py, `tokenize_step`), its language-free `encode_tf` uses
   Moses's generic rules, as `Tokenizer.encode` does without `lang`;
 - an imported checkpoint's `vmx_tokenizer.json`: `HfVocabulary`, its own tokenizer
-  (vmx.data.vocab.HfTokenizer), special tokens included.
+  (vmx.data.hf_tokenizer.HfTokenizer), special tokens included.
 
 `fingerprint(vocabulary)` is what the caches key on (the token cache, SeqIO's offline
 cache): the SentencePiece proto, or the spec bytes (which hold the model's sha256 and the
@@ -96,7 +96,7 @@ class PretokenizingVocabulary(seqio.Vocabulary):
 
 
 class HfVocabulary(seqio.Vocabulary):
-  """An imported checkpoint's own tokenizer (vmx.data.vocab.HfTokenizer) as a seqio
+  """An imported checkpoint's own tokenizer (vmx.data.hf_tokenizer.HfTokenizer) as a seqio
   vocabulary: vmx ids, special tokens included, tokenized in tf.data via numpy."""
 
   def __init__(self, spec_path: str):

@@ -7,7 +7,7 @@ their index, or `pytorch_model.bin`, which needs torch) of `BertModel`,
 `XLMRobertaModel`, `T5EncoderModel` / `MT5EncoderModel` (or a model built on one of them:
 its extra heads and a T5 decoder are listed as ignored) becomes a vmx model directory:
 `vmx_model.json` (a CONTRASTIVE dual encoder on the checkpoint's encoder), the
-checkpoint's own tokenizer (vmx/data/vocab.py: HfTokenizer) and `checkpoint_0/params`
+checkpoint's own tokenizer (vmx/data/hf_tokenizer.py: HfTokenizer) and `checkpoint_0/params`
 with its checksum manifest. With `decoder=True` (`--decoder`), a T5 / mT5
 encoder-decoder checkpoint's decoder is kept too, in `decoder/checkpoint_0/params`
 (layout.PRETRAINED_DECODER_DIR), as a vmx `ConditionedDecoder(family='t5')` without its
