@@ -16,9 +16,11 @@ from typing import Sequence
 import gin
 
 import vmx.configurables  # noqa: F401  (registers every configurable with gin)
+from vmx import storage
 from vmx.data.inputs import TokenCacheInput
 from vmx.errors import ConfigError
 from vmx.gin_utils import parse_gin_files, unset_required_macros
+from vmx.modeldir.run import parse_bindings
 
 
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str], search_paths_flag: str = ""):
@@ -35,8 +37,6 @@ _INPUT_NAME = re.compile(r"(_file|_files|data_dir|_checkpoint_path|_sts17_dir|xn
 def check_paths():
   """ConfigError naming the binding for the first input path of the parsed config that
   does not exist (files, directories, an initial checkpoint without vmx_model.json)."""
-  from vmx import storage
-  from vmx.modeldir.run import parse_bindings
   for binding, text in parse_bindings(gin.config_str()).items():
     if not _INPUT_NAME.search(binding.rpartition(".")[2] or binding):
       continue

@@ -23,7 +23,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from vmx.errors import InputError
+from vmx import storage
+from vmx.data import readers
+from vmx.errors import DataError, InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,7 @@ def keep_mask(pos_N, cand_NxC, f: Filter) -> np.ndarray:
 def select(sources: Sequence[str], targets: Sequence[str], src_vecs, tgt_vecs, f: Filter):
   """([N, negatives] target indices, -1 where a pair has too few, counts of what each rule
   dropped) from unit vectors of the pairs' sources and targets."""
-  from vmx.evaluation import knn
+  from vmx.evaluation import knn   # jax: the mining job's, not the mined file's readers
   f.check()
   n = len(sources)
   if n != len(targets) or n < 2:
@@ -95,8 +97,6 @@ def select(sources: Sequence[str], targets: Sequence[str], src_vecs, tgt_vecs, f
 def read_pairs(path) -> tuple[list, list]:
   """(sources, targets) of a `source<TAB>target` file; a line without exactly one tab, or
   an empty side, is an error naming path:line; empty lines are skipped."""
-  from vmx.data import readers
-  from vmx.errors import DataError
   sources, targets = [], []
   for i, line in readers.iter_lines(path):
     if not line.strip():
@@ -115,7 +115,6 @@ def mine(encoder, pairs_path: str, output: str, f: Filter, source_lang: Optional
          target_lang: Optional[str] = None, overwrite: bool = False) -> dict:
   """Writes OUTPUT: `source<TAB>positive<TAB>negative_1...` lines for the pairs that have
   `f.negatives` hard negatives, in the file's order; returns the counts."""
-  from vmx import storage
   out = storage.path(output)
   if out.exists() and not overwrite:
     raise InputError(f"{output} exists: pass --overwrite to replace it")

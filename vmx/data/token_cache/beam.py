@@ -24,6 +24,7 @@ import dataclasses
 import shlex
 from typing import Sequence
 
+from vmx import storage
 from vmx.errors import ConfigError
 
 
@@ -71,7 +72,7 @@ def _write_fn_class():
     def process(self, job: ShardJob):
       from collections.abc import Mapping
       import seqio  # lazy: in the worker
-      from vmx.data.token_cache import fingerprint as fp, writer
+      from vmx.data.token_cache import fingerprint as fp, writer   # SeqIO: in the worker
       _, model, cfg, _ = self.inputs[job.phase]
       c = cfg if job.key is None else cfg.tasks[job.key]
       fcs = model.FEATURE_CONVERTER_CLS
@@ -101,7 +102,6 @@ def pipeline_options(runner: str, workers: int, extra: str):
 def check_shared_storage(runner: str, paths: Sequence[str]):
   """A runner other than the DirectRunner has workers on other machines: what they read
   and write must be on shared storage."""
-  from vmx import storage
   if runner == "DirectRunner":
     return
   local = [p for p in paths if p and not storage.is_remote(p)]
@@ -128,7 +128,6 @@ class _Progress:
       self._thread.start()
 
   def _count(self) -> int:
-    from vmx import storage
     n = 0
     for d in self.dirs:
       p = storage.path(d)
