@@ -22,7 +22,7 @@ import seqio
 from vmx import storage
 from vmx.data.token_cache import disk_format
 from vmx.data.token_cache.sources import NwayGroups
-from vmx.errors import DataError
+from vmx.errors import ConfigError, DataError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -34,15 +34,34 @@ def examples(task: seqio.Task, split: str, lengths: Mapping[str, int], converter
   source = task.source
   if isinstance(source, NwayGroups):   # N-way groups: views are drawn when read
     return source.stored_examples(task, split, lengths, start, end)
+  # SeqIO's own offline cache (use_cached, the replaying reader's world) has no public
+  # reader of its files by range: the one private SeqIO name vmx uses
   src = task._get_cached_source(split) if use_cached else source   # noqa: SLF001
   ds = src.get_dataset(split=split, shuffle=False, seed=None).skip(start).take(end - start)
   if not use_cached:
     ds = task.preprocess_precache(ds, seed=None)
   ds = task.preprocess_postcache(ds, sequence_length=dict(lengths), seed=None)
-  ds = task._validate_preprocessing(ds)   # noqa: SLF001  (seqio's own get_dataset steps)
-  ds = task._trim_output_features(ds, sequence_length=dict(lengths))   # noqa: SLF001
+  check_output_features(task, ds)       # what seqio's get_dataset checks and trims
+  ds = seqio.utils.trim_dataset(ds, dict(lengths), task.output_features)
   ds = converter(ds, dict(lengths))
   return ds.batch(4096).prefetch(2).as_numpy_iterator()
+
+
+def check_output_features(task: seqio.Task, ds):
+  """The preprocessed examples have the task's output features, of their dtype and rank
+  (the check seqio's `get_dataset` makes; ConfigError naming the task and feature)."""
+  specs = ds.element_spec
+  for name, feature in task.output_features.items():
+    if name not in specs:
+      if feature.required:
+        raise ConfigError(f"task {task.name}: no output feature {name!r} after its "
+                          f"preprocessors")
+      continue
+    got = specs[name]
+    if got.dtype != feature.dtype or got.shape.rank != feature.rank:
+      raise ConfigError(f"task {task.name}: output feature {name!r} is {got.dtype.name} of "
+                        f"rank {got.shape.rank} after its preprocessors; expected "
+                        f"{feature.dtype.name} of rank {feature.rank}")
 
 
 def full_disk_error(path, e: OSError) -> DataError:
