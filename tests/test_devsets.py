@@ -245,8 +245,8 @@ def test_periodic_tatoeba_writes_its_language_groups(monkeypatch):
   def group(mean, n):
     return {"mean": mean, "xx2en": mean, "en2xx": mean, "xsim": 0.0, "n_languages": n}
 
-  def scripted(encoder, config, tasks):
-    assert tasks == ["tatoeba"]
+  def scripted(encoder, evaluators, **kw):
+    assert list(evaluators) == ["tatoeba"]
     return {"tatoeba": {
         "scores": {"test": [{"hf_subset": "deu-eng", "main_score": 90.0},
                             {"hf_subset": "kab-eng", "main_score": 10.0}]},

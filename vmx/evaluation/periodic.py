@@ -8,8 +8,8 @@ An evaluator is any object with
   run(encoder) -> (scalars, line)   {name: value} and a one-line summary
 The trainer hands it an `Encoder` of the current parameters and writes the scalars;
 it knows nothing else about evaluation. Both evaluators here run the evaluation
-harness (vmx/evaluation/harness.py), so a periodic score is the number `launch/eval.py`
-gives for the same checkpoint.
+harness's evaluators (vmx/evaluation/evaluators.py, through harness.py), so a periodic
+score is the number `launch/eval.py` gives for the same checkpoint.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import gin
 
 from vmx.data import devsets
 from vmx.errors import ConfigError, DataError
-from vmx.evaluation import harness
+from vmx.evaluation import evaluators, harness
 from vmx.gin_utils import check_range, positive_int
 
 
@@ -40,13 +40,14 @@ class Evaluator(Protocol):
     ...
 
 
-def _run_harness(encoder, config, tasks) -> dict:
+def _run_harness(encoder, evaluators: dict, data_dir: Optional[str]) -> dict:
   # Quiet: the harness's per-task lines, and truncation at the run's MAX_LENGTH (the same
   # at every evaluation, so it does not bias the comparison between steps).
   with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=r".*longer than the model's max_length")
     try:
-      return harness.run(encoder, config=config, tasks=tasks)
+      return harness.run(encoder, evaluators=evaluators, data_dir=data_dir, plots=False,
+                         progress=False)
     except harness.EvaluationFailed as e:
       raise DataError(f"periodic evaluation failed: {e}") from None
 
@@ -75,23 +76,22 @@ class HarnessEvalConfig:
       raise ConfigError(f"HarnessEvalConfig.tasks: {e}") from None
     extra = {} if dev_sets is None else {"dev_sets": devsets.check_names(
         dev_sets, "HarnessEvalConfig.dev_sets")}
-    self.config = harness.EvalConfig(
-        data_dir=data_dir, tatoeba_languages=tatoeba_languages,
-        dev_max_sentences=dev_max_sentences, dev_languages=dev_languages, plots=False,
-        progress=False, **extra)
-    self.batch_size = batch_size
+    self.data_dir, self.batch_size = data_dir, batch_size
+    self.evaluators = harness.evaluators_of(harness.EvalConfig(
+        tatoeba_languages=tatoeba_languages, dev_max_sentences=dev_max_sentences,
+        dev_languages=dev_languages, **extra), self.tasks)
 
   def metric_names(self) -> list[str]:
     names = [f"{t}/main_score" for t in self.tasks]
     if "dev" in self.tasks:
-      names += [f"dev/{s}" for s in self.config.dev_sets]
+      names += [f"dev/{s}" for s in self.evaluators["dev"].sets]
     return names
 
   def metric_prefixes(self) -> list[str]:
     return [f"{t}/" for t in self.tasks]
 
   def run(self, encoder) -> tuple[dict, str]:
-    results = _run_harness(encoder, self.config, self.tasks)
+    results = _run_harness(encoder, self.evaluators, self.data_dir)
     scalars, parts = {}, []
     for task, r in results.items():
       scalars[f"{task}/main_score"] = r["main_score"]
@@ -119,9 +119,8 @@ class TatoebaEvalConfig:
                english: str = "eng", batch_size: int = 256):
     check_range(positive_int(batch_size), "TatoebaEvalConfig", "batch_size", batch_size,
                 "a positive integer")
-    self.languages, self.batch_size = list(languages), batch_size
-    self.config = harness.EvalConfig(data_dir=data_dir, tatoeba_languages=self.languages,
-                                     tatoeba_english=english, plots=False, progress=False)
+    self.languages, self.batch_size, self.data_dir = list(languages), batch_size, data_dir
+    self.tatoeba = evaluators.Tatoeba(self.languages, english)
 
   def metric_names(self) -> list[str]:
     return ["tatoeba/mean"] + [f"tatoeba/{l}" for l in self.languages]
@@ -130,7 +129,7 @@ class TatoebaEvalConfig:
     return []
 
   def run(self, encoder) -> tuple[dict, str]:
-    r = _run_harness(encoder, self.config, ["tatoeba"])["tatoeba"]
+    r = _run_harness(encoder, {"tatoeba": self.tatoeba}, self.data_dir)["tatoeba"]
     per = {sub["languages"][0]: sub["main_score"] for sub in r["scores"]["test"]}
     scalars = {f"tatoeba/{l}": v for l, v in per.items()}
     scalars["tatoeba/mean"] = r["main_score"]
