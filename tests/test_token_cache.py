@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -339,3 +340,50 @@ def test_cache_tasks_sigterm_exits_75_and_the_rerun_builds_the_same_cache(tmp_pa
                          cwd=REPO, timeout=900)
   assert again.returncode == 0, again.stderr[-3000:]
   assert again.stdout.strip().splitlines()[-1] == ref.stdout.strip().splitlines()[-1]
+
+
+def test_a_dead_store_ends_every_fetch_at_its_budget_and_does_not_hold_the_exit(tmp_path):
+  """The retry budget runs from the store's first unanswered read whatever thread made it,
+  the line says how long it was down, and a fetch stuck inside the store client's own
+  retries neither delays the error nor keeps the process alive after it."""
+  script = f"""
+import sys, threading, time
+sys.path.insert(0, {str(REPO)!r})
+from vmx import storage
+from vmx.data.token_cache.table import Blocks
+from vmx.errors import DataError
+def down(path, start, length):
+  if start == 0:
+    raise ConnectionError("connection refused")
+  time.sleep(60)              # a request inside gcsfs's own retries
+  raise ConnectionError("still down")
+storage.read_range = down
+storage.remote_size = down
+blocks = Blocks(retry_s=2.0, threads=2)
+blocks.prefetch({{("s", 1): lambda: blocks.read("gs://b/x.bin", 100, 10),
+                  ("s", 2): lambda: blocks.read("gs://b/x.bin", 200, 10),
+                  ("s", 3): lambda: blocks.read("gs://b/x.bin", 300, 10)}})
+t0 = time.monotonic()
+try:
+  blocks.read("gs://b/x.bin", 0, 10)
+  raise SystemExit("no error")
+except DataError as e:
+  print(f"{{time.monotonic() - t0:.1f}} {{e}}")
+try:
+  blocks.prefetch({{("s", 4): lambda: blocks.read("gs://b/x.bin", 0, 10)}})
+  raise SystemExit("a dead store accepted more work")
+except DataError as e:
+  print("again:", e)
+"""
+  t0 = time.monotonic()
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+  took = time.monotonic() - t0
+  assert out.returncode == 0, out.stderr[-3000:]
+  first, again = out.stdout.strip().splitlines()
+  seconds, message = first.split(" ", 1)
+  assert float(seconds) < 10, first
+  assert "gs://b/x.bin: the store did not answer for 2 s (VMX_REMOTE_RETRY_S=2; " \
+         "ConnectionError: connection refused)" in message
+  assert again == f"again: {message}"
+  assert took < 30, f"the process lived {took:.0f} s after its error (a fetch held it)"

@@ -10,7 +10,8 @@ a subprocess that imports vmx (a Beam worker) is quiet the same way.
 
 The launchers (`cli.run_main`, `install`) add: a Python warning is printed once per kind
 (its category and the line that raised it), without its source line; at exit, how often
-each repeated kind came.
+each repeated kind came; the object store clients' (gcsfs, fsspec) own log records of
+failed requests are not shown (vmx's retry names the failure once).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import atexit
 import contextlib
 import importlib.abc
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -146,3 +148,8 @@ def install(verbose: bool):
   once = _WarningsOnce()
   warnings.showwarning = once
   atexit.register(once.summary)
+  # The object store clients' own records of failed requests (gcsfs logs each retry, with
+  # its traceback, at ERROR): vmx retries them itself and names the store's failure in one
+  # line (vmx/data/token_cache/table.py), which must not drown among them.
+  for name in ("gcsfs", "fsspec"):
+    logging.getLogger(name).setLevel(logging.CRITICAL)

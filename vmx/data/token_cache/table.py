@@ -7,7 +7,8 @@ stream's default window): one ranged request each, fetched in parallel by a pool
 table of the process (`Blocks`), so a host fetches the blocks of the rows it reads and
 nothing else; `prefetch(indices)` starts the fetches of rows needed soon. A store that
 stops answering is retried with exponential backoff for VMX_REMOTE_RETRY_S seconds
-(default 600), then a DataError names it.
+(default 600) counted from its first unanswered read, whichever thread made it, then a
+DataError names it, and every other fetch (queued, or retrying) stops with the same one.
 
 Every block is verified against its digest before any of its rows is used (local: once
 per block per process, a bit per block; remote: on every fetch), and each shard's digest
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import concurrent.futures
 import json
 import os
 import random
@@ -32,6 +32,7 @@ import numpy as np
 
 from vmx import storage
 from vmx.data.token_cache import disk_format
+from vmx.data.token_cache.daemon_pool import DaemonPool
 from vmx.errors import ConfigError, DataError
 
 RETRY_ENV = "VMX_REMOTE_RETRY_S"
@@ -87,7 +88,7 @@ class Blocks:
     self.capacity = int(capacity_bytes if capacity_bytes is not None else
                         env_number(CACHE_ENV, DEFAULT_CACHE_MB) * (1 << 20))
     self.retry_s = float(retry_s if retry_s is not None else env_number(RETRY_ENV, 600))
-    self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="vmx-fetch")
+    self._pool = DaemonPool(threads)   # (not joined at exit: daemon_pool.py says why)
     self._lock = threading.Lock()
     self._lru: collections.OrderedDict = collections.OrderedDict()   # key -> bytes
     self._size = 0
@@ -95,38 +96,62 @@ class Blocks:
     self.requests = 0
     self.bytes = 0
     self.closed = False
+    # One outage clock for every read of the process: since when the store has not
+    # answered (None: it answers), and the error that ended the wait.
+    self._down_since: Optional[float] = None
+    self.dead: Optional[str] = None
     atexit.register(self.close)
 
   def close(self):
     """Stops fetching: pending fetches are cancelled, retries end."""
     self.closed = True
-    self._pool.shutdown(wait=False, cancel_futures=True)
+    self._pool.shutdown()
+
+  def _give_up(self, message: str) -> DataError:
+    """The store is declared dead: every read from now on fails at once with `message`,
+    queued fetches are cancelled (a prefetch must not keep retrying after the error)."""
+    with self._lock:
+      self.dead = self.dead or message
+    self.close()
+    return DataError(self.dead)
 
   def read(self, path, start: int, length: int, hint: str = "") -> bytes:
-    """One ranged read, retried with backoff while the store does not answer."""
-    deadline, wait, said = time.monotonic() + self.retry_s, 0.5, False
+    """One ranged read, retried with backoff while the store does not answer. The budget
+    (retry_s) runs from the store's first unanswered read, whichever thread made it, and
+    each attempt's own time counts (the store client retries inside one attempt)."""
+    wait, said = 0.5, False
     while True:
+      if self.dead:
+        raise DataError(self.dead)
       try:
         data = storage.read_range(path, start, length)
         with self._lock:
           self.requests += 1
           self.bytes += len(data)
+          self._down_since = None
         return data
       except DataError:
         raise
       except FileNotFoundError:
         raise DataError(f"{path}: missing: the token cache is incomplete; {hint}") from None
       except Exception as e:  # noqa: BLE001  (fsspec/gcsfs/aiohttp raise many kinds)
+        if self.dead:
+          raise DataError(self.dead) from None
         if self.closed:
           raise DataError(f"{path}: not read, the reader was closed") from None
         short = _short(path, start + length)
         if short is not None:
           raise DataError(f"{path}: {short} bytes, expected at least {start + length}: the "
                           f"token cache is truncated; {hint}") from None
-        if time.monotonic() + wait > deadline:
-          raise DataError(f"{path}: the store did not answer for {self.retry_s:.0f} s "
-                          f"({type(e).__name__}: {str(e)[:200]}); nothing was read "
-                          f"from it since") from None
+        now = time.monotonic()
+        with self._lock:
+          self._down_since = self._down_since if self._down_since is not None else now
+          down = now - self._down_since
+        if down + wait > self.retry_s:
+          raise self._give_up(
+              f"{path}: the store did not answer for {max(down, self.retry_s):.0f} s "
+              f"({RETRY_ENV}={self.retry_s:g}; {type(e).__name__}: "
+              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
         if not said:
           print(f"[vmx] {path}: read failed ({type(e).__name__}); retrying for up to "
                 f"{self.retry_s:.0f} s", file=sys.stderr, flush=True)
@@ -154,6 +179,8 @@ class Blocks:
   def _submit(self, key, fetch):
     """The future of `key` (fetch() -> verified bytes), started unless cached/pending."""
     with self._lock:
+      if self.dead:
+        raise DataError(self.dead)
       fut = self._pending.get(key)
       if fut is not None:
         return fut
@@ -203,9 +230,10 @@ _BLOCKS: Optional[Blocks] = None
 
 
 def shared_blocks() -> Blocks:
-  """The process's one remote block cache (its capacity: VMX_REMOTE_CACHE_MB)."""
+  """The process's one remote block cache (its capacity: VMX_REMOTE_CACHE_MB); a new one
+  for tables opened after the store was given up on (a notebook retrying later)."""
   global _BLOCKS
-  if _BLOCKS is None:
+  if _BLOCKS is None or _BLOCKS.closed:
     _BLOCKS = Blocks()
   return _BLOCKS
 
