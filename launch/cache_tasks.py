@@ -140,10 +140,10 @@ def cache_experiment(args, bindings):
                               parts, c.use_cached, not args.no_progress, shard_rows)
           continue
         plan = build.shard_plan(t, c.split, c.use_cached, shard_rows)
+        todo = build.missing_shards(directory, digest, plan)
         jobs += [beam.ShardJob(i, key, t.name, c.split, str(directory), digest, *job,
-                               c.use_cached)
-                 for job in build.missing_shards(directory, digest, plan)]
-        pending.append((directory, digest, parts, len(plan)))
+                               c.use_cached) for job in todo]
+        pending.append((directory, digest, parts, plan, [job[0] for job in todo]))
   if args.beam_runner:
     beam.check_shared_storage(args.beam_runner, shared)
     print(f"[vmx] {len(jobs)} shard(s) of {len(pending)} task(s) to write on Beam "
@@ -153,8 +153,8 @@ def cache_experiment(args, bindings):
     beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
              args.beam_workers, args.beam_options, experiment.training_inputs,
              progress=not args.no_progress)
-    for directory, digest, parts, n in pending:
-      build.assemble(directory, digest, parts, n, f"beam:{args.beam_runner}")
+    for directory, digest, parts, plan, written in pending:
+      build.assemble(directory, digest, parts, plan, f"beam:{args.beam_runner}", written)
   for c, layout, tasks, rates, root, directories in records:   # found later without SeqIO
     pipeline.record_caches(c, layout, tasks, rates, [Table(d) for d in directories], root)
   whole = hashlib.sha256()

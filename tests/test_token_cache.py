@@ -192,6 +192,51 @@ def test_an_interrupted_build_finishes_only_the_missing_shards(toy_task, tmp_pat
                                                                    "train", shard_rows=256))
 
 
+def test_a_build_never_adopts_a_shard_it_cannot_prove_it_wrote(toy_task, tmp_path):
+  """A rerun finishes around the shards an earlier run left only once each is proven: the
+  input range its record names is this build's plan, its .sums is the one its record
+  hashes, its .bin has the record's rows, and every block of it its digest. Another
+  build's bytes under this build's records are refused naming the file; no manifest."""
+  import shutil
+  from vmx.errors import DataError
+  d = tmp_path / "run"
+  whole = _build(toy_task[0], d, 256)
+  keep = tmp_path / "keep"
+  shutil.copytree(d, keep)
+
+  def rerun_with(change):
+    shutil.rmtree(d)
+    shutil.copytree(keep, d)
+    (d / "manifest.json").unlink()
+    change()
+    with pytest.raises(DataError) as e:
+      _build(toy_task[0], d, 256)
+    assert not (d / "manifest.json").exists()
+    return str(e.value)
+
+  def flip():                       # same size, another byte: only the blocks tell
+    data = bytearray((d / "rows-00000-of-00002.bin").read_bytes())
+    data[5] ^= 1
+    (d / "rows-00000-of-00002.bin").write_bytes(bytes(data))
+  assert "rows-00000-of-00002.bin: block 0 is not the block its .sums names" in rerun_with(flip)
+
+  def swap():                       # shard 1's files under shard 0's record
+    for ext in ("bin", "sums"):
+      shutil.copy(d / f"rows-00001-of-00002.{ext}", d / f"rows-00000-of-00002.{ext}")
+  assert "rows-00000-of-00002.sums: sha256" in rerun_with(swap)
+
+  def elsewhere():                  # a record of another input range (another plan)
+    rec = json.loads((d / "rows-00000-of-00002.json").read_text())
+    rec["input"] = [0, 512]
+    (d / "rows-00000-of-00002.json").write_text(json.dumps(rec))
+  assert "a record of input rows [0, 512], this build planned [0, 256]" in rerun_with(elsewhere)
+
+  shutil.rmtree(d)
+  shutil.copytree(keep, d)
+  (d / "manifest.json").unlink()
+  assert _build(toy_task[0], d, 256)["content_digest"] == whole["content_digest"]
+
+
 def test_a_full_disk_is_one_error_and_leaves_nothing(toy_task, tmp_path, monkeypatch):
   """ENOSPC while a shard is written (monkeypatched; the real small filesystem is in
   tests/test_modeldir.py): a DataError saying so, no temporary file, no manifest."""

@@ -12,6 +12,7 @@ the manifest last.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Optional
 
@@ -75,18 +76,23 @@ def missing_shards(directory, digest: str, plan) -> list:
   return out
 
 
-def assemble(directory, digest: str, parts: dict, num_shards: int, builder: str) -> dict:
-  """Checks the shards' records and writes manifest.json (last); returns it."""
+def assemble(directory, digest: str, parts: dict, plan, builder: str,
+             written=()) -> dict:
+  """Checks every shard against its record and the plan (`prove_shard`) and writes
+  manifest.json (last); returns it. `plan`: the shard jobs (index, count, start, end);
+  `written`: the shard indices this build wrote itself (the others, adopted from an
+  earlier run into this directory, are verified block by block)."""
   d = storage.path(directory)
   records = []
-  for i in range(num_shards):
-    name = disk_format.shard_name(i, num_shards)
+  for index, count, start, end in plan:
+    name = disk_format.shard_name(index, count)
     rec = writer.shard_record(d, name)
     if rec is None:
-      raise DataError(f"{d / name}.json: missing: shard {i} of {num_shards} is not written")
+      raise DataError(f"{d / name}.json: missing: shard {index} of {count} is not written")
     if rec.get("fingerprint") != digest:
       raise DataError(f"{d / name}.json: built from other inputs than {d.name}: shards of "
                       f"two fingerprints are never mixed; delete {d} and build it again")
+    prove_shard(d, name, rec, (start, end), full=index not in set(written))
     records.append(rec)
   specs = {json.dumps(r["features"], sort_keys=True) for r in records if r["count"]}
   if not specs:
@@ -102,6 +108,49 @@ def assemble(directory, digest: str, parts: dict, num_shards: int, builder: str)
   m["content_digest"] = _content_digest(d, m)
   storage.write_atomic(d / disk_format.MANIFEST, disk_format.dumps(m))
   return m
+
+
+PROOF_BLOCKS = 256   # digest blocks read at once when an adopted shard is proven
+
+
+def prove_shard(d, name: str, rec: dict, planned: tuple, full: bool):
+  """The shard's files are the ones its record describes, for the input range this build
+  planned: its `.sums` has the record's sha256 and one digest per block of its rows, its
+  `.bin` the record's rows, and (`full`: a shard this build did not write in this run)
+  every block of the `.bin` its digest. A DataError names the file, what its record
+  claims and what is there: a build never adopts bytes it cannot prove it wrote."""
+  redo = f"delete {d / name}.* and run the build again (it rewrites that shard)"
+  if list(rec.get("input") or []) != list(planned):
+    raise DataError(f"{d / name}.json: a record of input rows {rec.get('input')}, this "
+                    f"build planned {list(planned)} for {name}: another build's shard; {redo}")
+  count, row_bytes = int(rec.get("count", -1)), rec.get("row_bytes")
+  sums = (d / f"{name}.sums").read_bytes() if (d / f"{name}.sums").exists() else None
+  if sums is None or disk_format.sums_sha256(sums) != rec.get("sums_sha256"):
+    raise DataError(f"{d / name}.sums: " + ("missing" if sums is None else
+                    f"sha256 {disk_format.sums_sha256(sums)[:16]}…, its record claims "
+                    f"{str(rec.get('sums_sha256'))[:16]}…") + f": not the digests this "
+                    f"build wrote; {redo}")
+  blocks = -(-count // disk_format.BLOCK_ROWS)
+  if len(sums) != blocks * disk_format.DIGEST_BYTES:
+    raise DataError(f"{d / name}.sums: {len(sums) // disk_format.DIGEST_BYTES} digests, its "
+                    f"record's {count} rows have {blocks} blocks; {redo}")
+  if not count:
+    return
+  bin_path = d / f"{name}.bin"
+  size = (storage.remote_size(bin_path) if storage.is_remote(bin_path) else
+          (os.path.getsize(os.fspath(bin_path)) if bin_path.exists() else None))
+  if size != count * int(row_bytes or 0):
+    raise DataError(f"{bin_path}: " + ("missing" if size is None else f"{size} bytes") +
+                    f", its record claims {count} rows of {row_bytes} bytes; {redo}")
+  if full:   # one read per PROOF_BLOCKS blocks (a remote store: few, large requests)
+    step, n = disk_format.BLOCK_ROWS * int(row_bytes), disk_format.DIGEST_BYTES
+    for first in range(0, blocks, PROOF_BLOCKS):
+      data = memoryview(storage.read_range(bin_path, first * step, PROOF_BLOCKS * step))
+      for b in range(first, min(first + PROOF_BLOCKS, blocks)):
+        block = data[(b - first) * step:(b - first + 1) * step]
+        if disk_format.block_digest(block) != sums[b * n:(b + 1) * n]:
+          raise DataError(f"{bin_path}: block {b} is not the block its .sums names: bytes "
+                          f"this build did not write; {redo}")
 
 
 def _content_digest(d, m: dict) -> str:
@@ -140,7 +189,7 @@ def build_local(task: seqio.Task, split: str, lengths, converter, directory, par
                            start, end, use_cached, bar.update)
   finally:
     bar.close()
-  return assemble(directory, digest, parts, len(plan), "local")
+  return assemble(directory, digest, parts, plan, "local", [job[0] for job in todo])
 
 
 def _others(task_dir, split: str) -> list:
