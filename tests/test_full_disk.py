@@ -89,3 +89,30 @@ def test_a_full_disk_during_a_checkpoint_save(small_disk, toy_task):
   fill(6 << 20)
   toy_train(d, name, vp, total_steps=4, period=2)
   assert checkpoints.verify(d / "checkpoint_4") is None
+
+
+def test_a_read_only_cache_root_without_the_cache_is_one_error(tmp_path, toy_task):
+  """A shared cache directory mounted read-only that lacks this run's cache: one
+  DataError naming the root, the reason and both ways out (not a traceback)."""
+  import seqio
+  from vmx.data import feature_converters
+  from vmx.data.token_cache import build
+  from vmx.errors import DataError
+  root = tmp_path / "ro"
+  root.mkdir()
+  if os.geteuid() != 0:
+    pytest.skip("mounting a read-only tmpfs needs root")
+  out = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
+                       capture_output=True, text=True)
+  if out.returncode:
+    pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+  try:
+    task = seqio.get_mixture_or_task(toy_task[0])
+    with pytest.raises(DataError, match=r"no tokenized cache for this run under .*/ro, and "
+                                        r"it cannot be built there \(Read-only file system"
+                                        r".*token_cache_dir to a writable directory"):
+      build.open_table(task, "train", {"inputs": 8, "targets": 8},
+                       feature_converters.PairFeatureConverter(), str(root),
+                       progress=False)
+  finally:
+    subprocess.run(["umount", str(root)], capture_output=True)

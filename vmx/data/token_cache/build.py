@@ -11,6 +11,7 @@ the manifest last.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -240,7 +241,16 @@ def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[
         f"--token_cache_dir={root}`")
   if differs:
     print(f"[vmx] task {task.name}: building a new tokenized cache{differs}", flush=True)
-  build_local(task, split, lengths, converter, directory, parts, use_cached, progress)
+  try:
+    build_local(task, split, lengths, converter, directory, parts, use_cached, progress)
+  except OSError as e:   # a read-only root (a shared, prebuilt cache directory)
+    if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+      raise
+    raise DataError(f"task {task.name}: no tokenized cache for this run under {root}, "
+                    f"and it cannot be built there ({e.strerror}: {e.filename}){differs}; "
+                    f"set DatasetConfig.token_cache_dir to a writable directory, or write "
+                    f"the cache where it should be with `python launch/cache_tasks.py "
+                    f"--gin_file=<the run's gin files> --token_cache_dir={root}`") from None
   return Table(directory, hint)
 
 
