@@ -61,6 +61,12 @@ def test_an_intact_checkpoint_that_does_not_fit_is_not_moved(tmp_path, toy_task)
   assert (d / "checkpoint_3").is_dir() and not (d / "damaged").exists()
   with pytest.raises(CheckpointError, match=r"no checkpoint_999 \(existing steps: 3\)"):
     checkpoints.restore_intact(d, [3], restore, step=999)
+  (d / "checkpoint_6.orbax-checkpoint-tmp-1795").mkdir()     # a save in progress
+  with pytest.raises(CheckpointError, match=r"checkpoint_6 is still being written "
+                                            r"\(checkpoint_6.orbax-checkpoint-tmp-1795\); "
+                                            r"wait until the run has saved it, or choose an "
+                                            r"existing step \(3\)"):
+    checkpoints.restore_intact(d, [3], restore, step=6)
 
 
 def test_other_settings_need_allow_config_change(tmp_path):

@@ -150,6 +150,13 @@ def restore_intact(model_dir, steps, restore_fn: Callable[[int], Any], step: Opt
   """
   if step is not None and steps is not None and step not in list(steps):
     have = ", ".join(str(x) for x in sorted(steps)[-8:]) or "none"
+    d = storage.path(model_dir)
+    writing = sorted(e.name for e in d.iterdir() if e.name.startswith(
+        f"{CHECKPOINT_PREFIX}_{step}.")) if d.exists() else []
+    if writing:   # orbax writes a step under a temporary name, renamed when complete
+      raise CheckpointError(f"{model_dir}: {CHECKPOINT_PREFIX}_{step} is still being written "
+                            f"({writing[0]}); wait until the run has saved it, or choose "
+                            f"an existing step ({have})")
     raise CheckpointError(f"{model_dir}: no {CHECKPOINT_PREFIX}_{step} (existing steps: "
                           f"{have})")
   candidates = [step] if step is not None else sorted(steps, reverse=True)
