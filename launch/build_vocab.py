@@ -41,6 +41,10 @@ def main(argv):
   p.add_argument("--japanese", default="jumanpp", choices=normalize.JAPANESE_MODES,
                  help="with --pretokenize: Japanese with Juman++, or left to SentencePiece")
   args = p.parse_args(argv)
+  from vmx import signals
+  signals.install()   # SIGTERM / SIGINT: exit 75, one `preempted:` line, nothing half-written
+  signals.leaves(f"nothing was written to {args.output} (a vocabulary appears whole or "
+                 f"not at all); rerun the same command")
   langs = [l for l in args.languages.split(",") if l]
   files = [f for f in args.input.split(",") if f]
   file_langs = [normalize.file_language(f) for f in files]
@@ -60,8 +64,13 @@ def main(argv):
   pretok = (normalize.Pretokenizer(args.pretokenize, args.japanese, "build_vocab",
                                    switch="--japanese=none")
             if args.pretokenize else None)
-  path = vocab.train_vocabulary(files, args.output, args.vocab_size, langs, args.lowercase,
-                                pretok, file_langs, args.max_sentences_per_file)
+  print(f"[vmx] building a {args.vocab_size}-piece vocabulary from {len(files)} file(s) "
+        f"(up to {args.max_sentences_per_file} sentences each) -> {args.output}", flush=True)
+  with signals.activity("building the vocabulary"):
+    path = vocab.train_vocabulary(files, args.output, args.vocab_size, langs,
+                                  args.lowercase, pretok, file_langs,
+                                  args.max_sentences_per_file)
+  signals.saved(f"the vocabulary {path} is written whole")
   tok = vocab.load_tokenizer(path)
   norm = ", ".join(filter(None, ["lowercased" if tok.lowercases else "",
                                  f"pre-tokenized ({pretok.settings})" if pretok else ""]))

@@ -35,9 +35,15 @@ def main(argv):
                  help="also import the decoder of a T5 / mT5 encoder-decoder checkpoint "
                       "(MT5ForConditionalGeneration) for VMSST / BITRANSLATION")
   args = p.parse_args(argv)
-  from vmx.modeldir.hf_import import import_checkpoint  # lazy: jax, after cli.run_main's host set-up
-  s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length,
-                        decoder=args.decoder)
+  from vmx import signals
+  signals.install()   # SIGTERM / SIGINT: exit 75, one `preempted:` line, nothing half-written
+  signals.leaves(f"nothing was written to {args.output_dir} (an import appears whole or "
+                 f"not at all); rerun the same command")
+  print(f"[vmx] importing {args.hf_dir} -> {args.output_dir}", flush=True)
+  with signals.activity(f"importing {args.hf_dir}"):
+    from vmx.modeldir.hf_import import import_checkpoint  # lazy: jax, after run_main's set-up
+    s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length,
+                          decoder=args.decoder)
   print(f"imported {s['family']} encoder: {s['tensors']} tensors, {s['parameters']:,} "
         f"parameters, {s['pooling']} pooling, max_length {s['max_length']}, tokenizer "
         f"{s['tokenizer']} -> {s['output_dir']}")

@@ -96,3 +96,47 @@ def test_plain_string_values_need_no_quotes():
   bindings, rest = gin_utils.split_gin_bindings(["--gin.MODEL_DIR=/tmp/a b", "--x",
                                                  "--gin.N=3", "--gin.S='q'"])
   assert bindings == ["MODEL_DIR = '/tmp/a b'", "N = 3", "S = 'q'"] and rest == ["--x"]
+
+
+def test_build_vocab_sigterm_exits_75_and_writes_nothing(tmp_path):
+  """The signal contract (vmx/signals.py) in launch/build_vocab.py: SIGTERM while
+  SentencePiece trains ends with exit 75 and one `preempted:` line once the C call
+  returns, and no vocabulary file appears (a rerun builds it whole)."""
+  import random
+  import signal
+  import time
+  rng = random.Random(0)
+  words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
+           for _ in range(30000)]
+  text = tmp_path / "text.txt"
+  text.write_text("".join(" ".join(rng.choice(words) for _ in range(12)) + "\n"
+                          for _ in range(80000)))
+  out = tmp_path / "vocab" / "v.model"
+  p = subprocess.Popen([sys.executable, "launch/build_vocab.py", f"--output={out}",
+                        "--vocab_size=4000", f"--input={text}"], cwd=REPO,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  assert "[vmx] building a 4000-piece vocabulary" in p.stdout.readline()
+  time.sleep(2.0)                       # reading and sampling done: SentencePiece trains
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 75, err[-2000:]
+  assert "preempted: SIGTERM while building the vocabulary" in err, err[-2000:]
+  assert "Traceback" not in err and not out.exists()
+  assert not out.parent.exists() or not [q for q in out.parent.iterdir() if ".tmp" in q.name]
+
+
+def test_import_checkpoint_sigterm_exits_75_and_writes_nothing(tmp_path):
+  """The signal contract in launch/import_checkpoint.py: SIGTERM during the import ends
+  with exit 75 and one `preempted:` line, and the output directory does not appear."""
+  import signal
+  out = tmp_path / "imported"
+  p = subprocess.Popen([sys.executable, "launch/import_checkpoint.py", f"--hf_dir={tmp_path}",
+                        f"--output_dir={out}"], cwd=REPO, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+  assert "[vmx] importing" in p.stdout.readline()
+  p.send_signal(signal.SIGTERM)         # while jax and the importer load
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 75, err[-2000:]
+  assert f"preempted: SIGTERM while importing {tmp_path}: nothing was written to {out}" in err
+  assert "Traceback" not in err and not out.exists()
+  assert not [q for q in tmp_path.iterdir() if q.name.startswith("imported")]

@@ -59,6 +59,12 @@ def doing() -> str:
   return _DOING[-1]
 
 
+def leaves(what: str):
+  """What a signal from now on would leave behind, said before the work starts (a
+  command whose output appears whole or not at all: 'nothing was written ...')."""
+  _SAVED[0] = what
+
+
 def saved(what: str):
   """What a signal from now on would leave behind, for its message (the trainer says it
   once its final checkpoint is written)."""
