@@ -110,8 +110,16 @@ def test_finetunes_and_scores_xnli_on_a_tiny_checkpoint(tiny, capsys):
   assert figs[("Table 1", "xnli de")]["value"] == rows["de"]["accuracy"]
   assert all(f["vector"] == res["vector"] for f in report["figures"])
   assert "MLQA" in report["missing"][0]["benchmark"]
+  gap = figs[("Table 5", "xnli transfer gap (en minus the mean of the other languages; "
+                         "lower is better)")]
+  assert gap["value"] == pytest.approx(rows["en"]["accuracy"] - res["zero_shot_mean"])
+  assert gap["n_languages"] == 2
   emmax = protocols.finetuned_report("emmax", res)      # EMMA-X fine-tunes on all 15
   assert {f.get("paper_setting") for f in emmax["figures"]} == {"translate-train-all"}
+  faithful = dict(res, setting="translate-train-all (3 training languages, every evaluated "
+                               "one)")             # what a run on every language writes
+  assert {f.get("paper_setting") for f in protocols.finetuned_report(
+      "emmax", faithful)["figures"]} == {None}
   assert {"anli (fine-tuned)", "pawsx (fine-tuned)"} <= {m["benchmark"] for m in emmax["missing"]}
 
 

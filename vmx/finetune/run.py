@@ -223,6 +223,8 @@ def finetune(*, benchmark: str = gin.REQUIRED, data_dir: Optional[str] = gin.REQ
       "zero_shot_mean": float(np.mean(zero)) if zero else None,
       "setting": ("cross-lingual transfer (English training data)"
                   if list(train_languages) == ["en"] else
+                  f"translate-train-all ({len(train_languages)} training languages, every "
+                  f"evaluated one)" if set(langs) <= set(train_languages) else
                   f"translate-train ({len(train_languages)} training languages)"),
       "train_languages": list(train_languages), "n_train": int(len(labels)),
       "steps": steps, "selected": selected, "step": int(step), "model": {

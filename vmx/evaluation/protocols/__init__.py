@@ -51,6 +51,7 @@ from vmx.evaluation.protocols.vmsst import VMSST_STS17
 __all__ = ["EMMAX_HEAD", "EMMAX_MULTISTS", "EMMAX_OPTIONAL", "EMMAX_XRETE_MISSING",
            "EMS_OPTIONAL", "EMS_SEEN58", "EMS_TABLE6", "EMS_TABLE13", "EMS_TRANSFER",
            "EMS_UNSEEN54", "FINETUNE", "FINETUNED", "FINETUNED_MISSING", "INFOXLM_OPTIONAL",
+           "TRANSFER_GAP",
            "INFOXLM_OTHER22", "INFOXLM_PARALLEL14", "PROTOCOLS", "STS17_LAYOUT", "VMSST_STS17",
            "Missing", "Protocol", "finetuned_report", "report", "resolve", "tasks_of",
            "tatoeba_mean", "with_vector"]
@@ -68,6 +69,9 @@ FINETUNED = {
               "anli": ("Table 1", "Table 11", "translate-train-all"),
               "pawsx": ("Table 1", "Table 19", "translate-train-all")},
 }
+# The tables of the cross-lingual transfer gap (InfoXLM Table 5, after Hu et al. 2020): the
+# English test score minus the mean of the other languages' (zero-shot transfer).
+TRANSFER_GAP = {"infoxlm": {"xnli": "Table 5"}}
 FINETUNED_MISSING = {
     "infoxlm": (Missing("Table 4", "MLQA (fine-tuned extractive QA)",
                         "not built: a span-prediction head over SQuAD-format question-passage "
@@ -101,6 +105,14 @@ def finetuned_report(protocol: str, results: dict) -> dict:
               "n": r["n"], **common_fields} for r in results["scores"]["test"]]
   figures.append({"table": avg_table, "column": f"{bench} Avg.", "value": results["main_score"],
                   "n_languages": len(results["scores"]["test"]), **common_fields})
+  gap_table = TRANSFER_GAP.get(protocol, {}).get(bench)
+  scores = {r["hf_subset"]: r["accuracy"] for r in results["scores"]["test"]}
+  others = [v for lang, v in scores.items() if lang != "en"]
+  if gap_table and "en" in scores and others:
+    figures.append({"table": gap_table, "column": f"{bench} transfer gap (en minus the "
+                    f"mean of the other languages; lower is better)",
+                    "value": scores["en"] - sum(others) / len(others),
+                    "n_languages": len(others), **common_fields})
   return {"protocol": protocol, "paper": PROTOCOLS[protocol].paper, "figures": figures,
           "missing": missing, "tasks_failed": {}}
 
