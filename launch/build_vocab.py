@@ -64,9 +64,10 @@ def main(argv):
   pretok = (normalize.Pretokenizer(args.pretokenize, args.japanese, "build_vocab",
                                    switch="--japanese=none")
             if args.pretokenize else None)
-  print(f"[vmx] building a {args.vocab_size}-piece vocabulary from {len(files)} file(s) "
-        f"(up to {args.max_sentences_per_file} sentences each) -> {args.output}", flush=True)
   with signals.activity("building the vocabulary"):
+    print(f"[vmx] building a {args.vocab_size}-piece vocabulary from {len(files)} file(s) "
+          f"(up to {args.max_sentences_per_file} sentences each) -> {args.output}",
+          flush=True)
     path = vocab.train_vocabulary(files, args.output, args.vocab_size, langs,
                                   args.lowercase, pretok, file_langs,
                                   args.max_sentences_per_file)

@@ -39,8 +39,8 @@ def main(argv):
   signals.install()   # SIGTERM / SIGINT: exit 75, one `preempted:` line, nothing half-written
   signals.leaves(f"nothing was written to {args.output_dir} (an import appears whole or "
                  f"not at all); rerun the same command")
-  print(f"[vmx] importing {args.hf_dir} -> {args.output_dir}", flush=True)
   with signals.activity(f"importing {args.hf_dir}"):
+    print(f"[vmx] importing {args.hf_dir} -> {args.output_dir}", flush=True)
     from vmx.modeldir.hf_import import import_checkpoint  # lazy: jax, after run_main's set-up
     s = import_checkpoint(args.hf_dir, args.output_dir, args.pooling, args.max_length,
                           decoder=args.decoder)
