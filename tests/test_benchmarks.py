@@ -47,7 +47,6 @@ def test_grad_cache_benchmark_runs_and_keeps_the_loss():
 
 
 @needs_data
-@pytest.mark.slow   # builds contrastive_tiny's whole token cache (~100 s): the slow tier
 def test_input_pipeline_benchmark_times_first_batch_stream_and_resume():
   env = dict(os.environ, VMX_DATA_DIR=DATA_DIR)
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),
