@@ -9,17 +9,22 @@ import pytest
 from conftest import toy_train
 
 
+def _mount_tmpfs(mnt, options: str):
+  """Mounts a tmpfs with `options` at the new directory `mnt` (skips without root)."""
+  mnt.mkdir()
+  if os.geteuid() != 0:
+    pytest.skip("mounting a tmpfs needs root")
+  out = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+  if out.returncode:
+    pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+
+
 @pytest.fixture
 def small_disk(tmp_path):
   """(mount point, fill(free_bytes)): an 8 MB tmpfs; fill() leaves that much room."""
   mnt = tmp_path / "disk"
-  mnt.mkdir()
-  if os.geteuid() != 0:
-    pytest.skip("mounting a tmpfs needs root")
-  out = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-  if out.returncode:
-    pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+  _mount_tmpfs(mnt, "size=8m")
 
   def fill(free: int):
     filler = mnt / "filler"
@@ -99,13 +104,7 @@ def test_a_read_only_cache_root_without_the_cache_is_one_error(tmp_path, toy_tas
   from vmx.data.token_cache import build
   from vmx.errors import DataError
   root = tmp_path / "ro"
-  root.mkdir()
-  if os.geteuid() != 0:
-    pytest.skip("mounting a read-only tmpfs needs root")
-  out = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
-                       capture_output=True, text=True)
-  if out.returncode:
-    pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+  _mount_tmpfs(root, "ro,size=1m")
   try:
     task = seqio.get_mixture_or_task(toy_task[0])
     with pytest.raises(DataError, match=r"no tokenized cache for this run under .*/ro, and "
