@@ -7,12 +7,13 @@
 
 INITIAL_CHECKPOINT_PATH is a vmx model directory: any finished run, or one written by
 launch/import_checkpoint.py. The benchmark's data are the user's files (XNLI_DIR,
-PAWSX_DIR, ANLI_DIR; the layouts: vmx/finetune/data.py, docs/evaluation.md). The run trains
-like launch/train.py (mesh, checkpoints, resume after a kill or preemption: rerun the same
-command), keeps the step with the best joint dev accuracy, and writes
-MODEL_DIR/finetune_<benchmark>.json (every language's test accuracy). `--protocol`
-writes MODEL_DIR/protocol_<name>_finetuned.json: the figures in the paper's tables they
-mirror (InfoXLM Table 1; EMMA-X Table 1 and its per-language tables), each with its
+PAWSX_DIR, ANLI_DIR; MLQA_DIR with SQUAD_DIR; the layouts: vmx/finetune/data.py and qa.py,
+docs/evaluation.md). The run trains like launch/train.py (mesh, checkpoints, resume after a
+kill or preemption: rerun the same command), keeps the step with the best joint dev score
+(MLQA as InfoXLM: the last step), and writes MODEL_DIR/finetune_<benchmark>.json (every
+language's test accuracy; MLQA's F1 and exact match). `--protocol` writes
+MODEL_DIR/protocol_<name>_finetuned.json: the figures in the paper's tables they mirror
+(InfoXLM Tables 1, 4 and 5; EMMA-X Table 1 and its per-language tables), each with its
 vector, and what else the paper fine-tunes that this run did not (vmx/evaluation/protocols/).
 """
 import importlib.util  # noqa: F401  (gin-config 0.5 gotcha: import before gin parses)
@@ -57,8 +58,9 @@ def main(argv):
     return None
   from vmx import storage  # lazy: after cli.run_main
   out = storage.path(results["model_dir"])
-  print(f"[vmx finetune] {results['benchmark']}, {results['setting']}: mean accuracy "
-        f"{results['main_score']:.2f} over {len(results['scores']['test'])} languages "
+  print(f"[vmx finetune] {results['benchmark']}, {results['setting']}: mean "
+        f"{results['metrics'][0]} {results['main_score']:.2f} over "
+        f"{len(results['scores']['test'])} languages "
         f"({results['selected']}) -> {out}/finetune_{results['benchmark']}.json")
   if args.protocol:
     report = protocols.finetuned_report(args.protocol, results)

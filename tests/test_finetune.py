@@ -109,7 +109,7 @@ def test_finetunes_and_scores_xnli_on_a_tiny_checkpoint(tiny, capsys):
   assert figs[("Tables 1, 7, 10", "xnli Avg.")]["value"] == res["main_score"]
   assert figs[("Table 1", "xnli de")]["value"] == rows["de"]["accuracy"]
   assert all(f["vector"] == res["vector"] for f in report["figures"])
-  assert "MLQA" in report["missing"][0]["benchmark"]
+  assert report["missing"][0]["benchmark"] == "mlqa (fine-tuned)"
   gap = figs[("Table 5", "xnli transfer gap (en minus the mean of the other languages; "
                          "lower is better)")]
   assert gap["value"] == pytest.approx(rows["en"]["accuracy"] - res["zero_shot_mean"])
@@ -189,16 +189,17 @@ def test_pawsx_is_read_as_distributed(tmp_path):
 def test_batches_are_a_function_of_the_step():
   """The data position of a checkpoint is its step: step s's batch is the same whether
   the run got there from step 0 or resumed at it; every pair once per epoch."""
-  from vmx.finetune import PairBatches
-  tokens = np.arange(70, dtype=np.int32).reshape(35, 2)
-  labels = np.arange(35, dtype=np.int32)
-  run = PairBatches(tokens, labels, 7, seed=3, digest="d")
+  from vmx.finetune import RowBatches
+  arrays = {"tokens": np.arange(70, dtype=np.int32).reshape(35, 2),
+            "label": np.arange(35, dtype=np.int32)}
+  run = RowBatches(arrays, 7, seed=3, digest="d")
   seen = [next(run) for _ in range(10)]
-  resumed = PairBatches(tokens, labels, 7, seed=3, digest="d", position=6)
+  resumed = RowBatches(arrays, 7, seed=3, digest="d", position=6)
   np.testing.assert_array_equal(next(resumed)["label"], seen[6]["label"])
   assert sorted(np.concatenate([b["label"] for b in seen[:5]]).tolist()) == list(range(35))
   assert run.state_at(4) == {"reader": "finetune", "position": 4, "data": "d"}
-  assert not np.array_equal(PairBatches(tokens, labels, 7, 4, "d").batch(0)["label"],
+  np.testing.assert_array_equal(seen[3]["tokens"][:, 0] // 2, seen[3]["label"])
+  assert not np.array_equal(RowBatches(arrays, 7, 4, "d").batch(0)["label"],
                             seen[0]["label"])
 
 

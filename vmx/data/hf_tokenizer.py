@@ -13,6 +13,7 @@ vmx/data/vocab.py's `load_tokenizer` opens either kind.
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable
 
 import numpy as np
@@ -54,6 +55,36 @@ def join_pairs(rows_a, rows_b, opening: list, middle: list, closing: list, max_l
     row = opening + x + middle + z + closing
     out[i, :len(row)] = to_ids(row)
   return out
+
+
+def sentencepiece_spans(sp, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+  """(SentencePiece's ids of `text`, each piece's [start, end) in characters of `text`).
+  A piece with no characters of its own (the word-boundary '▁' before a word) gets an
+  empty span at its place."""
+  try:
+    proto = sp.encode(text, return_type="proto")
+  except (TypeError, ValueError):   # sentencepiece before 0.2.1
+    proto = sp.encode(text, out_type="immutable_proto")
+  char_of, at = {}, 0     # byte offset -> character offset
+  for i, ch in enumerate(text):
+    char_of[at] = i
+    at += len(ch.encode("utf-8"))
+  char_of[at] = len(text)
+  return ([p.id for p in proto.pieces],
+          [(char_of.get(p.begin, 0), char_of.get(p.end, len(text))) for p in proto.pieces])
+
+
+def word_spans(text: str, encode_words) -> tuple[list[int], list[tuple[int, int]]]:
+  """(ids, spans) of `text` tokenized one whitespace-separated word at a time
+  (`encode_words(words) -> [ids of each]`, one call), each id spanning its whole word: for
+  tokenizers that cannot say where a piece came from (a vmx vocabulary with a language
+  pre-tokenizer)."""
+  words = list(re.finditer(r"\S+", text))
+  ids, spans = [], []
+  for m, row in zip(words, encode_words([m.group() for m in words]) if words else []):
+    ids += row
+    spans += [(m.start(), m.end())] * len(row)
+  return ids, spans
 
 
 class HfTokenizer:
@@ -165,6 +196,32 @@ class HfTokenizer:
     eos = self.sp.eos_id()             # t5_spm (mT5)
     return join_pairs(self.sp.encode(a), self.sp.encode(b), [], [eos], [eos], max_length,
                       self.to_vmx_ids)
+
+  def pair_template(self) -> tuple[list[int], list[int], list[int]]:
+    """(opening, middle, closing) vmx ids around a pair's two segments (`encode_pairs`)."""
+    if self.kind in ("tokenizers", "wordpiece"):
+      e = self.tok.encode("a", "b")
+      seq = e.sequence_ids
+      first, last = seq.index(0), len(seq) - 1 - seq[::-1].index(1)
+      between = [i for i in range(first, last) if seq[i] is None]
+      parts = (e.ids[:first], [e.ids[i] for i in between], e.ids[last + 1:])
+    elif self.kind == "fairseq_spm":
+      parts = ([0], [2, 2], [2])
+    else:
+      parts = ([], [self.sp.eos_id()], [self.sp.eos_id()])
+    return tuple([int(i) for i in self.to_vmx_ids(p)] for p in parts)
+
+  def encode_spans(self, text: str, lang=None) -> tuple[list[int], list[tuple[int, int]]]:
+    """(vmx ids of `text` without special tokens, each id's [start, end) in characters
+    of `text`): where an answer span lies (extractive QA, vmx/finetune/qa.py)."""
+    del lang
+    if self.kind in ("tokenizers", "wordpiece"):
+      e = self.tok.encode(text, add_special_tokens=False)
+      return [int(i) for i in self.to_vmx_ids(e.ids)], [tuple(o) for o in e.offsets]
+    ids, spans = sentencepiece_spans(self.sp, text)
+    if self.kind == "fairseq_spm":
+      ids = [i + 1 if i else 3 for i in ids]
+    return [int(i) for i in self.to_vmx_ids(ids)], spans
 
   def decode(self, vmx_ids) -> str:
     ids = [int(i) for i in self.to_vmx_ids(vmx_ids) if i != self.pad_id]

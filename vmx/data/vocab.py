@@ -33,7 +33,8 @@ import sentencepiece as spm
 
 from vmx import signals, storage
 # the imported tokenizer and what both kinds share (also reachable as vmx.data.vocab.X)
-from vmx.data.hf_tokenizer import TOKENIZER_SPEC, HfTokenizer, join_pairs, read_spec
+from vmx.data.hf_tokenizer import (TOKENIZER_SPEC, HfTokenizer, join_pairs, read_spec,
+                                   sentencepiece_spans, word_spans)
 from vmx.data.normalize import JAPANESE_MODES, Pretokenizer, file_language
 from vmx.data.readers import iter_lines, stamp
 from vmx.errors import CheckpointError, ConfigError, DataError
@@ -342,6 +343,19 @@ class Tokenizer:
     return join_pairs(self.sp.encode(self.pretokenize(a, lang)),
                       self.sp.encode(self.pretokenize(b, lang)), [], [self.sp.eos_id()], [],
                       max_length)
+
+  def pair_template(self) -> tuple[list[int], list[int], list[int]]:
+    """(opening, middle, closing) ids around a pair's two segments (`encode_pairs`)."""
+    return [], [self.sp.eos_id()], []
+
+  def encode_spans(self, text: str, lang=None) -> tuple[list[int], list[tuple[int, int]]]:
+    """(ids of `text`, each id's [start, end) in characters of `text`): where an answer
+    span lies (extractive QA, vmx/finetune/qa.py). A vocabulary with a language
+    pre-tokenizer, which rewrites the text, is tokenized a word at a time, each id spanning
+    its word."""
+    if self.pretokenizer is None:
+      return sentencepiece_spans(self.sp, text)
+    return word_spans(text, lambda words: self.sp.encode(self.pretokenize(words, lang)))
 
   def encode_counting(self, texts: Iterable[str], max_length: int,
                       lang=None) -> tuple[np.ndarray, int]:

@@ -3,8 +3,8 @@
 `BENCHMARKS` names each benchmark's files in the user's directory (the layouts
 docs/evaluation.md shows), `read_pairs` reads one file (a bad line is one DataError naming
 file:line and the layout), and `ArrayInput` is the training loop's `Input`
-(vmx/training/inputs.py) over pairs tokenized once into memory: the batch of step s is a
-pure function of (seed, s) (`PairBatches`), so a resume at step s reads it at once.
+(vmx/training/inputs.py) over rows tokenized once into memory: the batch of step s is a
+pure function of (seed, s) (`RowBatches`), so a resume at step s reads it at once.
 """
 from __future__ import annotations
 
@@ -140,33 +140,34 @@ def read_pairs(bench: PairBenchmark, directory, split: str, lang: str,
   return a, b, np.asarray(y, np.int32), skipped
 
 
-class PairBatches:
-  """Global batches of tokenized pairs for the training loop: rows [s B, (s + 1) B) of the
+class RowBatches:
+  """Global batches of in-memory rows for the training loop: rows [s B, (s + 1) B) of the
   endless sequence of epochs, epoch e a permutation seeded by (seed, e): the batch of
   step s is a function of (seed, s) alone, so a resume at step s reads it at once.
-  `position`: the batches handed out; `state_at(p)` what a checkpoint stores."""
+  `arrays`: feature name -> [N, ...] array; `position`: the batches handed out;
+  `state_at(p)` what a checkpoint stores."""
   rows = None     # every process holds the global batch (the data are small)
 
-  def __init__(self, tokens_NxL, labels_N, batch_size: int, seed: int, digest: str,
-               position: int = 0):
-    self.tokens, self.labels = tokens_NxL, labels_N
+  def __init__(self, arrays: Mapping[str, np.ndarray], batch_size: int, seed: int,
+               digest: str, position: int = 0):
+    self.arrays = dict(arrays)
+    self.n = len(next(iter(self.arrays.values())))
     self.batch_size, self.seed, self.digest = batch_size, seed, digest
     self.position = position
     self._epoch, self._order = None, None
 
   def _rows(self, start: int, stop: int) -> np.ndarray:
-    n = len(self.labels)
     out = []
     for i in range(start, stop):
-      e = i // n
+      e = i // self.n
       if e != self._epoch:
-        self._epoch, self._order = e, np.random.default_rng([self.seed, e]).permutation(n)
-      out.append(self._order[i % n])
+        self._epoch, self._order = e, np.random.default_rng([self.seed, e]).permutation(self.n)
+      out.append(self._order[i % self.n])
     return np.asarray(out)
 
   def batch(self, step: int) -> dict:
     rows = self._rows(step * self.batch_size, (step + 1) * self.batch_size)
-    return {"tokens": self.tokens[rows], "label": self.labels[rows]}
+    return {k: v[rows] for k, v in self.arrays.items()}
 
   def __iter__(self):
     return self
@@ -181,14 +182,18 @@ class PairBatches:
 
 
 class ArrayInput:
-  """Labelled token rows in memory as a training input (`Input`, vmx/training/inputs.py):
-  `tokens_NxL` (the pairs joined in the tokenizer's pair format) and `labels_N`, read in
-  `PairBatches`' order. `digest` names the data (files, languages, length, seed): a
+  """Rows in memory as a training input (`Input`, vmx/training/inputs.py): `arrays`, a
+  feature name -> [N, ...] array (pairs: `tokens` [N, L], the pairs joined in the
+  tokenizer's pair format, and `label` [N]; extractive QA: `tokens`, `start`, `end`), read
+  in `RowBatches`' order. `digest` names the data (files, languages, length, seed): a
   checkpoint of other data is refused at resume unless the run allows data changes."""
 
-  def __init__(self, name: str, tokens_NxL: np.ndarray, labels_N: np.ndarray,
-               batch_size: int, digest: str):
-    self.name, self.tokens, self.labels = name, tokens_NxL, labels_N
+  def __init__(self, name: str, arrays: Mapping[str, np.ndarray], batch_size: int,
+               digest: str):
+    sizes = {k: len(v) for k, v in arrays.items()}
+    if len(set(sizes.values())) != 1 or "tokens" not in arrays:
+      raise ValueError(f"ArrayInput({name}): features of one length with `tokens`, not {sizes}")
+    self.name, self.arrays = name, dict(arrays)
     self.batch_size, self.digest = batch_size, digest
 
   def check(self, model, data_parallel_size: int) -> None:
@@ -199,7 +204,7 @@ class ArrayInput:
 
   def batch_shapes(self, model) -> dict:
     del model
-    return {"tokens": (self.batch_size, self.tokens.shape[1]), "label": (self.batch_size,)}
+    return {k: (self.batch_size,) + v.shape[1:] for k, v in self.arrays.items()}
 
   def token_features(self, model) -> list[str]:
     del model
@@ -211,14 +216,14 @@ class ArrayInput:
 
   def token_lengths(self, model) -> list[int]:
     del model
-    return [int(self.tokens.shape[1])]
+    return [int(self.arrays["tokens"].shape[1])]
 
   def changes(self, state: Mapping, seed: int) -> list[str]:
     del state, seed   # the digest is compared when the run resumes (`start`)
     return []
 
   def start(self, model, seed: int, rows: Optional[Mapping], state: Optional[Mapping] = None,
-            allow_change: bool = False, progress: bool = True) -> PairBatches:
+            allow_change: bool = False, progress: bool = True) -> RowBatches:
     del model, rows, progress   # every process reads the (small) global batch
     position = 0
     if state is not None:
@@ -228,7 +233,7 @@ class ArrayInput:
                         "(files, languages, length or seed); use another MODEL_DIR, or "
                         "--gin.ALLOW_DATA_CHANGE=True to go on")
       position = int(state["position"])
-    return PairBatches(self.tokens, self.labels, self.batch_size, seed, self.digest, position)
+    return RowBatches(self.arrays, self.batch_size, seed, self.digest, position)
 
 
 def digest(parts) -> str:

@@ -64,6 +64,8 @@ PROTOCOLS = {p.name: p for p in (vmsst.PROTOCOL, ems.PROTOCOL, infoxlm.PROTOCOL,
 # each benchmark's (table of the average, table of the languages, the paper's setting).
 FINETUNED = {
     "infoxlm": {"xnli": ("Tables 1, 7, 10", "Table 1",
+                         "cross-lingual transfer (English training data)"),
+                "mlqa": ("Tables 4, 7, 10", "Table 4",
                          "cross-lingual transfer (English training data)")},
     "emmax": {"xnli": ("Table 1", "Table 10", "translate-train-all"),
               "anli": ("Table 1", "Table 11", "translate-train-all"),
@@ -71,11 +73,11 @@ FINETUNED = {
 }
 # The tables of the cross-lingual transfer gap (InfoXLM Table 5, after Hu et al. 2020): the
 # English test score minus the mean of the other languages' (zero-shot transfer).
-TRANSFER_GAP = {"infoxlm": {"xnli": "Table 5"}}
+TRANSFER_GAP = {"infoxlm": {"xnli": "Table 5", "mlqa": "Table 5"}}
+# what each benchmark's flags are (the `missing` line of a run of another benchmark)
+FINETUNE_FLAGS = {"mlqa": "gin.MLQA_DIR=DIR --gin.SQUAD_DIR"}
 FINETUNED_MISSING = {
-    "infoxlm": (Missing("Table 4", "MLQA (fine-tuned extractive QA)",
-                        "not built: a span-prediction head over SQuAD-format question-passage "
-                        "pairs (docs/departures.md)"),),
+    "infoxlm": (),
     "emmax": tuple(m for m in EMMAX_XRETE_MISSING if "fine-tuned" not in m.benchmark
                    or m.benchmark.startswith("MultiSTS")),
 }
@@ -83,36 +85,43 @@ FINETUNED_MISSING = {
 
 def finetuned_report(protocol: str, results: dict) -> dict:
   """The protocol JSON of one fine-tuning run (vmx/finetune/'s results): every language's
-  test accuracy in the paper's per-language table and their mean in its main table, each
-  with the vector and the setting; the paper's other fine-tuned benchmarks under
-  `missing`."""
+  test score in the paper's per-language table and their mean in its main table (each of
+  the run's `metrics`: accuracy; extractive QA's F1 and exact match, F1 first), each with
+  the vector and the setting; the transfer gap of the main metric where the paper prints
+  one; the paper's other fine-tuned benchmarks under `missing`."""
   tables = FINETUNED[protocol]
   bench = results["benchmark"]
   missing = [dataclasses.asdict(m) for m in FINETUNED_MISSING[protocol]]
   missing += [dataclasses.asdict(Missing(t[0], f"{b} (fine-tuned)", FINETUNE.format(
-      protocol=protocol, flag=f"gin.{b.upper()}_DIR"))) for b, t in tables.items() if b != bench]
+      protocol=protocol, flag=FINETUNE_FLAGS.get(b, f"gin.{b.upper()}_DIR"))))
+      for b, t in tables.items() if b != bench]
   if bench not in tables:
     return {"protocol": protocol, "paper": PROTOCOLS[protocol].paper, "figures": [],
             "missing": missing, "tasks_failed": {}}
   avg_table, lang_table, setting = tables[bench]
-  metric = (f"accuracy x100, test, fine-tuned: {results['setting']}, model "
-            f"{results['selected']}")
+  metrics = results.get("metrics", ["accuracy"])
   note = ({} if results["setting"].startswith(setting.split(" (")[0]) else
           {"paper_setting": setting})
-  common_fields = {"metric": metric, "vector": results["vector"],
-                   "task": results["task_name"], **note}
-  figures = [{"table": lang_table, "column": f"{bench} {r['hf_subset']}", "value": r["accuracy"],
-              "n": r["n"], **common_fields} for r in results["scores"]["test"]]
-  figures.append({"table": avg_table, "column": f"{bench} Avg.", "value": results["main_score"],
-                  "n_languages": len(results["scores"]["test"]), **common_fields})
-  gap_table = TRANSFER_GAP.get(protocol, {}).get(bench)
-  scores = {r["hf_subset"]: r["accuracy"] for r in results["scores"]["test"]}
-  others = [v for lang, v in scores.items() if lang != "en"]
-  if gap_table and "en" in scores and others:
-    figures.append({"table": gap_table, "column": f"{bench} transfer gap (en minus the "
-                    f"mean of the other languages; lower is better)",
-                    "value": scores["en"] - sum(others) / len(others),
-                    "n_languages": len(others), **common_fields})
+  rows = results["scores"]["test"]
+  figures = []
+  for i, m in enumerate(metrics):
+    common_fields = {"metric": f"{m} x100, test, fine-tuned: {results['setting']}, model "
+                               f"{results['selected']}", "vector": results["vector"],
+                     "task": results["task_name"], **note}
+    label = f" {m}" if len(metrics) > 1 else ""
+    figures += [{"table": lang_table, "column": f"{bench} {r['hf_subset']}{label}",
+                 "value": r[m], "n": r["n"], **common_fields} for r in rows]
+    figures.append({"table": avg_table, "column": f"{bench} Avg.{label}",
+                    "value": results["main_score"] if i == 0 else results[f"{m}_mean"],
+                    "n_languages": len(rows), **common_fields})
+    gap_table = TRANSFER_GAP.get(protocol, {}).get(bench)
+    scores = {r["hf_subset"]: r[m] for r in rows}
+    others = [v for lang, v in scores.items() if lang != "en"]
+    if i == 0 and gap_table and "en" in scores and others:
+      figures.append({"table": gap_table, "column": f"{bench} transfer gap{label} (en minus "
+                      f"the mean of the other languages; lower is better)",
+                      "value": scores["en"] - sum(others) / len(others),
+                      "n_languages": len(others), **common_fields})
   return {"protocol": protocol, "paper": PROTOCOLS[protocol].paper, "figures": figures,
           "missing": missing, "tasks_failed": {}}
 

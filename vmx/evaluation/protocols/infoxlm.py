@@ -49,8 +49,8 @@ PROTOCOL = Protocol(
     ("tatoeba_vector",), _infoxlm,
     (Missing("Tables 1, 7, 10", "XNLI (fine-tuned, cross-lingual transfer)",
              FINETUNE.format(protocol="infoxlm", flag="gin.XNLI_DIR")),
-     Missing("Table 4", "MLQA (fine-tuned extractive QA)",
-             "not built: a span-prediction head over SQuAD-format question-passage "
-             "pairs (docs/departures.md)")),
+     Missing("Table 4", "MLQA (fine-tuned extractive QA, zero-shot from SQuAD v1.1)",
+             FINETUNE.format(protocol="infoxlm", flag="gin.MLQA_DIR=DIR --gin.SQUAD_DIR")
+             .replace("<file>", "mlqa_infoxlm_base"))),
     tatoeba_languages=tatoeba.XTREME36, optional_tasks=dict(INFOXLM_OPTIONAL),
     missing_from=_infoxlm_missing)
