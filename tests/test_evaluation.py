@@ -332,6 +332,45 @@ def test_sts17_crosslingual_layout(tmp_path):
   assert "expected two tab-separated" in res["tracks_failed"]["track1.ar-ar"]
 
 
+def test_sts2017_extended_adds_the_four_pairs_the_release_lacks(tmp_path):
+  """EMMA-X Table 12's MultiSTS: STS2017-extended's en-de, fr-en, it-en and nl-en scored
+  beside the release (each column in its language), its copy of a release pair not scored
+  twice, a bad file reported alone; the protocol's MultiSTS mean then names the pairs still
+  missing; the extended copy alone scores every pair it holds."""
+  import zipfile
+  from vmx.evaluation.protocols import EMMAX_MULTISTS
+  from vmx.evaluation.protocols.figures import _sts17
+  ang = np.linspace(0.1, 1.4, 10)
+  write_lines(tmp_path / "rel/STS.input.track4a.es-en.txt",
+              [f"{_angle(0)}\t{_angle(a)}" for a in ang])
+  write_lines(tmp_path / "rel/STS.gs.track4a.es-en.txt", [f"{5 - 3 * a:.3f}" for a in ang])
+  with zipfile.ZipFile(tmp_path / "STS2017-extended.zip", "w") as z:
+    for pair, sign in (("en-de", 1), ("fr-en", -1), ("es-en", 1), ("it-en", 1)):
+      z.writestr(f"STS2017-extended/STS.{pair}.txt", "".join(
+          f"{_angle(0)}\t{_angle(a)}\t{sign * (5 - 3 * a):.2f}\n" for a in ang))
+    z.writestr("STS2017-extended/STS.nl-en.txt", "a\tb\n")
+  enc = type("E", (VecEncoder,), {"seen": []})()
+  orig = enc.encode
+  enc.encode = lambda s, lang=None: (enc.seen.append(lang), orig(s))[1]
+  res = sts.evaluate_sts17(common.as_encode_fn(enc), str(tmp_path / "rel"),
+                           extended=str(tmp_path / "STS2017-extended.zip"))
+  rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
+  assert list(rows) == ["track4a.es-en", "extended.en-de", "extended.fr-en", "extended.it-en"]
+  assert rows["extended.en-de"]["spearman"] == pytest.approx(100.0)
+  assert rows["extended.fr-en"]["spearman"] == pytest.approx(-100.0)
+  assert rows["extended.fr-en"]["columns"] == ["fra", "eng"] and enc.seen[-4:-2] == ["fra", "eng"]
+  assert "sentence 1<TAB>sentence 2<TAB>score" in res["tracks_failed"]["extended.nl-en"]
+  fig = _sts17({"sts17": res}, EMMAX_MULTISTS, "spearman", mteb_only=True)
+  assert fig["pairs_missing"] == ["ar-ar", "ar-en", "en-en", "es-es", "nl-en", "tr-en"]
+  assert fig["value"] == pytest.approx(np.mean([100.0, 100.0, -100.0, 100.0]))
+  alone = sts.evaluate_sts17(common.as_encode_fn(VecEncoder()), None,
+                             extended=str(tmp_path / "STS2017-extended.zip"))
+  assert [r["hf_subset"] for r in alone["scores"]["test"]] == [
+      "extended.en-de", "extended.es-en", "extended.fr-en", "extended.it-en"]
+  with pytest.raises(DataError, match=r"no STS\.xx-yy\.txt files in --sts17\.extended="):
+    sts.evaluate_sts17(common.as_encode_fn(VecEncoder()), None, extended=str(tmp_path / "rel"))
+
+
 def _semeval2017_release(tmp_path, bad_track3=False, extra_fields=False):
   """Both zips of the SemEval-2017 STS test release, with the quirks of the real files:
   English-first columns in track2 ar-en, track4b es-en and track6 tr-en; 500 input lines

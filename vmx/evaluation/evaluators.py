@@ -250,14 +250,22 @@ class Stsb(Evaluator):
 @dataclasses.dataclass
 class Sts17(Evaluator):
   """SemEval-2017's cross-lingual STS (`dir`: STS.input.trackN.xx-yy.txt; `gs_dir`: the
-  gold files, if not next to the inputs)."""
+  gold files, if not next to the inputs; `extended`: STS2017-extended's zip or directory,
+  for the four pairs the release does not have, or every pair without `dir`)."""
   NAME: ClassVar[str] = "sts17"
   dir: Optional[str] = None
   gs_dir: Optional[str] = None
+  extended: Optional[str] = None
+
+  @property
+  def sources(self) -> Optional[str]:
+    """What the task reads (the release or STS2017-extended): None when neither is given."""
+    return self.dir or self.extended
 
   def run(self, ctx: Context) -> dict:
-    return sts.evaluate_sts17(ctx.encode, required(self.dir, self.NAME, "dir"), self.gs_dir,
-                              ctx.progress, files=ctx.files)
+    required(self.sources, self.NAME, "dir")
+    return sts.evaluate_sts17(ctx.encode, self.dir, self.gs_dir, ctx.progress,
+                              files=ctx.files, extended=self.extended)
 
 
 @dataclasses.dataclass

@@ -30,6 +30,13 @@
   A track that cannot be read (no gold file, a scored line without two sentences, a gold
   line that is not a number, input and gold of different lengths) is reported in
   `tracks_failed`; the others are scored.
+* STS2017-extended (Reimers & Gurevych 2020, sentence-transformers' `STS2017-extended.zip`,
+  the zip or its directory): `STS.<l1>-<l2>.txt`, a line `sentence 1<TAB>sentence 2<TAB>
+  score`, column 1 in language l1. It adds four cross-lingual pairs made from track 5's
+  English ones (`STS2017_EXTENDED_NEW`: en-de, fr-en, it-en, nl-en; MTEB's STS17 has them,
+  EMMA-X Table 12 scores them); given beside the release, those four are scored from it as
+  `extended.<l1>-<l2>` (the pairs the release has are read from the release); given alone,
+  every pair it holds.
 """
 from __future__ import annotations
 
@@ -237,11 +244,97 @@ def read_sts17_track(track: str, inp: tuple, gs: tuple):
   return s1, s2, y
 
 
-def evaluate_sts17(encode, directory: str, gs_directory: Optional[str] = None,
-                   progress: bool = False, files: Optional[common.DataFiles] = None) -> dict:
+STS2017_EXTENDED_NEW = ("en-de", "fr-en", "it-en", "nl-en")
+_EXTENDED_NAME = re.compile(r"STS\.([a-z]+)-([a-z]+)\.txt")
+
+
+def _extended_sources(location) -> dict:
+  """{(l1, l2): (where, read_bytes, the file holding it)} of an STS2017-extended copy."""
+  loc = Path(location)
+  found = {}
+  if loc.is_file() and zipfile.is_zipfile(loc):
+    with zipfile.ZipFile(loc) as z:
+      for info in z.infolist():
+        m = _EXTENDED_NAME.fullmatch(info.filename.rsplit("/", 1)[-1])
+        if m:
+          found.setdefault(m.groups(), (f"{loc}:{info.filename}", lambda loc=loc,
+                                        n=info.filename: _zip_member(loc, n), loc))
+  elif loc.is_dir():
+    for p in sorted(list(loc.glob("STS.*.txt")) + list(loc.glob("*/STS.*.txt"))):
+      m = _EXTENDED_NAME.fullmatch(p.name)
+      if m:
+        found.setdefault(m.groups(), (str(p), p.read_bytes, p))
+  else:
+    raise DataError(f"task sts17: --sts17.extended={loc} is neither a directory nor a zip file")
+  if not found:
+    raise DataError(f"task sts17: no STS.xx-yy.txt files in --sts17.extended={loc} "
+                    f"(STS2017-extended.zip or its directory)")
+  return found
+
+
+def read_sts17_extended(where: str, read) -> tuple:
+  """(sentences 1, sentences 2, scores) of one STS2017-extended file; a line without
+  three tab-separated fields or a score is a DataError naming file and line."""
+  lines = [l for l in _sts17_lines(where, read)]
+  while lines and not lines[-1].strip():
+    lines.pop()
+  s1, s2, y = [], [], []
+  for i, line in enumerate(lines, 1):
+    parts = line.split("\t")
+    try:
+      if len(parts) < 3:
+        raise ValueError
+      y.append(float(parts[2]))
+    except ValueError:
+      raise DataError(f"task sts17: {where}:{i}: expected sentence 1<TAB>sentence 2<TAB>"
+                      f"score") from None
+    s1.append(parts[0].strip())
+    s2.append(parts[1].strip())
+  if not y:
+    raise DataError(f"task sts17: {where}: no scored line")
+  return s1, s2, np.asarray(y)
+
+
+def _same_pair(a: str, b: str) -> bool:
+  return sorted(a.split("-")) == sorted(b.split("-"))
+
+
+def evaluate_sts17(encode, directory: Optional[str], gs_directory: Optional[str] = None,
+                   progress: bool = False, files: Optional[common.DataFiles] = None,
+                   extended: Optional[str] = None) -> dict:
   """Every track of the SemEval-2017 release at `directory` (a directory or the inputs'
-  zip; the gold files in it or at `gs_directory`, a directory or the gold zip)."""
+  zip; the gold files in it or at `gs_directory`, a directory or the gold zip), and the
+  pairs of STS2017-extended at `extended` that the release does not have (module
+  docstring)."""
   files = files or common.DataFiles("sts17", None)   # records what was read (revision)
+  subsets, failed = (_sts17_release(encode, directory, gs_directory, progress, files)
+                     if directory else ([], {}))
+  if extended:
+    have = [s["hf_subset"].split(".", 1)[1] for s in subsets]
+    for (l1, l2), (where, read, path) in sorted(_extended_sources(extended).items()):
+      if any(_same_pair(f"{l1}-{l2}", h) for h in have):
+        continue
+      key = f"extended.{l1}-{l2}"
+      try:
+        s1, s2, y = read_sts17_extended(where, read)
+      except DataError as e:
+        failed[key] = str(e)
+        continue
+      files.used[str(path)] = Path(path)
+      c1, c2 = iso3(l1), iso3(l2)
+      c = correlations(_predict(encode, s1, s2, c1, c2), y)
+      subsets.append({"hf_subset": key, "languages": sorted({c1, c2}), "columns": [c1, c2],
+                      "mteb": True, "main_score": c["spearman"], **c})
+  if not subsets:
+    raise DataError(f"task sts17: nothing could be read from {directory or extended}: "
+                    + "; ".join(f"{k}: {v}" for k, v in failed.items()))
+  return {"scores": {"test": subsets}, "tracks_failed": failed,
+          "main_score": common.mean([s["main_score"] for s in subsets])}
+
+
+def _sts17_release(encode, directory: str, gs_directory: Optional[str], progress: bool,
+                   files: common.DataFiles) -> tuple[list, dict]:
+  """(scored subsets, failed tracks) of the SemEval-2017 release."""
   locations = [directory] + ([gs_directory] if gs_directory else [])
   found = _sts17_sources(locations)
   inputs = sorted(n for n in found if n.startswith("STS.input."))
@@ -270,5 +363,4 @@ def evaluate_sts17(encode, directory: str, gs_directory: Optional[str] = None,
   if not subsets:
     raise DataError(f"task sts17: no track of {directory} could be read: "
                     + "; ".join(f"{k}: {v}" for k, v in failed.items()))
-  return {"scores": {"test": subsets}, "tracks_failed": failed,
-          "main_score": common.mean([s["main_score"] for s in subsets])}
+  return subsets, failed

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Callable, Optional, Sequence
 
 STS17_LAYOUT = ("--sts17.dir=DIR: SemEval-2017 Task 1 test release, STS.input.trackN.xx-yy.txt "
-                "with STS.gs.trackN.xx-yy.txt (vmx/evaluation/sts.py)")
+                "with STS.gs.trackN.xx-yy.txt; --sts17.extended=STS2017-extended.zip for "
+                "en-de, fr-en, it-en, nl-en (vmx/evaluation/sts.py)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Protocol:
 
 
 def _sts17_optional(tables: str, benchmark: str = "STS17") -> dict:
-  return {"sts17": (Missing(tables, benchmark, STS17_LAYOUT), "dir")}
+  return {"sts17": (Missing(tables, benchmark, STS17_LAYOUT), "sources")}
 
 
 FINETUNE = ("launch/finetune.py --gin_file=finetune/<file>.gin --protocol={protocol} "

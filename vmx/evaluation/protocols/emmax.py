@@ -12,7 +12,8 @@ from vmx.evaluation.protocols.figures import (_bucc, _figure, _geometry_figures,
 EMMAX_HEAD = tatoeba.EMMAX_HEAD
 # EMMA-X Table 12's MultiSTS pairs (Reimers & Gurevych 2020's STS2017-extended, MTEB's
 # STS17): the SemEval-2017 release has six of them (es-en: track 4a); en-de, fr-en, it-en
-# and nl-en are STS2017-extended's translations, not in the release.
+# and nl-en are STS2017-extended's translations, read with --sts17.extended (the figure
+# lists the pairs it could not score under `pairs_missing`).
 EMMAX_MULTISTS = ("ar-ar", "ar-en", "en-de", "en-en", "es-en", "es-es", "fr-en", "it-en",
                   "nl-en", "tr-en")
 

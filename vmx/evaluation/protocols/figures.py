@@ -64,18 +64,24 @@ def _sts17(results, pairs: Optional[Sequence[str]], metric: str,
   res = results.get("sts17")
   if not res:
     return None
-  by_pair = {}
+  by_pair = {}      # a pair in either order (STS2017-extended names some the other way)
   for r in res["scores"]["test"]:
     if mteb_only and not r.get("mteb", True):
       continue
-    by_pair.setdefault(r["hf_subset"].split(".", 1)[1], []).append(r)
-  got = {p: by_pair[p] for p in (by_pair if pairs is None else pairs) if p in by_pair}
+    by_pair.setdefault(_pair_key(r["hf_subset"].split(".", 1)[1]), []).append(r)
+  wanted = list(by_pair) if pairs is None else [_pair_key(p) for p in pairs]
+  got = {p: by_pair[p] for p in wanted if p in by_pair}
   if not got:
     return None
   return {"value": common.mean([common.mean([r[metric] for r in rows]) for rows in got.values()]),
           "metric": f"{metric} x100", "tracks": [r["hf_subset"] for rows in got.values()
                                                 for r in rows],
-          "pairs_missing": sorted(set(pairs or ()) - set(by_pair)), "task": "sts17"}
+          "pairs_missing": sorted(p for p in pairs or () if _pair_key(p) not in by_pair),
+          "task": "sts17"}
+
+
+def _pair_key(pair: str) -> str:
+  return "-".join(sorted(pair.split("-")))
 
 
 # Table 4's columns: (the equation as printed, the metric, vmx's variant of it).
