@@ -47,6 +47,7 @@ def test_grad_cache_benchmark_runs_and_keeps_the_loss():
 
 
 @needs_data
+@pytest.mark.slow
 def test_input_pipeline_benchmark_times_first_batch_stream_and_resume():
   env = dict(os.environ, VMX_DATA_DIR=DATA_DIR)
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "input_pipeline.py"),

@@ -10,6 +10,7 @@ from benchmarks import failure_probe
 CHEAP = ("config_and_data_change", "eval_bad_path")   # (a damaged cache: test_token_cache.py)
 
 
+@pytest.mark.slow
 def test_the_cheap_failure_cases_end_cleanly(tmp_path, capsys):
   rc = failure_probe.main([f"--work_dir={tmp_path}", f"--only={','.join(CHEAP)}"])
   out = capsys.readouterr().out

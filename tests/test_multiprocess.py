@@ -99,6 +99,7 @@ def _two_processes(model_dir, args, log_dir, name):
 
 
 @needs_data
+@pytest.mark.slow
 def test_sigterm_to_one_process_saves_the_same_step_on_both_and_resumes_bitwise(tmp_path):
   """SIGTERM to one process of a 2-process run: JAX's preemption sync point makes both
   save the same step and exit 75; the resumed run ends bit for bit as an uninterrupted one."""

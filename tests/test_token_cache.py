@@ -310,6 +310,7 @@ def test_a_store_that_stops_answering_is_retried_then_named(tmp_path, monkeypatc
 
 
 @needs_data
+@pytest.mark.slow
 def test_cache_tasks_builds_an_experiments_cache_locally_and_on_beam(tmp_path):
   """launch/cache_tasks.py --gin_file writes every task of the run, and opening it without
   building finds them all; with --beam_runner=DirectRunner (2 worker processes) it writes
@@ -356,6 +357,7 @@ def test_a_malformed_remote_setting_is_one_line_naming_it(monkeypatch, name, val
     Blocks()
 
 
+@pytest.mark.slow
 def test_cache_tasks_sigterm_exits_75_and_the_rerun_builds_the_same_cache(tmp_path):
   """The signal contract (vmx/signals.py) in launch/cache_tasks.py: SIGTERM while a task's
   cache is built ends with exit 75 and a `preempted:` line naming the task; nothing
