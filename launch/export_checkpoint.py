@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Export a vmx model directory (a BERT / XLM-R encoder imported with
-launch/import_checkpoint.py, then trained or not) as a sentence-transformers folder.
+launch/import_checkpoint.py, then trained or not; or a static encoder, static_*.gin, as a
+`StaticEmbedding`) as a sentence-transformers folder.
 
   python launch/export_checkpoint.py --checkpoint_dir=DIR --output_dir=DIR [--step=N]
 

@@ -10,7 +10,7 @@ import gin
 import jax
 import numpy as np
 
-from vmx import decoders, encoders
+from vmx import decoders, encoders, static_encoder
 from vmx.errors import ConfigError
 from vmx.gin_utils import check_range
 from vmx.data import pipeline, vocab  # noqa: F401  (vocab registers vocabulary_path)
@@ -21,6 +21,7 @@ from vmx.training import optimizers, partitioning, phases, trainer  # noqa: F401
 import tasks  # noqa: F401  (registers tasks.parallel_mixture, moses_task, tsv_task)
 
 gin.external_configurable(encoders.TransformerEncoder, module="vmx.encoders")
+gin.external_configurable(static_encoder.StaticEncoder, module="vmx.static_encoder")
 gin.external_configurable(decoders.ConditionedDecoder, module="vmx.decoders")
 gin.external_configurable(dual_encoder.DualEncoder, module="vmx.models")
 gin.external_configurable(dual_encoder.DualEncoderModel, module="vmx.models")

@@ -35,6 +35,9 @@ def of_model(model) -> str:
     v = model.sentence_vector()
   except ConfigError:
     return f"the retrieval vector of {type(model).__name__}"
+  if v.encoder.family == "static":    # vmx/static_encoder.py: no layers
+    base = f"{POOLING_NAMES.get(v.pooling, v.pooling)} of the static token vectors"
+    return f"{base}, {v.then}" if v.then else base
   return name(v.layer, v.encoder.num_layers, v.pooling, v.then)
 
 

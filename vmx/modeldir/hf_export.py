@@ -12,7 +12,8 @@ the tokenizer file, `modules.json` (Transformer -> Pooling -> Normalize),
 `sentence_bert_config.json` (max_seq_length) and `1_Pooling/config.json`. The embeddings
 equal vmx's `Encoder.encode` (tests/test_hf_import_export.py). Anything else (vmx's own
 SentencePiece vocabulary, language embeddings, projections, mT5, the tanh pooler) is a
-ConfigError naming what cannot be expressed; nothing is written then.
+ConfigError naming what cannot be expressed; nothing is written then. A static encoder
+(vmx/static_encoder.py) becomes a `StaticEmbedding` folder instead (static_export.py).
 """
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ from safetensors.numpy import save_file
 from vmx import quantize
 from vmx.errors import ConfigError
 from vmx.models.base import model_from_config
+from vmx.static_encoder import StaticEncoder
 from vmx.modeldir.checkpoints import flatten, restore_params
 from vmx.modeldir.hf_import import atomic_output_dir
 from vmx.modeldir.hf_weights import weight_map
-from vmx.modeldir import layout, model_card
+from vmx.modeldir import layout, model_card, static_export
 from vmx.modeldir.layout import read_model_info
 
 # vmx activation -> Hugging Face hidden_act (inverse of hf_weights.encoder_settings)
@@ -98,6 +100,8 @@ def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = No
   model_dir, output_dir = Path(model_dir), Path(output_dir)
   info = read_model_info(model_dir)
   model = model_from_config(info["model"])
+  if isinstance(model.pooled_encoder()[0], StaticEncoder):   # a table and a tokenizer
+    return static_export.export(model_dir, output_dir, model, info, step)
   spec_path = model_dir / info["vocabulary"]
   spec = json.loads(spec_path.read_text()) if spec_path.suffix == ".json" else None
   enc, pooling = exportable(model, spec)

@@ -1,0 +1,163 @@
+"""The static encoder (vmx/static_encoder.py, issue 58): its sentence vector against a NumPy
+reference (plain and learned-weight means), CONTRASTIVE over it packed equal to unpacked on
+1 and 8 devices and in GradCache chunks, its table sharded over the model axis, the gin
+files, and a trained directory that opens as an `Encoder`."""
+import jax
+import numpy as np
+import pytest
+
+from test_packing import LAYOUTS, V, _assert_equal, _pairs
+from vmx.errors import ConfigError
+from vmx.models import DualEncoder, DualEncoderModel
+from vmx.static_encoder import StaticEncoder
+
+
+def _model(weighting="learned", length=12, dim=16):
+  return DualEncoderModel(DualEncoder(StaticEncoder(V, dim, length, weighting)),
+                          temperature=0.1)
+
+
+@pytest.mark.parametrize("weighting", ["none", "learned"])
+def test_sentence_vectors_equal_a_numpy_weighted_mean(weighting):
+  model = _model(weighting)
+  params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(12))[
+      "params"]
+  rng = np.random.default_rng(0)
+  if weighting == "learned":     # weights away from their start (all 1)
+    params["encoder"]["token_weight"]["embedding"] = rng.normal(size=(V, 1)).astype(np.float32)
+  tokens = _pairs()["left_tokens"]
+  table = np.asarray(params["encoder"]["token_embed"]["embedding"])
+  w = (np.exp(np.asarray(params["encoder"]["token_weight"]["embedding"]))[:, 0]
+       if weighting == "learned" else np.ones(V))
+  want = np.stack([(w[r[r > 0], None] * table[r[r > 0]]).sum(0) / w[r[r > 0]].sum()
+                   for r in tokens])
+  np.testing.assert_allclose(np.asarray(model.embed(params, tokens)), want, rtol=1e-5,
+                             atol=1e-6)
+  assert model.sentence_vector().layer == 0
+  from vmx.evaluation import vectors
+  assert vectors.of_model(model) == "mean of the static token vectors"
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_contrastive_packed_equals_unpacked_on_1_and_8_devices_and_in_chunks():
+  _assert_equal(_model(), _pairs(), LAYOUTS)
+
+
+def test_mpcl_with_hard_negatives_trains_over_it_packed_as_unpacked():
+  """The other contrastive losses take it too: MPCL's multi-positive loss over N-way
+  groups with a hard negative."""
+  from test_packing import _rows
+  from vmx.models import MPCLModel
+  rng = np.random.default_rng(4)
+  batch = {"views": _rows(rng, 16 * 3, 10).reshape(16, 30),
+           "hard_negative": _rows(rng, 16, 10)}
+  model = MPCLModel(DualEncoder(StaticEncoder(V, 16, 10, "learned")), num_views=3,
+                    hard_negatives=True)
+  _assert_equal(model, batch)
+
+
+def test_the_table_is_sharded_over_the_model_axis_and_bad_settings_name_the_binding():
+  from vmx.training import optimizers, partitioning
+  from vmx.training.step import TrainStep
+  model = _model(dim=16)
+  if jax.device_count() >= 2:
+    part = partitioning.Partitioner(num_partitions=2, num_devices=2)
+    tr = TrainStep(model, optimizers.create_optimizer("adam", 1e-3), part,
+                   {"left_tokens": (4, 12), "right_tokens": (4, 12)})
+    spec = tr.create_state(0).params["encoder"]["token_embed"]["embedding"].sharding.spec
+    assert spec[0] == "model", spec                  # vocabulary rows split over the model axis
+  with pytest.raises(ConfigError, match=r"StaticEncoder\.weighting='idf'"):
+    _model("idf").get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(12))
+  with pytest.raises(ConfigError, match=r"StaticEncoder.*emb_dim"):
+    _model(dim=0).get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(12))
+  with pytest.raises(ConfigError, match="pools by the mean"):
+    m = DualEncoderModel(DualEncoder(StaticEncoder(V, 8, 12), pooling="first"))
+    m.get_initial_variables(jax.random.PRNGKey(0), m.inference_shapes(12))
+
+
+@pytest.mark.parametrize("name", ["static_tiny.gin", "static_1h.gin"])
+def test_the_gin_files_build_a_static_dual_encoder(name):
+  import gin
+  from vmx import experiment
+  gin.clear_config()
+  try:
+    experiment.parse_gin([name], ["MODEL_DIR = '/tmp/unused'"], "")
+    model = gin.query_parameter("%MODEL").scoped_configurable_fn()
+    assert isinstance(model.module.encoder, StaticEncoder)
+    assert model.module.encoder.weighting == "learned"
+  finally:
+    gin.clear_config()
+
+
+def test_a_static_model_directory_opens_as_an_encoder_and_exports_as_static_embedding(
+    tmp_path):
+  """What a run leaves (vmx_model.json, the vocabulary, a checkpoint) serves
+  `Encoder.from_checkpoint` (the model's own vectors, normalized), and exports as a
+  sentence-transformers `StaticEmbedding` folder giving the same vectors (learned weights
+  folded into the rows, the SentencePiece vocabulary as a `tokenizers` Unigram)."""
+  import sentencepiece as spm
+  from vmx.inference import Encoder
+  from vmx.modeldir import checkpoints, layout
+  from vmx.modeldir.hf_export import export_sentence_transformers
+  text = tmp_path / "t.txt"
+  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
+  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
+                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                 minloglevel=2)
+  model = _model(length=16)
+  params = model.get_initial_variables(jax.random.PRNGKey(1), model.inference_shapes(16))
+  params["params"]["encoder"]["token_weight"]["embedding"] = np.random.default_rng(2).normal(
+      size=(V, 1)).astype(np.float32)     # weights that matter
+  checkpoints.save_params(str(tmp_path / "m"), 0, params["params"])
+  layout.write_inference_files(str(tmp_path / "m"), model, ["deu"], 16,
+                               str(tmp_path / "v.model"))
+  enc = Encoder.from_checkpoint(tmp_path / "m")
+  got = enc.encode(["der hund", "die katze the dog"], lang="deu")
+  tokens = enc.tokenizer.encode(["der hund", "die katze the dog"], 16)
+  want = np.array(model.embed(params["params"], tokens))
+  want /= np.linalg.norm(want, axis=1, keepdims=True)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  summary = export_sentence_transformers(tmp_path / "m", tmp_path / "st")
+  assert summary["architecture"] == "StaticEmbedding"
+  st = pytest.importorskip("sentence_transformers").SentenceTransformer(
+      str(tmp_path / "st"), device="cpu")
+  texts = ["der hund", "die katze the dog", "the dog 5 der hund 3"]
+  cos = np.sum(st.encode(texts) * enc.encode(texts, lang="deu"), axis=1)
+  assert cos.min() >= 0.9999, cos
+
+
+def test_distillation_is_model2vec_s_recipe_against_numpy(tmp_path):
+  """launch/distill_static.py's table: each token's teacher vector alone, centred PCA to
+  `dim`, times SIF's a / (a + p) with p the SentencePiece unigram probabilities; the output
+  directory is an encoder; a non-empty output directory is refused."""
+  import sentencepiece as spm
+  from vmx import encoders, static_distill
+  from vmx.inference import Encoder
+  from vmx.modeldir import checkpoints, layout
+  text = tmp_path / "t.txt"
+  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
+  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
+                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                 minloglevel=2)
+  teacher = DualEncoderModel(DualEncoder(encoders.TransformerEncoder(
+      vocab_size=V, num_layers=1, emb_dim=16, num_heads=2, mlp_dim=32, max_length=16)))
+  params = teacher.get_initial_variables(jax.random.PRNGKey(3), teacher.inference_shapes(16))
+  checkpoints.save_params(str(tmp_path / "t"), 0, params["params"])
+  layout.write_inference_files(str(tmp_path / "t"), teacher, ["deu"], 16,
+                               str(tmp_path / "v.model"))
+  summary = static_distill.distill(tmp_path / "t", tmp_path / "s", dim=8, sif=1e-3)
+  assert summary["tokens"] == V - 1 and summary["dim"] == 8
+  ids = np.arange(1, V)
+  vec = np.asarray(teacher.embed(params["params"], ids[:, None].astype(np.int32)))
+  centred = vec - vec.mean(0)
+  _, _, vt = np.linalg.svd(centred, full_matrices=False)
+  sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "v.model"))
+  p = np.exp([sp.get_score(int(i)) for i in ids])
+  want = centred @ vt[:8].T * (1e-3 / (1e-3 + p / p.sum()))[:, None]
+  student = Encoder.from_checkpoint(tmp_path / "s")
+  got = np.asarray(student.params["encoder"]["token_embed"]["embedding"])
+  signs = np.sign(np.sum(got[1:] * want, axis=0))        # an SVD's axes may flip sign
+  np.testing.assert_allclose(got[1:] * signs, want, rtol=1e-3, atol=1e-5)
+  assert student.encode(["der hund"], lang="deu").shape == (1, 8)
+  with pytest.raises(ConfigError, match="exists and is not empty"):
+    static_distill.distill(tmp_path / "t", tmp_path / "s")
