@@ -159,6 +159,10 @@ def test_long_passages_are_windowed_and_the_answer_is_where_its_tokens_are(qa_da
     assert covered.all()                                      # nothing dropped
     assert sum(win.start[rows] > 0) >= 1                      # the answer is in a window
     assert np.diff(starts).tolist() == [24] * (len(rows) - 1)
+  bare = qa.windows(tok, examples, 64, settings, with_spans=False)   # training rows
+  assert bare.spans.shape == (len(win.tokens), 0, 2)
+  for a, b in ((bare.tokens, win.tokens), (bare.start, win.start), (bare.end, win.end)):
+    np.testing.assert_array_equal(a, b)
   one_hot = lambda pos: np.where(np.arange(64)[None] == pos[:, None], 10.0, 0.0)  # noqa: E731
   got = qa.best_answers(one_hot(win.start), one_hot(win.end), win, examples, settings)
   assert got == {ex.qid: ex.answers[0] for ex in examples}

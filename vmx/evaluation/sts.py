@@ -33,7 +33,7 @@
 * STS2017-extended (Reimers & Gurevych 2020, sentence-transformers' `STS2017-extended.zip`,
   the zip or its directory): `STS.<l1>-<l2>.txt`, a line `sentence 1<TAB>sentence 2<TAB>
   score`, column 1 in language l1. It adds four cross-lingual pairs made from track 5's
-  English ones (`STS2017_EXTENDED_NEW`: en-de, fr-en, it-en, nl-en; MTEB's STS17 has them,
+  English ones (en-de, fr-en, it-en, nl-en; MTEB's STS17 has them,
   EMMA-X Table 12 scores them); given beside the release, those four are scored from it as
   `extended.<l1>-<l2>` (the pairs the release has are read from the release); given alone,
   every pair it holds.
@@ -244,7 +244,6 @@ def read_sts17_track(track: str, inp: tuple, gs: tuple):
   return s1, s2, y
 
 
-STS2017_EXTENDED_NEW = ("en-de", "fr-en", "it-en", "nl-en")
 _EXTENDED_NAME = re.compile(r"STS\.([a-z]+)-([a-z]+)\.txt")
 
 

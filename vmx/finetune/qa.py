@@ -107,8 +107,11 @@ class Windows:
 
 
 def windows(tokenizer, examples: Sequence[squad.QaExample], max_length: int,
-            settings: QaSettings, lang: Optional[str] = None) -> Windows:
-  """The rows of every question (module docstring)."""
+            settings: QaSettings, lang: Optional[str] = None,
+            with_spans: bool = True) -> Windows:
+  """The rows of every question (module docstring). `with_spans=False` (training rows,
+  where answers are not read back): `spans` is empty [F, 0, 2], which saves 8 bytes a
+  token (270 MB for SQuAD's ~88,000 windows of 384)."""
   opening, middle, closing = tokenizer.pair_template()
   tokens, starts, ends, owner, spans, cut = [], [], [], [], [], 0
   for e, ex in enumerate(examples):
@@ -134,8 +137,8 @@ def windows(tokenizer, examples: Sequence[squad.QaExample], max_length: int,
       row = np.zeros(max_length, np.int32)
       joined = opening + question + middle + ids[chunk] + closing
       row[:len(joined)] = joined
-      span = np.full((max_length, 2), -1, np.int32)
-      if chunk.stop > at:
+      span = np.full((max_length if with_spans else 0, 2), -1, np.int32)
+      if chunk.stop > at and with_spans:
         span[offset:offset + chunk.stop - at] = np.asarray(where[chunk], np.int32)
       hold = first >= at and last < chunk.stop and first >= 0
       tokens.append(row)
@@ -250,7 +253,7 @@ def prepare(bench: QaBenchmark, start: Start, *, data_dir, train_dir, train_lang
   train_files, parts, cut = [], [], 0
   for lang in train_languages:
     win = windows(tokenizer, read("train", lang, limit=max_train_examples), max_length, qa,
-                  iso3(lang))
+                  iso3(lang), with_spans=False)
     parts.append(win)
     cut += win.questions_cut
     train_files.append(bench.path(data_dir, train_dir, "train", lang))
