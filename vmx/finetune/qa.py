@@ -25,14 +25,13 @@ from typing import Mapping, Optional, Sequence
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from vmx.data.languages import iso3
 from vmx.errors import ConfigError, DataError
 from vmx.finetune import squad
 from vmx.finetune.data import ArrayInput, digest, stamp
-from vmx.finetune.task import Start, Task
+from vmx.finetune.task import Start, Task, in_batches
 from vmx.gin_utils import check_range, positive_int
 from vmx.models.span import SpanExtractor, SpanModel
 
@@ -162,17 +161,7 @@ def span_logits(model, params, tokens_NxL, batch_size: int = 128):
   key = id(model)
   if key not in _LOGITS:
     _LOGITS[key] = jax.jit(lambda p, t: model.logits(p, t))
-  fn = _LOGITS[key]
-  starts, ends = [], []
-  for i in range(0, len(tokens_NxL), batch_size):
-    chunk = tokens_NxL[i:i + batch_size]
-    pad = batch_size - len(chunk)
-    if pad:
-      chunk = np.concatenate([chunk, np.ones((pad, chunk.shape[1]), chunk.dtype)])
-    s, e = fn(params, jnp.asarray(chunk))
-    starts.append(np.asarray(s)[:batch_size - pad])
-    ends.append(np.asarray(e)[:batch_size - pad])
-  return np.concatenate(starts), np.concatenate(ends)
+  return in_batches(_LOGITS[key], params, tokens_NxL, batch_size)
 
 
 def best_answers(start_FxL, end_FxL, win: Windows, examples: Sequence[squad.QaExample],
@@ -272,7 +261,7 @@ def prepare(bench: QaBenchmark, start: Start, *, data_dir, train_dir, train_lang
       "max_length": max_length, "limit": max_train_examples, "batch_size": batch_size,
       "seed": seed, "qa": dataclasses.asdict(qa), "vocabulary": Path(start.vocabulary).name}))
   model = SpanModel(SpanExtractor(start.module_encoder(dropout_rate), pooling or start.pooling))
-  scorer = DevF1(tests, qa)
+  scorer, dev_scorer = DevF1(tests, qa), (DevF1(dev, qa) if dev else None)
 
   def score(params):
     test = scorer.scores(model, params)
@@ -281,10 +270,10 @@ def prepare(bench: QaBenchmark, start: Start, *, data_dir, train_dir, train_lang
              "windows": int(len(tests[lang][1].tokens)),
              "zero_shot": lang not in train_languages} for lang, r in test.items()]
     dev_rows = [{"hf_subset": lang, **r} for lang, r in
-                DevF1(dev, qa).scores(model, params).items()] if dev else []
+                dev_scorer.scores(model, params).items()] if dev else []
     return rows, dev_rows
 
-  return Task(model, data, len(arrays["tokens"]), DevF1(dev, qa) if dev else None, "dev/f1",
+  return Task(model, data, len(arrays["tokens"]), dev_scorer, "dev/f1",
               ("f1", "exact_match"), score, {
                   "questions_truncated": cut, "n_train_questions": sum(
                       len(np.unique(w.example)) for w in parts),

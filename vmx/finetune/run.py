@@ -25,7 +25,7 @@ from vmx.errors import ConfigError, DataError
 from vmx.evaluation import vectors
 from vmx.finetune import qa as qa_kind
 from vmx.finetune.data import BENCHMARKS, ArrayInput, digest, read_pairs, stamp
-from vmx.finetune.task import Start, Task, open_start
+from vmx.finetune.task import Start, Task, in_batches, open_start
 from vmx.gin_utils import check_range, positive_int
 from vmx.models.classifier import ClassifierModel, SequenceClassifier
 from vmx.modeldir import checkpoints
@@ -40,15 +40,9 @@ from vmx.training.trainer import run_phases
 def predict(model, params, tokens_NxL, batch_size: int = 256) -> np.ndarray:
   """Predicted label ids [N] (deterministic), in batches of `batch_size` rows (the last
   one padded: one compilation)."""
-  fn = _predict_fn(model)
-  out = []
-  for i in range(0, len(tokens_NxL), batch_size):
-    chunk = tokens_NxL[i:i + batch_size]
-    pad = batch_size - len(chunk)
-    if pad:
-      chunk = np.concatenate([chunk, np.ones((pad, chunk.shape[1]), chunk.dtype)])
-    out.append(np.asarray(fn(params, jnp.asarray(chunk)))[:batch_size - pad])
-  return np.concatenate(out) if out else np.zeros((0,), np.int32)
+  if not len(tokens_NxL):
+    return np.zeros((0,), np.int32)
+  return in_batches(_predict_fn(model), params, tokens_NxL, batch_size)
 
 
 _PREDICT = {}

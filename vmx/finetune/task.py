@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from vmx import storage
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError
@@ -78,3 +82,17 @@ class Task:
   score: Callable
   extra: dict
   head: str
+
+
+def in_batches(fn, params, tokens_NxL: np.ndarray, batch_size: int):
+  """`fn(params, tokens)` (jitted, any tree of [B, ...] outputs) over rows in batches of
+  `batch_size`, the last one padded (one compilation), concatenated on the host."""
+  out = []
+  for i in range(0, len(tokens_NxL), batch_size):
+    chunk = tokens_NxL[i:i + batch_size]
+    pad = batch_size - len(chunk)
+    if pad:
+      chunk = np.concatenate([chunk, np.ones((pad, chunk.shape[1]), chunk.dtype)])
+    out.append(jax.tree.map(lambda x: np.asarray(x)[:batch_size - pad],
+                            fn(params, jnp.asarray(chunk))))
+  return jax.tree.map(lambda *xs: np.concatenate(xs), *out)
