@@ -32,10 +32,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _list(s):
-  return [x for x in s.split(",") if x] if s else []
-
-
 # Flags of earlier releases -> the task settings they set (`--task.field`); they still
 # work, with one warning, until vmx/_deprecated.py's REMOVED_IN.
 ALIASES = {
@@ -112,14 +108,14 @@ def parse_args(argv):
   for flag, task, field, text in given:
     setattr(settings[task], field, evaluators.parse_setting(settings[task], field, text, flag))
   _check_paths(args, given)
-  langs = _list(args.languages)
+  langs = evaluators.comma_list(args.languages)
   if langs == ["all"]:
     from vmx.evaluation import tatoeba  # lazy: jax
     langs = tatoeba.available_languages(args.data_dir)
   try:
-    args.protocols = protocols.resolve(_list(args.protocol))
+    args.protocols = protocols.resolve(evaluators.comma_list(args.protocol))
     tasks = (protocols.tasks_of(args.protocols, settings) if args.protocols else
-             harness.resolve_tasks(args.suite, _list(args.tasks)))
+             harness.resolve_tasks(args.suite, evaluators.comma_list(args.tasks)))
   except ValueError as e:
     p.error(str(e))
   if not langs and args.protocols:   # a protocol's own languages (else every language)
@@ -159,11 +155,12 @@ def _check_paths(args, given):
   """Every path setting names something that exists, checked before any long work."""
   from vmx import storage  # lazy: after cli.run_main
   from vmx.errors import ConfigError
+  from vmx.evaluation import evaluators  # lazy: jax, after cli.run_main
   paths = [("--checkpoint_dir", args.checkpoint_dir)]
   paths += [("--data_dir", args.data_dir)] if args.data_dir else []
   for flag, task, field, text in given:
     if field in PATH_FIELDS and text.strip().lower() != "none":
-      paths += [(flag, v.split("=", 1)[-1]) for v in _list(text)]
+      paths += [(flag, v.split("=", 1)[-1]) for v in evaluators.comma_list(text)]
   for flag, value in paths:
     if not storage.path(value).exists():
       raise ConfigError(f"{flag}={value}: no such file or directory")

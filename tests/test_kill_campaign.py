@@ -1,7 +1,11 @@
 """kill -9 at random moments (one during a checkpoint write), restart: the final parameters,
 optimizer state, RNG and data position equal an uninterrupted run's bit for bit
 (benchmarks/kill_campaign.py with 2 kills; the benchmark itself runs 10). Both campaigns
-share one work dir: the second reuses the first's reference run and compilation cache."""
+share one work dir: the second reuses the first's reference run and compilation cache.
+
+Slow tier (about 4 minutes of subprocesses): the fast tier keeps kill -9 and resume on gs://
+(tests/test_storage.py) and SIGTERM / SIGINT saving and a bit-exact resume
+(tests/test_modeldir.py)."""
 import pytest
 
 from benchmarks import kill_campaign
@@ -12,6 +16,7 @@ def work_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("kill_campaign")
 
 
+@pytest.mark.slow
 def test_kill_restart_is_bitwise_equal_to_uninterrupted(work_dir):
   summary = kill_campaign.run_campaign(work_dir, kills=2, seed=0, steps=30)
   results = summary["results"]
@@ -26,6 +31,7 @@ def test_kill_restart_is_bitwise_equal_to_uninterrupted(work_dir):
   assert w["resumed_from"] < min(w["tmp_dirs_left"])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_the_restart_resumes_there_bitwise(work_dir):
   """The preemption campaign (benchmarks/kill_campaign.py --signal=SIGTERM, 4 signals: one
   before step 1, one at the final save, one in a checkpoint write, one in training):

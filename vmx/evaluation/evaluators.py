@@ -74,20 +74,21 @@ def _bool(text: str) -> bool:
   return {"true": True, "1": True, "false": False, "0": False}[text.strip().lower()]
 
 
-def _strs(text: str) -> list:
-  return [p.strip() for p in text.split(",") if p.strip()]
+def comma_list(text: Optional[str]) -> list:
+  """'a, b,,c' -> ['a', 'b', 'c']; None or '' -> [] (every comma-separated flag and setting)."""
+  return [p.strip() for p in (text or "").split(",") if p.strip()]
 
 
 def _ints(text: str) -> list:
-  return [int(p) for p in _strs(text)]
+  return [int(p) for p in comma_list(text)]
 
 
 def _pairs(text: str) -> dict:
-  return dict(p.split("=", 1) for p in _strs(text))
+  return dict(p.split("=", 1) for p in comma_list(text))
 
 
 def _vector(text: str) -> tuple:
-  layer, pooling = _strs(text)
+  layer, pooling = comma_list(text)
   if int(layer) < 1 or pooling not in ("mean", "first"):
     raise ValueError(text)
   return int(layer), pooling
@@ -127,7 +128,7 @@ class Tatoeba(Evaluator):
   639-3 codes (default: those the model knows, under their code or another one, else all);
   `english`: the code the model knows English by."""
   NAME: ClassVar[str] = "tatoeba"
-  languages: Optional[Sequence[str]] = setting(None, _strs, "ISO 639-3 codes, e.g. deu,fra",
+  languages: Optional[Sequence[str]] = setting(None, comma_list, "ISO 639-3 codes, e.g. deu,fra",
                                                 optional=True)
   english: str = "eng"
 
@@ -189,7 +190,7 @@ class TatoebaLayers(Evaluator):
   NAME: ClassVar[str] = "tatoeba_layers"
   layers: Union[None, str, Sequence[int]] = setting(None, _layers, "'all' or layer numbers "
                                                     "1,2,..", optional=True)
-  languages: Sequence[str] = setting(tatoeba.INFOXLM_PARALLEL14, _strs, "ISO 639-3 codes")
+  languages: Sequence[str] = setting(tatoeba.INFOXLM_PARALLEL14, comma_list, "ISO 639-3 codes")
   english: str = "eng"
 
   def run(self, ctx: Context) -> dict:
@@ -220,7 +221,7 @@ class Bucc(Evaluator):
   """BUCC 2018 bitext mining F1 (vmx/evaluation/bucc.py); `pairs`: default every pair of
   bucc.PAIRS supplied."""
   NAME: ClassVar[str] = "bucc"
-  pairs: Optional[Sequence[str]] = setting(None, _strs, "pairs, e.g. de-en,fr-en",
+  pairs: Optional[Sequence[str]] = setting(None, comma_list, "pairs, e.g. de-en,fr-en",
                                            optional=True)
 
   def run(self, ctx: Context) -> dict:
@@ -273,7 +274,7 @@ class Retrieval(Evaluator):
   """Query -> corpus retrieval over directories of queries.tsv / corpus.tsv / qrels.tsv
   (vmx/evaluation/retrieval.py); main score: the mean over the directories."""
   NAME: ClassVar[str] = "retrieval"
-  dirs: Sequence[str] = setting((), _strs, "directories, comma-separated")
+  dirs: Sequence[str] = setting((), comma_list, "directories, comma-separated")
 
   def run(self, ctx: Context) -> dict:
     scores, mains = {"test": []}, []
@@ -308,10 +309,10 @@ class Dev(Evaluator):
   selection. `languages`: file codes or ISO 639-3 (default all; the model's where it reads
   language ids)."""
   NAME: ClassVar[str] = "dev"
-  sets: Sequence[str] = setting(devsets.DEFAULT_DEV_SETS, _strs, "dev set names")
+  sets: Sequence[str] = setting(devsets.DEFAULT_DEV_SETS, comma_list, "dev set names")
   max_sentences: Optional[int] = setting(1000, int, "a number of sentences, or none",
                                          optional=True)
-  languages: Optional[Sequence[str]] = setting(None, _strs, "file codes or ISO 639-3 codes",
+  languages: Optional[Sequence[str]] = setting(None, comma_list, "file codes or ISO 639-3 codes",
                                                optional=True)
 
   def run(self, ctx: Context) -> dict:
@@ -324,7 +325,7 @@ class XnliTransfer(Evaluator):
   """Zero-shot cross-lingual transfer of a probe trained on `source`'s XNLI dev sentences
   (vmx/evaluation/transfer.py); `probe` one of transfer.PROBES, `seeds` its seeds."""
   NAME: ClassVar[str] = "xnli_transfer"
-  languages: Sequence[str] = setting(XNLI, _strs, "XNLI languages, e.g. en,de,fr")
+  languages: Sequence[str] = setting(XNLI, comma_list, "XNLI languages, e.g. en,de,fr")
   source: str = "en"
   probe: str = setting("logistic", _probe, f"one of {', '.join(transfer.PROBES)}")
   seeds: Sequence[int] = setting((0,), _ints, "integers 0,1,..")
@@ -371,7 +372,7 @@ class Paracrawl(Evaluator):
   v5 files in `dir`; `languages` default every pair supplied."""
   NAME: ClassVar[str] = "paracrawl"
   dir: Optional[str] = None
-  languages: Optional[Sequence[str]] = setting(None, _strs, "languages, e.g. de,fr",
+  languages: Optional[Sequence[str]] = setting(None, comma_list, "languages, e.g. de,fr",
                                                optional=True)
   queries: int = paracrawl.N_QUERIES
   candidates: int = paracrawl.N_CANDIDATES
@@ -389,8 +390,8 @@ class Flores(Evaluator):
   (flores200_dataset/); `languages`: FLORES codes, default all."""
   NAME: ClassVar[str] = "flores"
   dir: Optional[str] = None
-  splits: Sequence[str] = setting(flores.DEFAULT_SPLITS, _strs, "splits, e.g. devtest")
-  languages: Optional[Sequence[str]] = setting(None, _strs, "FLORES codes, e.g. deu_Latn",
+  splits: Sequence[str] = setting(flores.DEFAULT_SPLITS, comma_list, "splits, e.g. devtest")
+  languages: Optional[Sequence[str]] = setting(None, comma_list, "FLORES codes, e.g. deu_Latn",
                                                optional=True)
 
   def run(self, ctx: Context) -> dict:

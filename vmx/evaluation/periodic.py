@@ -27,7 +27,9 @@ from vmx.evaluation import evaluators, harness
 from vmx.gin_utils import check_range, positive_int
 
 
-class Evaluator(Protocol):
+class PeriodicEvaluation(Protocol):
+  """What the loop calls every EVAL_PERIOD steps (TatoebaEvalConfig, HarnessEvalConfig,
+  fine-tuning's dev scorer); a harness task is `evaluators.Evaluator`, a different thing."""
   batch_size: int
 
   def metric_names(self) -> list[str]:

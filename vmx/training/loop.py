@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from vmx import signals
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import DataError, NonFiniteError, Preempted
-from vmx.evaluation.periodic import Evaluator, metric_value
+from vmx.evaluation.periodic import PeriodicEvaluation, metric_value
 from vmx.inference import Encoder
 from vmx.modeldir import checkpoints, layout
 from vmx.training import initial_checkpoint
@@ -77,7 +77,7 @@ class TrainingRun:
   by vmx/training/trainer.py `run_phases` alone."""
 
   def __init__(self, model, phases, trainers, partitioner, files: RunFiles,
-               settings: LoopSettings, evaluator: Optional[Evaluator], lock):
+               settings: LoopSettings, evaluator: Optional[PeriodicEvaluation], lock):
     self.model, self.phases, self.trainers = model, phases, trainers
     self.partitioner, self.files, self.eval_cfg, self.lock = partitioner, files, evaluator, lock
     self.model_dir, self.total_steps = files.model_dir, settings.total_steps

@@ -35,7 +35,7 @@ import optax
 from vmx import cli, gin_utils
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import ConfigError
-from vmx.evaluation.periodic import Evaluator, check_best_metric
+from vmx.evaluation.periodic import PeriodicEvaluation, check_best_metric
 from vmx.gin_utils import check_range, positive_int
 from vmx.modeldir import checkpoints
 from vmx.modeldir import run as run_lib
@@ -75,7 +75,7 @@ def train(*, model: BaseModel = gin.REQUIRED,
           learning_rate: Optional[Callable] = None,
           partitioner: Optional[partitioning.Partitioner] = None,
           checkpoint_cfg: Optional[checkpoints.CheckpointConfig] = None,
-          eval_cfg: Optional[Evaluator] = None,
+          eval_cfg: Optional[PeriodicEvaluation] = None,
           eval_period: int = 1000,
           log_period: int = 50, random_seed: int = 0, progress: bool = True,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
@@ -135,7 +135,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
 
 
 def run_phases(model: BaseModel, phases: Sequence[Phase], partitioner: partitioning.Partitioner,
-               files: RunFiles, settings: LoopSettings, evaluator: Optional[Evaluator] = None,
+               files: RunFiles, settings: LoopSettings,
+               evaluator: Optional[PeriodicEvaluation] = None,
                grad_cache_chunks: int = 1) -> tuple[TrainState, dict]:
   """Runs resolved `phases` (vmx/training/phases.py) into `files.model_dir`: every phase's
   input checked against its model and the devices and its step built (`TrainStep`) before
