@@ -210,7 +210,7 @@ def test_classifier_term_does_not_train_the_encoder_and_ranks_are_targets():
   for term in ("classifier_loss", "ranking_loss"):
     def f(p):
       return model.compute_loss(p, batch, jax.random.PRNGKey(2), mut)[1][term]
-    g = jax.grad(f)(v["params"])
+    g = jax.jit(jax.grad(f))(v["params"])
     enc_norm = optax_norm(g["encoder"])
     cls_norm = optax_norm(g["classifier"])
     if term == "classifier_loss":

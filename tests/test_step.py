@@ -112,8 +112,9 @@ def test_remat_with_dropout_gives_the_same_loss_and_grads(scan, policy):
       out = module.apply(p, *args, deterministic=False, rngs=rngs)
       return jnp.sum(jnp.square(out[0] if isinstance(out, tuple) else out))
 
-    l0, g0 = jax.value_and_grad(lambda p: loss(plain, p))(params)
-    l1, g1 = jax.value_and_grad(lambda p: loss(rematted, p))(params)
+    # jitted: eagerly, every primitive is compiled on its own (hundreds of compiles)
+    l0, g0 = jax.jit(jax.value_and_grad(lambda p: loss(plain, p)))(params)
+    l1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(rematted, p)))(params)
     np.testing.assert_allclose(l0, l1, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), g0, g1)
 

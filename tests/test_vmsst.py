@@ -192,8 +192,8 @@ def test_gradients_reach_both_encoders_and_the_decoder():
   model = _model()
   batch = _batch()
   v = _init(model, batch)
-  grads = jax.grad(lambda p: model.compute_loss(p, batch, jax.random.PRNGKey(0),
-                                                {"annealing": v["annealing"]})[0])(v["params"])
+  grads = jax.jit(jax.grad(lambda p: model.compute_loss(
+      p, batch, jax.random.PRNGKey(0), {"annealing": v["annealing"]})[0]))(v["params"])
   norms = {k: float(np.sqrt(sum(np.sum(np.square(x)) for x in jax.tree.leaves(g))))
            for k, g in grads.items()}
   for k in ("semantic_encoder", "semantic_latent", "language_encoder_0", "language_latent_0",
