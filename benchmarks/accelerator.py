@@ -546,7 +546,12 @@ def main(argv):
   save()
   print(json.dumps(result))
   failed = [k for k, v in result["families"].items() if "error" in v]
-  return 1 if failed and args.smoke else 0
+  skipped = [k for k, v in [*result["families"].items(), *result.items()]
+             if isinstance(v, dict) and "skipped" in v]
+  if args.smoke and skipped:   # a check that skipped parts checked nothing there
+    print(f"[accelerator] --smoke: the deadline ({args.timeout:.0f} s) skipped {skipped}; "
+          f"give a larger --timeout", file=sys.stderr)
+  return 1 if (failed or skipped) and args.smoke else 0
 
 
 if __name__ == "__main__":

@@ -169,6 +169,25 @@ def toy_text_task(vp):
 TOY_FILES = {}
 
 
+def initial_variables(model, shapes, seed=0, types=None):
+  """model.get_initial_variables(PRNGKey(seed), shapes, types) under jit, as the trainer
+  calls it: eagerly, Flax's init compiles every primitive on its own (measured: 11.6 s for
+  test_vmsst's model in a fresh process, 3.9 s jitted)."""
+  import jax
+  return jax.jit(lambda rng: model.get_initial_variables(rng, shapes, types))(
+      jax.random.PRNGKey(seed))
+
+
+def save_model_dir(path, model, languages, max_length, vocab_path, seed=0):
+  """A vmx model directory of `model` at random init (checkpoint 0 and the inference
+  files), as a run or an import leaves one; returns `path`."""
+  from vmx.modeldir import checkpoints, layout
+  params = initial_variables(model, model.inference_shapes(max_length), seed)["params"]
+  checkpoints.save_params(str(path), 0, params)
+  layout.write_inference_files(str(path), model, list(languages), max_length, str(vocab_path))
+  return path
+
+
 def build_and_step(gin_file, bindings, make_batch):
   """Builds an experiment file's model and optimizer (no data read) and takes one train
   step on `make_batch(batch_size)`; returns (model, state, metrics)."""

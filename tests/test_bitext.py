@@ -7,11 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
-from conftest import REPO, write_lines
+from conftest import REPO, save_model_dir, write_lines
 
 WORDS = ("sun moon star tree river stone house road cloud rain wind fire snow bird fish "
          "dog cat horse apple bread water light night day green red blue old new big").split()
@@ -28,18 +27,13 @@ def ckpt(tmp_path_factory):
   from vmx import encoders
   from vmx.data import vocab
   from vmx.models import DualEncoder, DualEncoderModel
-  from vmx.modeldir import checkpoints, layout
   root = tmp_path_factory.mktemp("mine")
   text = write_lines(root / "text.txt", _sentences(0, 400))
   vp = vocab.train_sentencepiece([str(text)], str(root / "v.model"), 80)
   enc = encoders.TransformerEncoder(vocab_size=80, num_layers=1, emb_dim=32, num_heads=2,
                                     mlp_dim=64, max_length=32)
   model = DualEncoderModel(DualEncoder(enc))
-  params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(32))
-  d = root / "ckpt"
-  checkpoints.save_params(str(d), 0, params["params"])
-  layout.write_inference_files(str(d), model, ["eng", "deu"], 32, vp)
-  return d
+  return save_model_dir(root / "ckpt", model, ["eng", "deu"], 32, vp)
 
 
 @pytest.fixture(scope="module")

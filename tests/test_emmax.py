@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import initial_variables
 from vmx import encoders, losses
 from vmx.errors import ConfigError
 from vmx.models.emmax import EmmaX, EmmaXModel
@@ -202,7 +203,7 @@ def _batch(stage, b=8, rng=0):
 def test_classifier_term_does_not_train_the_encoder_and_ranks_are_targets():
   model = tiny_model("em")
   shapes = {"tokens": (8, 8)}
-  v = model.get_initial_variables(jax.random.PRNGKey(0), shapes)
+  v = initial_variables(model, shapes)
   mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
   mut["queue"] = {"keys": losses.l2_normalize(jax.random.normal(jax.random.PRNGKey(1), (16, 16))),
                   "next": jnp.int32(0), "filled": jnp.int32(16)}
@@ -223,10 +224,11 @@ def optax_norm(tree):
   return float(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)))
 
 
+@pytest.mark.slow   # 50 s cold; the fast tier: the phase switch's bit-exact kill / resume
 def test_queue_and_state_after_steps_and_1_vs_8_devices():
   from conftest import assert_same_loss_and_grads_on_1_and_8_devices
   model = tiny_model("em")
-  v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 8)})
+  v = initial_variables(model, {"tokens": (8, 8)})
   mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
   batch = _batch("em")
   _, m, new = model.compute_loss(v["params"], batch, jax.random.PRNGKey(3), mut)
@@ -253,7 +255,7 @@ def test_eq_11_counts_each_anchor_s_own_key_as_rank_1():
   gives rank 1 to strays only (docs/emmax.md, the collapse)."""
   model = tiny_model("em", rank_ema=1.0)
   batch = _batch("em")
-  v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 8)})
+  v = initial_variables(model, {"tokens": (8, 8)})
   mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
   mut["queue"] = {"keys": losses.l2_normalize(jax.random.normal(jax.random.PRNGKey(1), (16, 16))),
                   "next": jnp.int32(0), "filled": jnp.int32(16)}
@@ -287,7 +289,7 @@ def test_em_parallel_forces_translations_to_rank_1_and_queues_every_anchor():
   batch = _parallel_batch()
   tokens, partner = model._em_anchors(jax.tree.map(jnp.asarray, batch))
   assert tokens.shape == (8, 8) and list(np.asarray(partner)) == [-1] * 4 + [6, 7, 4, 5]
-  v = model.get_initial_variables(jax.random.PRNGKey(0), {k: v.shape for k, v in batch.items()})
+  v = initial_variables(model, {k: v.shape for k, v in batch.items()})
   mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
   # A G whose every answer is "unrelated" (rank N): only the golden pairs are positives,
   # so the ranking loss is the InfoNCE of the 2 x 2 translation pairs alone.
@@ -431,7 +433,7 @@ def test_emmax_large_config_builds_and_steps_with_two_optimizers():
     return {"tokens": np.random.default_rng(0).integers(5, 900, (b, 16)).astype(np.int32)}
   model, state, metrics = build_and_step("emmax_large.gin", bindings, make_batch)
   assert np.isfinite(float(metrics["loss"].compute()))
-  v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 16)})
+  v = initial_variables(model, {"tokens": (8, 16)})
   moved = np.abs(np.asarray(state.params["classifier"]["mean"])
                  - np.asarray(v["params"]["classifier"]["mean"])).max()
   assert 0 < moved <= 3e-5 * 1.01      # one Adam step of lr 3e-5 moves a weight by <= lr
@@ -459,7 +461,7 @@ def test_warmup_contrast_eq2_is_the_one_way_infonce_of_eq_2():
   losses_ = {}
   for mode in ("eq2", "both_sides"):
     model = tiny_model("warmup", warmup_contrast=mode)
-    v = model.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+    v = initial_variables(model, {k: x.shape for k, x in batch.items()})
     _, m, _ = model.compute_loss(v["params"], batch, None, None)
     losses_[mode] = float(m["infonce_loss"])
     if mode == "eq2":
@@ -480,7 +482,7 @@ def test_e_step_against_the_queue_alone():
   out = {}
   for mode in ("queue", "batch_and_queue"):
     model = tiny_model("em", e_step_candidates=mode)
-    v = model.get_initial_variables(jax.random.PRNGKey(0), {"tokens": (8, 8)})
+    v = initial_variables(model, {"tokens": (8, 8)})
     mut = {k: v[k] for k in ("momentum", "queue", "rank_sims")}
     mut["queue"] = {"keys": losses.l2_normalize(jax.random.normal(jax.random.PRNGKey(1),
                                                                    (16, 16))),

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import initial_variables
 from vmx import encoders, losses
 from vmx.models import ems
 
@@ -71,8 +72,7 @@ def _batch(b=6, seed=0):
 
 
 def _init(model, batch):
-  return model.get_initial_variables(jax.random.PRNGKey(0),
-                                     {k: v.shape for k, v in batch.items()})["params"]
+  return initial_variables(model, {k: v.shape for k, v in batch.items()})["params"]
 
 
 def _np_infonce_sum_of_directions(zu, zv, t):
@@ -152,8 +152,8 @@ def test_loss_and_grads_equal_on_1_and_8_devices():
       model, _batch(b=8), lambda p, b: model.compute_loss(p, b, None, None)[0])
 
 
-@pytest.mark.parametrize("num_devices,chunks", [pytest.param(1, 4, marks=pytest.mark.slow),
-                                                (8, 2)])
+@pytest.mark.slow   # 50 s cold; the fast tier: test_step's and test_packing's GradCache
+@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
 def test_grad_cache_equals_the_uncached_step(num_devices, chunks):
   """GradCache on EMS (train.grad_cache_chunks): per-pair XTR terms and contrastive
   vectors as the cached "embeddings" give the whole-batch loss and gradients, and the

@@ -915,7 +915,7 @@ def test_transfer_benchmark_both_directions(tmp_path):
   _separable(tmp_path)
   bench = transfer.Benchmark("toy", "Table X", ("en", "de", "fr"), "{lang}.{split}.tsv")
   res = transfer.evaluate_benchmark(common.as_encode_fn(ClassEncoder()), bench, tmp_path,
-                                    seeds=[0, 1])
+                                    seeds=[0])   # the mean over seeds: test_mlp_probe_...
   rows = {r["hf_subset"]: r for r in res["scores"]["test"]}
   assert set(rows) == {"en-de", "en-fr", "de-en", "fr-en"}
   assert rows["de-en"]["direction"] == "xx->en" and rows["en-fr"]["direction"] == "en->xx"

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import DATA_DIR, REPO, write_lines
+from conftest import DATA_DIR, REPO, save_model_dir, write_lines
 
 XNLI = Path(DATA_DIR or "/nonexistent") / "eval" / "xnli"
 needs_xnli = pytest.mark.skipif(not (XNLI / "dev-en.tsv").is_file(),
@@ -26,7 +26,6 @@ def _tiny_checkpoint(root: Path) -> Path:
   from vmx import encoders
   from vmx.data import vocab
   from vmx.models import DualEncoder, DualEncoderModel
-  from vmx.modeldir import checkpoints, layout
   text = write_lines(root / "text.txt", [f for lang in LANGS for line in
                                          (XNLI / f"dev-{lang}.tsv").read_text().splitlines()
                                          for f in line.split("\t")[:2]])
@@ -34,11 +33,7 @@ def _tiny_checkpoint(root: Path) -> Path:
   enc = encoders.TransformerEncoder(vocab_size=500, num_layers=1, emb_dim=32, num_heads=2,
                                     mlp_dim=64, max_length=32)
   model = DualEncoderModel(DualEncoder(enc))
-  params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(32))
-  ckpt = root / "ckpt"
-  checkpoints.save_params(str(ckpt), 0, params["params"])
-  layout.write_inference_files(str(ckpt), model, ["eng", "deu", "fra"], 32, vp)
-  return ckpt
+  return save_model_dir(root / "ckpt", model, ["eng", "deu", "fra"], 32, vp)
 
 
 def _xnli_replica(root: Path) -> Path:

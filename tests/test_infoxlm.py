@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import toy_train
+from conftest import initial_variables, toy_train
 from vmx import encoders, losses, masked_lm
 from vmx.errors import ConfigError
 from vmx.models.infoxlm import InfoXLM, InfoXLMModel, key_params, momentum_coefficient
@@ -45,7 +45,7 @@ def _batch(seed=0):
 
 
 def _init(model, batch):
-  v = model.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+  v = initial_variables(model, {k: x.shape for k, x in batch.items()})
   mutables = model.derive_mutables(v["params"], {k: v[k] for k in ("momentum", "queue")})
   return v["params"], mutables
 
@@ -186,6 +186,7 @@ def test_trainer_step_updates_the_key_encoder_with_the_new_parameters():
 
 # --- devices, resume ---
 
+@pytest.mark.slow   # 100 s cold; the fast tier: test_step's and test_packing's 1 vs 8 devices
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
 def test_loss_and_state_equal_on_1_and_8_devices():
   from conftest import assert_same_loss_and_grads_on_1_and_8_devices
@@ -277,6 +278,7 @@ def test_a_task_mix_without_monolingual_data_is_refused():
   assert list(_model(tlm_weight=0.0, xlco_weight=0.0).FEATURE_CONVERTER_CLS) == ["mmlm"]
 
 
+@pytest.mark.slow   # 60 s cold: a base-size step on CPU
 def test_infoxlm_base_config_builds_and_steps_from_xlmr_ids():
   """infoxlm_base.gin (bert family, XLM-R ids, joined `<s> x </s> y </s>`) at tiny sizes."""
   from conftest import build_and_step
@@ -368,7 +370,7 @@ def test_xlco_starts_after_the_key_encoder_warm_up():
   queue is filled and the key encoder follows, but the XLCO term is off."""
   model = _model(xlco_start=3)
   batch = _batch()
-  v = model.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+  v = initial_variables(model, {k: x.shape for k, x in batch.items()})
   params = v["params"]
   mutables = model.derive_mutables(params, {k: v[k] for k in ("momentum", "queue", "updates")})
   for _ in range(model.prefill_batches(mutables)):
@@ -388,7 +390,7 @@ def test_the_retrieval_vector_can_be_the_mean_of_a_middle_layer():
   `retrieval_pooling` make inference embed that instead of the universal layer's CLS."""
   batch = _batch()
   base = _model()
-  v = base.get_initial_variables(jax.random.PRNGKey(0), {k: x.shape for k, x in batch.items()})
+  v = initial_variables(base, {k: x.shape for k, x in batch.items()})
   tokens = batch["mmlm/tokens"]
   mid = InfoXLMModel(InfoXLM(_encoder(), universal_layer=2, retrieval_layer=1,
                              retrieval_pooling="mean"), mask_id=1, random_low=3,
@@ -429,7 +431,7 @@ def test_from_scratch_initialization_is_uniform_0_02():
   import gin
   batch = _batch()
   shapes = {k: x.shape for k, x in batch.items()}
-  v = _model(uniform_init=0.02).get_initial_variables(jax.random.PRNGKey(0), shapes)
+  v = initial_variables(_model(uniform_init=0.02), shapes)
   flat = traverse_util.flatten_dict(v["params"], sep="/")
   weights = {k: np.asarray(a) for k, a in flat.items() if k.rsplit("/", 1)[-1] in
              ("kernel", "embedding", "query", "key", "value", "out")}
@@ -448,10 +450,10 @@ def test_from_scratch_initialization_is_uniform_0_02():
   for k, a in mom.items():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(flat[f"encoder/{k}"]
                                                             if f"encoder/{k}" in flat else flat[k]))
-  again = _model(uniform_init=0.02).get_initial_variables(jax.random.PRNGKey(0), shapes)
+  again = initial_variables(_model(uniform_init=0.02), shapes)
   np.testing.assert_array_equal(np.asarray(again["params"]["encoder"]["token_embed"]["embedding"]),
                                 weights["encoder/token_embed/embedding"])
-  default = _model().get_initial_variables(jax.random.PRNGKey(0), shapes)
+  default = initial_variables(_model(), shapes)
   wi = default["params"]["encoder"]["layers_0"]["mlp"]["wi"]["kernel"]
   assert np.abs(np.asarray(wi)).max() > 0.02
   with pytest.raises(ConfigError, match="uniform_init"):

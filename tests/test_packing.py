@@ -171,7 +171,7 @@ def test_ems_packed_equals_unpacked():
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
-@pytest.mark.parametrize("hard", [False, True])
+@pytest.mark.parametrize("hard", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_mpcl_packed_equals_unpacked(hard):
   rng = np.random.default_rng(4)
   b, v, length = 16, 3, 10
@@ -196,8 +196,10 @@ def test_vmsst_packed_equals_unpacked_with_sampled_latents():
   _assert_equal(_vmsst(), _pairs(), ((1, 1, 1), (8, 1, 2)))
 
 
-@pytest.mark.parametrize("variant", ["bitranslation", "contrastive_sum",
-                                     "per_language_decoders",
+@pytest.mark.parametrize("variant", ["bitranslation",
+                                     pytest.param("contrastive_sum", marks=pytest.mark.slow),
+                                     pytest.param("per_language_decoders",
+                                                  marks=pytest.mark.slow),
                                      pytest.param("t5", marks=pytest.mark.slow),
                                      pytest.param("two_language_encoders",
                                                   marks=pytest.mark.slow)])

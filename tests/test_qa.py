@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, save_model_dir
 
 CODES = ["zorb", "quix", "blen", "trav", "mork", "plin", "dask", "vung", "kelp", "yarn",
          "fesk", "glom"]
@@ -53,7 +53,6 @@ def qa_data(tmp_path_factory):
   from vmx import encoders
   from vmx.data import vocab
   from vmx.models import DualEncoder, DualEncoderModel
-  from vmx.modeldir import checkpoints, layout
   root = tmp_path_factory.mktemp("qa")
   squad, mlqa = root / "squad", root / "mlqa"
   squad.mkdir()
@@ -73,10 +72,7 @@ def qa_data(tmp_path_factory):
   enc = encoders.TransformerEncoder(vocab_size=300, num_layers=2, emb_dim=32, num_heads=2,
                                     mlp_dim=64, max_length=64)
   model = DualEncoderModel(DualEncoder(enc))
-  params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(64))
-  ckpt = root / "ckpt"
-  checkpoints.save_params(str(ckpt), 0, params["params"])
-  layout.write_inference_files(str(ckpt), model, ["eng", "deu"], 64, vp)
+  ckpt = save_model_dir(root / "ckpt", model, ["eng", "deu"], 64, vp)
   return root, ckpt, squad, mlqa
 
 
@@ -224,41 +220,57 @@ def test_a_pretokenizing_vocabulary_spans_whole_words(tmp_path):
   assert spans == [(a, a + len(w)) for a, w, row in zip(starts, words, want) for _ in row]
 
 
-def test_a_tiny_model_learns_squad_through_the_launcher_and_resumes_bitwise(qa_data):
-  """InfoXLM's Table 4 protocol end to end on the small set: trained on English (the
-  launcher, stopped at step 100 as a preempted run and rerun), the step of the best joint
-  dev F1 kept (EVAL_PERIOD > 0; the paper's files score the last), scored zero-shot with
-  MLQA's metric per language; English exact match far above chance (a random span of a
-  passage: under 1%); the resumed run ends with the uninterrupted run's parameters bit for
-  bit and its scores; the protocol lists Table 4 and Table 5 as computed."""
+def _finetune_whole(qa_data, name):
+  """finetune/mlqa.gin on the small set, in this process, into qa_data's root / name."""
   import gin
   from vmx import experiment, finetune
-  from vmx.modeldir import checkpoints
-  from vmx.modeldir.layout import read_model_info
-  from vmx.models.base import model_from_config
-  root, ckpt, sq, mlqa = qa_data
-  data = [f"INITIAL_CHECKPOINT_PATH = '{ckpt}'", f"MLQA_DIR = '{mlqa}'",
-          f"SQUAD_DIR = '{sq}'"]
+  root = qa_data[0]
   gin.clear_config()
-  experiment.parse_gin(["finetune/mlqa.gin"], data + BINDINGS + [
-      f"MODEL_DIR = '{root / 'whole'}'", "finetune.progress = False",
+  experiment.parse_gin(["finetune/mlqa.gin"], _data_bindings(qa_data) + BINDINGS + [
+      f"MODEL_DIR = '{root / name}'", "finetune.progress = False",
       "finetune.prefetch_batches = 0"], "")
   try:
-    whole = finetune.finetune()
+    return finetune.finetune()
   finally:
     gin.clear_config()
+
+
+def _data_bindings(qa_data):
+  _, ckpt, sq, mlqa = qa_data
+  return [f"INITIAL_CHECKPOINT_PATH = '{ckpt}'", f"MLQA_DIR = '{mlqa}'", f"SQUAD_DIR = '{sq}'"]
+
+
+def test_a_tiny_model_learns_squad(qa_data):
+  """InfoXLM's Table 4 protocol on the small set: trained on English, the step of the best
+  joint dev F1 kept (EVAL_PERIOD > 0; the paper's files score the last), scored zero-shot
+  with MLQA's metric per language; English exact match far above chance (a random span of
+  a passage: under 1%)."""
+  root = qa_data[0]
+  whole = _finetune_whole(qa_data, "learns")
   rows = {r["hf_subset"]: r for r in whole["scores"]["test"]}
   assert rows["en"]["exact_match"] >= 80 and rows["en"]["f1"] >= 80, rows
   assert rows["en"]["windows"] > rows["en"]["n"] == 100 and not rows["en"]["zero_shot"]
   assert whole["n_train_questions"] == 600 and whole["n_train"] > 600
   assert whole["warmup_steps"] == 20
-  metrics = [json.loads(l) for l in (root / "whole" / "metrics.jsonl").read_text().splitlines()]
+  metrics = [json.loads(l) for l in (root / "learns" / "metrics.jsonl").read_text().splitlines()]
   dev = {m["step"]: m["dev/f1"] for m in metrics if "dev/f1" in m}   # the joint dev F1
   assert sorted(dev) == [0, 100, 200] and whole["selected"].startswith("best/")
   assert whole["step"] == max(dev, key=lambda s: (dev[s], s))
 
+
+@pytest.mark.slow   # two launcher runs (50 s); fine-tuning's resume: tests/test_finetune.py
+def test_the_qa_launcher_stopped_and_rerun_ends_bitwise_with_the_protocol_figures(qa_data):
+  """launch/finetune.py stopped at step 100 (as a preempted run saves) and rerun ends with
+  the in-process run's parameters bit for bit and its scores; the protocol lists Table 4
+  and Table 5 as computed."""
+  from vmx.modeldir import checkpoints
+  from vmx.modeldir.layout import read_model_info
+  from vmx.models.base import model_from_config
+  root = qa_data[0]
+  whole = _finetune_whole(qa_data, "whole")
+  rows = {r["hf_subset"]: r for r in whole["scores"]["test"]}
   cmd = [sys.executable, "launch/finetune.py", "--gin_file=finetune/mlqa.gin",
-         *[f"--gin.{b.replace(' = ', '=')}" for b in data + BINDINGS],
+         *[f"--gin.{b.replace(' = ', '=')}" for b in _data_bindings(qa_data) + BINDINGS],
          f"--gin.MODEL_DIR={root / 'parts'}"]
   first = subprocess.run(cmd + ["--stop_at_step=100"], capture_output=True, text=True,
                          cwd=REPO, timeout=600)

@@ -3,12 +3,11 @@ and its recorded config; the model's loss is the sum over prefixes; the Encoder 
 prefix, renormalized, only for a model trained with them, and refuses a size above the
 model's. int8 and binary vectors (vmx/quantize.py): the formulas by hand, calibration
 stored beside the model by launch/calibrate.py, the quantized geometry's scores."""
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import write_lines
+from conftest import save_model_dir, write_lines
 
 WORDS = "sun moon star tree river stone house road cloud rain wind fire snow bird".split()
 
@@ -85,19 +84,13 @@ def test_mpcl_takes_the_switch_too():
 def checkpoints(tmp_path_factory):
   """Two initialized tiny dual encoders as model directories: with and without dims."""
   from vmx.data import vocab
-  from vmx.modeldir import checkpoints as ck, layout
   root = tmp_path_factory.mktemp("mat")
   r = np.random.default_rng(0)
   text = write_lines(root / "t.txt", [" ".join(r.choice(WORDS, 6)) for _ in range(300)])
   vp = vocab.train_sentencepiece([str(text)], str(root / "v.model"), 60)
   out = {}
   for name, dims in (("mat", (8, 16)), ("plain", ())):
-    model = _model(dims)
-    params = model.get_initial_variables(jax.random.PRNGKey(0), model.inference_shapes(16))
-    d = root / name
-    ck.save_params(str(d), 0, params["params"])
-    layout.write_inference_files(str(d), model, ["eng"], 16, vp)
-    out[name] = d
+    out[name] = save_model_dir(root / name, _model(dims), ["eng"], 16, vp)
   return out
 
 

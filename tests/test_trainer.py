@@ -13,6 +13,7 @@ def _run(model_dir, name, vp, stop_at_step=None, kind="contrastive"):
   return toy_train(model_dir, name, vp, kind=kind, stop_at_step=stop_at_step)
 
 
+@pytest.mark.slow   # the fast tier: tests/test_stream.py's old replay position
 def test_a_checkpoint_of_the_replaying_reader_resumes_by_replaying(tmp_path, toy_task, capsys):
   """A checkpoint whose data state is a replay position (written by the seqio reader, or
   before the index reader existed) resumes under a config asking for the index reader:
@@ -28,7 +29,7 @@ def test_a_checkpoint_of_the_replaying_reader_resumes_by_replaying(tmp_path, toy
                full.params, resumed.params)
 
 
-@pytest.mark.parametrize("kind", ["contrastive", "vmsst"])
+@pytest.mark.parametrize("kind", ["contrastive", pytest.param("vmsst", marks=pytest.mark.slow)])
 def test_resume_equals_uninterrupted(tmp_path, toy_task, kind):
   name, vp, _, _ = toy_task
   full = _run(tmp_path / "full", name, vp, kind=kind)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import initial_variables
 from vmx import decoders, encoders, losses
 from vmx.models import VMSST, VMSSTModel
 
@@ -42,8 +43,7 @@ def _batch(seed=0):
 
 
 def _init(model, batch):
-  return model.get_initial_variables(jax.random.PRNGKey(0),
-                                     {k: v.shape for k, v in batch.items()})
+  return initial_variables(model, {k: v.shape for k, v in batch.items()})
 
 
 def test_decoder_is_causal_and_sees_the_source_only_through_the_conditioning_vector():
@@ -240,7 +240,7 @@ def test_language_encoder_assignment_selects_rows():
 # -- device-count invariance --------------------------------------------------
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
-@pytest.mark.parametrize("num_partitions", [1, 2])
+@pytest.mark.parametrize("num_partitions", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
   from vmx.training import optimizers, partitioning
   from vmx.training.step import TrainStep
@@ -263,8 +263,8 @@ def test_loss_and_grads_equal_on_1_and_8_devices(num_partitions):
                out[0][1], out[1][1])
 
 
-@pytest.mark.parametrize("num_devices,chunks", [pytest.param(1, 4, marks=pytest.mark.slow),
-                                                (8, 2)])
+@pytest.mark.slow   # 90 s cold; the fast tier: test_step's and test_packing's GradCache
+@pytest.mark.parametrize("num_devices,chunks", [(1, 4), (8, 2)])
 def test_grad_cache_equals_the_uncached_loss_and_grads(num_devices, chunks):
   """GradCache on VMSST-CONTRASTIVE (per-pair NLL / KL terms and semantic means as the
   cached values): the whole-batch loss, gradients and KL-annealing update, on 1 device and
