@@ -37,12 +37,17 @@ def _rows(model_dir):
   return [json.loads(l) for l in (model_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@needs_data
-def test_two_processes_equal_one(tmp_path):
-  one = tmp_path / "one"
-  proc = subprocess.run([sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={one}"],
+def _one_process(model_dir):
+  """The reference: one process with 2 devices, the same global batch."""
+  proc = subprocess.run([sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={model_dir}"],
                         capture_output=True, text=True, env=_env(2), cwd=REPO, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
+  return model_dir
+
+
+@needs_data
+def test_two_processes_equal_one(tmp_path):
+  one = _one_process(tmp_path / "one")
 
   two = tmp_path / "two"
   port = free_port()
@@ -75,10 +80,7 @@ def test_two_processes_equal_one(tmp_path):
 def test_two_processes_stopped_resume_as_one_process_bitwise(tmp_path):
   """Elastic: 2 processes stopped at step 4, resumed as 1 process with 2 devices, end bit
   for bit where one uninterrupted process ends."""
-  one = tmp_path / "one"
-  proc = subprocess.run([sys.executable, "launch/train.py", *ARGS, f"--gin.MODEL_DIR={one}"],
-                        capture_output=True, text=True, env=_env(2), cwd=REPO, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  one = _one_process(tmp_path / "one")
   a = _params(one)
   elastic = tmp_path / "elastic"
   port = free_port()
