@@ -139,6 +139,7 @@ def cache_experiment(args, bindings):
             build.build_local(t, c.split, c.task_feature_lengths, converter, directory,
                               parts, c.use_cached, not args.no_progress, shard_rows)
           continue
+        build.collect_leftovers(directory)    # a killed worker's temporary files
         plan = build.shard_plan(t, c.split, c.use_cached, shard_rows)
         todo = build.missing_shards(directory, digest, plan)
         jobs += [beam.ShardJob(i, key, t.name, c.split, str(directory), digest, *job,
@@ -150,9 +151,11 @@ def cache_experiment(args, bindings):
           f"({args.beam_runner}"
           + (f", {args.beam_workers} workers" if args.beam_runner == "DirectRunner" else "")
           + ")", flush=True)
-    beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
-             args.beam_workers, args.beam_options, experiment.training_inputs,
-             progress=not args.no_progress)
+    with signals.activity(f"writing {len(jobs)} token cache shard(s) on Beam "
+                          f"({args.beam_runner})"):
+      beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
+               args.beam_workers, args.beam_options, experiment.training_inputs,
+               progress=not args.no_progress)
     for directory, digest, parts, plan, written in pending:
       build.assemble(directory, digest, parts, plan, f"beam:{args.beam_runner}", written)
   for c, layout, tasks, rates, root, directories in records:   # found later without SeqIO

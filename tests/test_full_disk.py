@@ -1,12 +1,15 @@
 """A full disk, for real: a tmpfs of 8 MB (mounted as root; skipped elsewhere), filled to
-a few KB. Building the token cache, building a vocabulary and saving a checkpoint each
-end with one clear error, leave no half-written file, and keep what was finished."""
+a few KB. Building the token cache (locally and on Beam), building a vocabulary and saving
+a checkpoint each end with one clear error, leave no half-written file, and keep what was
+finished."""
 import os
+import socket
 import subprocess
+import sys
 
 import pytest
 
-from conftest import toy_train
+from conftest import REPO, needs_data, toy_train
 
 
 def _mount_tmpfs(mnt, options: str):
@@ -60,6 +63,50 @@ def test_a_full_disk_during_the_cache_build(small_disk, toy_task):
   t = build.open_table(task, "train", lengths, feature_converters.PairFeatureConverter(),
                        str(mnt / "arrays"), progress=False)
   assert len(t) > 250
+
+
+@needs_data
+@pytest.mark.slow
+def test_a_full_disk_during_a_beam_build_is_one_line_and_the_rerun_collects_leftovers(
+    tmp_path):
+  """launch/cache_tasks.py on Beam (DirectRunner, 2 workers) into a disk that fills: exit 2
+  and one `error:` line naming the full disk and the file that holds Beam's output (the
+  workers' tracebacks), none of it on stderr.
+  A killed worker's temporary file left in a task directory is removed by the rerun, which
+  (with room again) finishes the cache."""
+  pytest.importorskip("apache_beam", reason="apache-beam (the beam extra) is not installed")
+  mnt = tmp_path / "disk"
+  _mount_tmpfs(mnt, "size=32m")
+  try:
+    filler = mnt / "filler"
+    with open(filler, "wb") as f:
+      room = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+      os.posix_fallocate(f.fileno(), 0, room - (256 << 10))
+    cmd = [sys.executable, "launch/cache_tasks.py", "--gin_file=contrastive_tiny.gin",
+           "--gin.TRAIN_LANGUAGES=['deu', 'fra']", "--gin.LANGUAGES=['deu', 'fra', 'eng']",
+           "--gin.VOCAB_SIZE=2000", "--beam_runner=DirectRunner", "--beam_workers=2",
+           "--shard_rows=2048", f"--token_cache_dir={mnt / 'cache'}", "--no_progress"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert lines[-1].startswith("error: ") and "no space left on the device" in lines[-1], lines
+    assert "Traceback" not in out.stderr and not any("apache_beam" in l for l in lines), lines
+    log = lines[-1].rsplit("(Beam's output: ", 1)[1].rstrip(")")   # what the workers printed
+    assert "Traceback" in open(log).read()
+    os.remove(log)
+    print(lines[-1])
+    task_dir = next(d for d in sorted((mnt / "cache").rglob("*"))     # a task's directory
+                    if d.is_dir() and not any(c.is_dir() for c in d.iterdir()))
+    killed = task_dir / f"rows-00000-of-00009.bin.tmp-{socket.gethostname()}-4194303"
+    killed.write_bytes(b"half a shard")
+    filler.unlink()
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "removed 1 unfinished file(s)" in out.stdout and not killed.exists()
+    assert out.stdout.strip().splitlines()[-1].startswith("content digest: ")
+    assert not _leftovers(mnt)
+  finally:
+    subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_a_full_disk_during_the_vocabulary_build(small_disk, toy_task):

@@ -38,6 +38,8 @@ def run_main(main, argv=None):
   """Runs main(argv); a vmx error is one `error:` line on stderr and its exit code."""
   argv = list(sys.argv[1:] if argv is None else argv)
   verbose = "--verbose" in argv or os.environ.get("VMX_VERBOSE") == "1"
+  if verbose:   # for what reads it later, worker processes included (Beam's output)
+    os.environ["VMX_VERBOSE"] = "1"
   argv = [a for a in argv if a != "--verbose"]
   quiet.install(verbose)   # each Python warning kind once (TensorFlow's lines: import vmx)
   try:

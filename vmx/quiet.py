@@ -150,6 +150,8 @@ def install(verbose: bool):
   atexit.register(once.summary)
   # The object store clients' own records of failed requests (gcsfs logs each retry, with
   # its traceback, at ERROR): vmx retries them itself and names the store's failure in one
-  # line (vmx/data/token_cache/table.py), which must not drown among them.
-  for name in ("gcsfs", "fsspec"):
+  # line (vmx/data/token_cache/table.py), which must not drown among them. Beam's runner
+  # relays its workers' logs and tracebacks the same way; a failed build is one line too
+  # (vmx/data/token_cache/beam.py `worker_error`).
+  for name in ("gcsfs", "fsspec", "apache_beam"):
     logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -14,6 +14,12 @@ rerun after an interruption finishes the rest), runs the pipeline, then checks e
 shard and writes each manifest (`build.assemble`). A worker that sees other inputs than
 the driver (another vocabulary, other files) refuses to write.
 
+A worker's error reaches the user as vmx's one line (`worker_error`: its own message, a full
+disk's naming the file); Beam's logs and tracebacks show with `--verbose` only
+(vmx/quiet.py). A rerun first
+removes the temporary files of workers that were killed (`build.collect_leftovers`), as
+the local build does.
+
 Every runner reads the same files: with a runner other than the DirectRunner, the data,
 the vocabulary and the cache root must be on storage every worker reads (gs://), which
 the driver checks before it submits anything. apache-beam is the `beam` extra.
@@ -21,11 +27,12 @@ the driver checks before it submits anything. apache-beam is the `beam` extra.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from typing import Sequence
 
-from vmx import storage
-from vmx.errors import ConfigError
+from vmx import errors, storage
+from vmx.errors import ConfigError, DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,13 +122,13 @@ class _Progress:
   """A progress bar of the shards written, counted from the directories' shard records
   while the pipeline runs (every few seconds; Beam's own logs say little)."""
 
-  def __init__(self, jobs: Sequence[ShardJob], enabled: bool):
+  def __init__(self, jobs: Sequence[ShardJob], enabled: bool, file=None):
     import threading
     from tqdm.auto import tqdm
     self.dirs = sorted({j.directory for j in jobs})
     self.before = self._count()
     self.bar = tqdm(total=len(jobs), desc="[vmx] shards written on Beam", unit=" shard",
-                    disable=not enabled, leave=False)
+                    disable=not enabled, leave=False, file=file)
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
     if enabled:
@@ -148,26 +155,92 @@ class _Progress:
     self.bar.close()
 
 
+# The last "module.Class: message" line of a traceback Beam relays from a worker
+_RAISED = re.compile(r"^((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Interrupt))): (.+)$",
+                     re.M)
+
+
+def worker_error(e: BaseException, runner: str) -> errors.VmxError:
+  """The one line of a failed pipeline: the worker's own error (Beam relays its traceback
+  as text inside a RuntimeError), as the vmx error it was (a DataError naming the file
+  and what is kept), or a DataError quoting any other; `--verbose` shows Beam's logs."""
+  found = _RAISED.findall(str(e))
+  if not found:
+    text = str(e).strip().splitlines()
+    return DataError(f"the Beam pipeline ({runner}) failed: {type(e).__name__}: "
+                     f"{text[0] if text else ''} (--verbose shows Beam's logs)")
+  qualified, name, message = found[-1]
+  message = re.sub(r" \[while running '[^']*'\]$", "", message.strip())
+  cls = getattr(errors, name, None) if qualified.startswith("vmx.errors.") else None
+  if isinstance(cls, type) and issubclass(cls, errors.VmxError):
+    return cls(message)
+  return DataError(f"a Beam worker ({runner}) failed: {name}: {message} (--verbose shows "
+                   f"Beam's logs; finished shards are kept, a rerun writes the rest)")
+
+
+class _WorkerOutput:
+  """While the pipeline runs, this process's stderr (file descriptor 2, which the
+  DirectRunner's worker processes inherit and print their tracebacks to, whatever the log
+  level) goes to a log file; `terminal` is the real stderr, for the progress bar. The file
+  is removed after a success and named in a failure's line. With --verbose nothing is
+  redirected."""
+
+  def __init__(self, verbose: bool):
+    import os
+    import sys
+    import tempfile
+    self.path, self._saved, self.terminal = None, None, None
+    if verbose:
+      return
+    fd, self.path = tempfile.mkstemp(prefix="vmx-beam-", suffix=".log")
+    sys.stderr.flush()
+    self._saved = os.dup(2)
+    os.dup2(fd, 2)
+    os.close(fd)
+    self.terminal = os.fdopen(os.dup(self._saved), "w")
+
+  def restore(self, keep: bool):
+    import os
+    import sys
+    if self._saved is None:
+      return
+    sys.stderr.flush()
+    os.dup2(self._saved, 2)
+    os.close(self._saved)
+    self._saved = None
+    self.terminal.close()
+    if not keep:
+      os.remove(self.path)
+
+
 def run(jobs: Sequence[ShardJob], gin_files, bindings, search_paths, runner: str,
         workers: int, extra_options: str, inputs_fn, progress: bool = True) -> int:
   """Writes the shards of `jobs` on Beam; returns the number written. `inputs_fn(gin
   files, bindings, search paths)`: the experiment's [(phase, model, config, seed)], which
   each worker calls once (it registers the tasks): vmx.experiment.training_inputs."""
   require_beam()
-  import logging
   import os
   import apache_beam as beam  # lazy: the beam extra
   if not jobs:
     return 0
-  if os.environ.get("VMX_VERBOSE") != "1":   # the runner's start-up chatter
-    logging.getLogger("apache_beam").setLevel(logging.ERROR)
   options = pipeline_options(runner, workers, extra_options)
-  bar = _Progress(jobs, progress)
+  output = _WorkerOutput(verbose=os.environ.get("VMX_VERBOSE") == "1")
+  bar = _Progress(jobs, progress, output.terminal)
+  failed = True
   try:
     with beam.Pipeline(options=options) as p:
       _ = (p | "Jobs" >> beam.Create(list(jobs)) | "Spread" >> beam.Reshuffle()
            | "WriteShards" >> beam.ParDo(_write_fn_class()(gin_files, bindings,
                                                           search_paths, inputs_fn)))
+    failed = False
+  except errors.VmxError:
+    raise
+  except Exception as e:   # noqa: BLE001  (whatever the runner raises: one line)
+    error = worker_error(e, runner)
+    if output.path:
+      error.args = (f"{error.args[0]} (Beam's output: {output.path})",)
+    raise error from e   # (the launcher shows the chain with --verbose)
   finally:
     bar.close()
+    output.restore(keep=failed)
   return len(jobs)

@@ -170,15 +170,21 @@ def _content_digest(d, m: dict) -> str:
       for i in range(0, len(table), step))
 
 
+def collect_leftovers(directory):
+  """Removes the temporary files of writers that are gone (a killed build's, local or
+  a Beam worker's on this host: `storage.remove_leftovers`), saying how many."""
+  gone = storage.remove_leftovers(directory)
+  if gone:
+    print(f"[vmx] {directory}: removed {len(gone)} unfinished file(s) of a build that "
+          f"stopped", flush=True)
+
+
 def build_local(task: seqio.Task, split: str, lengths, converter, directory, parts: dict,
                 use_cached: bool = False, progress: bool = True,
                 shard_rows: int = disk_format.SHARD_ROWS) -> dict:
   """Builds the cache of `task` in this process, the missing shards only."""
   digest = fp.digest(parts)
-  gone = storage.remove_leftovers(directory)
-  if gone:
-    print(f"[vmx] {directory}: removed {len(gone)} unfinished file(s) of a build that "
-          f"stopped", flush=True)
+  collect_leftovers(directory)
   plan = shard_plan(task, split, use_cached, shard_rows)
   todo = missing_shards(directory, digest, plan)
   bar = tqdm(total=sum(b - a for _, _, a, b in todo), desc=f"[vmx] caching {task.name}:{split}",
