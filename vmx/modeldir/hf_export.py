@@ -13,7 +13,8 @@ the tokenizer file, `modules.json` (Transformer -> Pooling -> Normalize),
 equal vmx's `Encoder.encode` (tests/test_hf_import_export.py). Anything else (vmx's own
 SentencePiece vocabulary, language embeddings, projections, mT5, the tanh pooler) is a
 ConfigError naming what cannot be expressed; nothing is written then. A static encoder
-(vmx/static_encoder.py) becomes a `StaticEmbedding` folder instead (static_export.py).
+(vmx/static_encoder.py) becomes a `StaticEmbedding` folder instead, or a Model2Vec folder
+(`export_model2vec`; static_export.py).
 """
 from __future__ import annotations
 
@@ -93,6 +94,19 @@ def hf_tensors(enc, encoder_params: dict, pad_id: int) -> dict[str, np.ndarray]:
   out["embeddings.position_ids"] = np.arange(enc.max_length + enc.position_offset,
                                              dtype=np.int64)[None]
   return out
+
+
+def export_model2vec(model_dir, output_dir, step: Optional[int] = None) -> dict:
+  """A static encoder's directory in Model2Vec's layout (static_export.py); ConfigError for
+  any other model (a Transformer is not a table). Returns a summary dict."""
+  info = read_model_info(model_dir)
+  model = model_from_config(info["model"])
+  if not isinstance(model.pooled_encoder()[0], StaticEncoder):
+    raise ConfigError(f"{model_dir}: --format=model2vec writes static encoders "
+                      f"(static_*.gin) only; this model's vector is a "
+                      f"{model.pooled_encoder()[0].family} encoder's (export it as "
+                      f"sentence-transformers)")
+  return static_export.export_model2vec(model_dir, output_dir, model, info, step)
 
 
 def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = None) -> dict:

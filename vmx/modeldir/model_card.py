@@ -84,23 +84,35 @@ def _number(v) -> str:
   return "undefined" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
 
 
+# How each library an export targets loads a folder and cuts a Matryoshka prefix
+_USAGE = {
+    "sentence-transformers": (["from sentence_transformers import SentenceTransformer",
+                               "model = SentenceTransformer('{name}')"],
+                              "`model.encode(..., truncate_dim=N)`"),
+    "model2vec": (["from model2vec import StaticModel",
+                   "model = StaticModel.from_pretrained('{name}')"],
+                  "`StaticModel.from_pretrained(..., dimensionality=N)`"),
+}
+
+
 def render(model_dir, step: int, info: dict, name: Optional[str] = None,
-           quantization_sizes=()) -> str:
-  """The model card's markdown."""
+           quantization_sizes=(), library: str = "sentence-transformers") -> str:
+  """The model card's markdown, for a folder `library` ('sentence-transformers' or
+  'model2vec') opens."""
+  load, truncate = _USAGE[library]
   model_dir = Path(model_dir)
   name = name or model_dir.name
   head, bindings = _config(model_dir)
   model_cls = info["model"].get("__class__", "?").rpartition(":")[2]
   langs = info["languages"]
-  out = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
-         "tags:", "- sentence-transformers", "- sentence-similarity", "- feature-extraction",
+  out = ["---", f"library_name: {library}", "pipeline_tag: sentence-similarity",
+         "tags:", f"- {library}", "- sentence-similarity", "- feature-extraction",
          "- vmx", "language:", *[f"- {l}" for l in langs], "---", "",
          f"# {name}", "",
          f"A multilingual sentence encoder trained with vmx ({model_cls}), exported at "
          f"checkpoint step {step}. Its vectors are unit length: compare them by cosine "
          f"(inner product). Everything below is read from the run's own files.", "",
-         "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
-         f"model = SentenceTransformer('{name}')",
+         "## Usage", "", "```python", *[line.format(name=name) for line in load],
          "vectors = model.encode(['Where is the station?', 'Wo ist der Bahnhof?'])",
          "vectors @ vectors.T    # cosine similarities", "```", "",
          "## Training", ""]
@@ -116,7 +128,7 @@ def render(model_dir, step: int, info: dict, name: Optional[str] = None,
   if dims:
     out += [f"Trained with Matryoshka dimensions {list(dims)}: the first N values of a "
             f"vector, renormalized, are an embedding of their own "
-            f"(`model.encode(..., truncate_dim=N)`).", ""]
+            f"({truncate}).", ""]
   if quantization_sizes:
     out += [f"int8 calibration (vmx/quantize.py) for vector sizes "
             f"{sorted(quantization_sizes)}: `vmx_quantization.json` in this folder.", ""]

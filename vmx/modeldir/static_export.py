@@ -1,5 +1,9 @@
 """A static encoder's model directory -> a sentence-transformers folder whose first module
-is `StaticEmbedding` (its table and a `tokenizers` tokenizer), then `Normalize`.
+is `StaticEmbedding` (its table and a `tokenizers` tokenizer), then `Normalize`; or
+(`export_model2vec`) the plain Hugging Face layout static models are published in, Model2Vec's
+(`config.json`, `model.safetensors` with one `embeddings` tensor, `tokenizer.json`), which
+`model2vec.StaticModel.from_pretrained` and sentence-transformers'
+`StaticEmbedding.from_model2vec` read.
 
 `StaticEmbedding` takes the plain mean of its rows; vmx's learned weights are folded into
 the rows (row t times exp(s_t)): the mean of the folded rows is the weighted mean times a
@@ -9,7 +13,9 @@ float error). vmx's own SentencePiece vocabulary becomes a `tokenizers` Unigram 
 is copied. A vocabulary with a language pre-tokenizer (Moses, jieba) cannot be expressed
 in `tokenizers` and is refused, as are imported SentencePiece files (their ids are offset).
 `StaticEmbedding` does not truncate, vmx stops at the run's max_length: the two agree on
-sentences of up to that many tokens.
+sentences of up to that many tokens. Model2Vec truncates at the `max_length` written to its
+config (vmx's), but drops unknown pieces (its word-level convention) where vmx keeps their
+row: the two agree on sentences without one.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import Optional
 import numpy as np
 from safetensors.numpy import save_file
 
+from vmx import quantize
 from vmx.errors import ConfigError
 from vmx.modeldir import layout, model_card
 from vmx.modeldir.checkpoints import restore_params
@@ -51,20 +58,49 @@ def _tokenizer_json(model_dir: Path, vocabulary: str) -> str:
   return SentencePieceUnigramTokenizer.from_spm(str(path)).to_str()
 
 
-def export(model_dir, output_dir, model, info: dict, step: Optional[int] = None) -> dict:
-  """Writes `output_dir` (must not exist or be empty); returns a summary dict."""
-  model_dir, output_dir = Path(model_dir), Path(output_dir)
-  enc, _ = model.pooled_encoder()
+def _table(model_dir: Path, model, info: dict, step: Optional[int]):
+  """(the [V, D] table whose rows a sentence sums, the tokenizer's JSON, the step)."""
   tokenizer = _tokenizer_json(model_dir, info["vocabulary"])
   params, step = restore_params(model_dir, model, step, info["max_length"])
-  table = np.asarray(params["encoder"]["token_embed"]["embedding"], np.float32)
-  if enc.weighting == "learned":
-    table = table * np.exp(np.asarray(params["encoder"]["token_weight"]["embedding"],
-                                      np.float32))
+  return np.ascontiguousarray(model.token_sum_table(params)), tokenizer, step
+
+
+def _provenance(model_dir: Path, model, info: dict, step: int) -> dict:
+  return {"exported_from": str(model_dir.absolute()), "checkpoint_step": step,
+          "languages": info["languages"], "vmx_max_length": info["max_length"],
+          **({"matryoshka_dims": list(model.matryoshka_dims)} if model.matryoshka_dims
+             else {})}
+
+
+def _card_and_config(model_dir: Path, tmp: Path, step: int, info: dict, name: str,
+                     library: str):
+  """The run's config.gin and int8 calibration beside the model, and the model card."""
+  for src, dst in ((layout.CONFIG_FILE, "vmx_config.gin"),
+                   (quantize.FILE, "vmx_quantization.json")):
+    if (model_dir / src).exists():
+      shutil.copyfile(model_dir / src, tmp / dst)
+  (tmp / "README.md").write_text(model_card.render(
+      model_dir, step, info, name, quantization_sizes=quantize.load(model_dir).keys(),
+      library=library), encoding="utf-8")
+
+
+def _summary(model, table, step, info, output_dir: Path, architecture: str) -> dict:
+  enc, _ = model.pooled_encoder()
+  return {"architecture": architecture, "pooling": f"{enc.weighting}-weighted mean"
+          if enc.weighting != "none" else "mean", "max_length": info["max_length"],
+          "step": step, "tensors": 1, "dim": int(table.shape[1]),
+          "output_dir": str(output_dir)}
+
+
+def export(model_dir, output_dir, model, info: dict, step: Optional[int] = None) -> dict:
+  """Writes `output_dir` (must not exist or be empty) as a sentence-transformers folder;
+  returns a summary dict."""
+  model_dir, output_dir = Path(model_dir), Path(output_dir)
+  table, tokenizer, step = _table(model_dir, model, info, step)
   with atomic_output_dir(output_dir, ".exporting") as tmp:
     (tmp / "0_StaticEmbedding").mkdir()
     (tmp / "1_Normalize").mkdir()
-    save_file({"embedding.weight": np.ascontiguousarray(table)},
+    save_file({"embedding.weight": table},
               str(tmp / "0_StaticEmbedding" / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "0_StaticEmbedding" / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
     (tmp / "modules.json").write_text(json.dumps([
@@ -73,15 +109,26 @@ def export(model_dir, output_dir, model, info: dict, step: Optional[int] = None)
         {"idx": 1, "name": "1", "path": "1_Normalize",
          "type": "sentence_transformers.models.Normalize"}], indent=1))
     (tmp / "config_sentence_transformers.json").write_text(json.dumps(
-        {"similarity_fn_name": "cosine", "exported_from": str(model_dir.absolute()),
-         "checkpoint_step": step, "languages": info["languages"],
-         "vmx_max_length": info["max_length"],
-         **({"matryoshka_dims": list(model.matryoshka_dims)} if model.matryoshka_dims
-            else {})}, indent=1))
-    if (model_dir / layout.CONFIG_FILE).exists():
-      shutil.copyfile(model_dir / layout.CONFIG_FILE, tmp / "vmx_config.gin")
-    (tmp / "README.md").write_text(model_card.render(model_dir, step, info, output_dir.name),
-                                   encoding="utf-8")
-  return {"architecture": "StaticEmbedding", "pooling": f"{enc.weighting}-weighted mean"
-          if enc.weighting != "none" else "mean", "max_length": info["max_length"],
-          "step": step, "tensors": 1, "output_dir": str(output_dir)}
+        {"similarity_fn_name": "cosine", **_provenance(model_dir, model, info, step)},
+        indent=1))
+    _card_and_config(model_dir, tmp, step, info, output_dir.name, "sentence-transformers")
+  return _summary(model, table, step, info, output_dir, "StaticEmbedding")
+
+
+def export_model2vec(model_dir, output_dir, model, info: dict,
+                     step: Optional[int] = None) -> dict:
+  """Writes `output_dir` (must not exist or be empty) in Model2Vec's layout (module
+  docstring); returns a summary dict."""
+  model_dir, output_dir = Path(model_dir), Path(output_dir)
+  table, tokenizer, step = _table(model_dir, model, info, step)
+  with atomic_output_dir(output_dir, ".exporting") as tmp:
+    save_file({"embeddings": table}, str(tmp / "model.safetensors"))
+    (tmp / "tokenizer.json").write_text(tokenizer, encoding="utf-8")
+    (tmp / "config.json").write_text(json.dumps(
+        {"model_type": "model2vec", "architectures": ["StaticModel"], "tokenizer_name": "",
+         "apply_pca": None, "hidden_dim": int(table.shape[1]), "seq_length": 1000000,
+         "normalize": True, "pooling": "mean", "max_length": info["max_length"],
+         "embedding_dtype": "float32", **_provenance(model_dir, model, info, step)},
+        indent=1))
+    _card_and_config(model_dir, tmp, step, info, output_dir.name, "model2vec")
+  return _summary(model, table, step, info, output_dir, "Model2Vec StaticModel")

@@ -46,9 +46,10 @@ A model whose steps read several tasks at once returns {task: converter} from
 What inference, export and import ask a model (so that they hard-code neither feature
 names nor model classes): `inference_shapes(max_length)` / `abstract_params(max_length)`
 (how it is initialised without data), `encode_tokens(params, tokens_BxL, lang_B)` (the
-retrieval vectors), `vocab_size` (the size of its token table), `sentence_vector()` (which
-vector that is and where its encoder's parameters are) and `pooled_encoder()` (what a
-sentence-transformers export writes).
+retrieval vectors; `token_sum_table(params)` where they are a bag of tokens),
+`vocab_size` (the size of its token table), `sentence_vector()` (which vector that is and
+where its encoder's parameters are) and `pooled_encoder()` (what a sentence-transformers
+export writes).
 
 `SentenceEncoderModel` is the base of every vmx method: a method is its linen module,
 `embed` (the sentence vector used for retrieval) and `compute_loss` (its objective as a
@@ -65,12 +66,14 @@ from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from clu import metrics as clu_metrics
 from flax import linen as nn
 
 from vmx.data import features
 from vmx.errors import ConfigError
 from vmx.losses import l2_normalize, matryoshka, token_row_key
+from vmx.static_encoder import StaticEncoder
 
 
 GRAD_CACHE_ROW = "grad_cache/row"   # see the module docstring (GradCache)
@@ -313,6 +316,20 @@ class SentenceEncoderModel(BaseModel):
   def encode_tokens(self, params, tokens_BxL, lang_B):
     """L2-normalized sentence vectors [B, D] of token ids (what `Encoder` jits)."""
     return l2_normalize(self.embed(params, tokens_BxL, lang_B, "left"))
+
+  def token_sum_table(self, params) -> Optional[np.ndarray]:
+    """[V, D] rows whose sum over a sentence's tokens, L2-normalized, is `encode_tokens`'
+    vector, for a model whose vector is a (weighted) bag of tokens: a static encoder
+    pooled without a projection head (vmx/static_encoder.py). `Encoder` then encodes on
+    the host with one sparse product, and the export writes this table. None for every
+    other model (attention makes a vector more than a sum of rows)."""
+    try:
+      enc, _ = self.pooled_encoder()
+    except ConfigError:
+      return None
+    if not isinstance(enc, StaticEncoder):
+      return None
+    return enc.token_sum_table(params[self.sentence_vector().params])
 
 
 # ----------------------------------------------------------------------------

@@ -56,6 +56,15 @@ def dual_encoder_vector(module: DualEncoder) -> SentenceVector:
   return SentenceVector(enc, module.pooling, enc.depth, then)
 
 
+def dual_encoder_pooled(module: DualEncoder):
+  """`pooled_encoder()` of a model over a DualEncoder: its shared encoder and pooling;
+  ConfigError for two encoders or a projection head (the vector is more than a pooling)."""
+  if not module.share_encoders or module.projection_dims:
+    raise ConfigError("a dual encoder with two encoders or a projection head cannot be "
+                      "exported to sentence-transformers (one shared encoder, no projection)")
+  return module.encoder, module.pooling
+
+
 class DualEncoderModel(SentenceEncoderModel):
   """Dual encoders trained with in-batch InfoNCE.
 
@@ -89,10 +98,7 @@ class DualEncoderModel(SentenceEncoderModel):
     return dual_encoder_vector(self.module)
 
   def pooled_encoder(self):
-    if not self.module.share_encoders or self.module.projection_dims:
-      raise ConfigError("a dual encoder with two encoders or a projection head cannot be "
-                        "exported to sentence-transformers (one shared encoder, no projection)")
-    return self.module.encoder, self.module.pooling
+    return dual_encoder_pooled(self.module)
 
   @property
   def uses_languages(self) -> bool:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from vmx import losses, packing
 from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel, SentenceVector
-from vmx.models.dual_encoder import DualEncoder, dual_encoder_vector
+from vmx.models.dual_encoder import DualEncoder, dual_encoder_pooled, dual_encoder_vector
 
 
 class MPCLModel(SentenceEncoderModel):
@@ -50,6 +50,9 @@ class MPCLModel(SentenceEncoderModel):
 
   def sentence_vector(self) -> SentenceVector:
     return dual_encoder_vector(self.module)
+
+  def pooled_encoder(self):
+    return dual_encoder_pooled(self.module)
 
   def __init__(self, module: DualEncoder, num_views: int = 4, temperature: float = 0.05,
                rescale: bool = True, single_positive_steps: int = 0, anchors: str = "first",
