@@ -1,7 +1,9 @@
 """The static encoder (vmx/static_encoder.py, issue 58): its sentence vector against a NumPy
-reference (plain and learned-weight means), CONTRASTIVE over it packed equal to unpacked on
-1 and 8 devices and in GradCache chunks, its table sharded over the model axis, the gin
-files, and a trained directory that opens as an `Encoder`."""
+reference (plain, learned-weight and fixed frequency-weight means), `Encoder`'s host path
+(a sparse sum of token rows) equal to the jitted one, CONTRASTIVE over it packed equal to
+unpacked on 1 and 8 devices and in GradCache chunks, its table sharded over the model axis,
+the gin files, a trained directory that opens as an `Encoder` and exports (sentence-
+transformers, Model2Vec), and Model2Vec's distillation against NumPy."""
 import jax
 import numpy as np
 import pytest
@@ -39,7 +41,7 @@ def test_sentence_vectors_equal_a_numpy_weighted_mean(weighting):
   assert vectors.of_model(model) == "mean of the static token vectors"
 
 
-class tokenizer_stub:
+class _RowsTokenizer:
   """A tokenizer whose sentence "s<i>" is row i of `rows`."""
 
   def __init__(self, rows):
@@ -77,7 +79,7 @@ def test_the_host_sum_of_token_rows_is_the_jitted_vector(kind):
   tokens = np.random.default_rng(2).integers(1, V, size=(40, 12)).astype(np.int32)
   tokens[np.arange(12) >= np.arange(40)[:, None] % 12 + 1] = 0       # 1..12 tokens a row
   want = np.asarray(model.encode_tokens(params, tokens, np.zeros((40,), np.int32)))
-  encoder = Encoder(model, params, tokenizer_stub(tokens), [], 12)
+  encoder = Encoder(model, params, _RowsTokenizer(tokens), [], 12)
   got = encoder.encode([f"s{i}" for i in range(40)])
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(encoder.encode([f"s{i}" for i in range(40)], dim=4),

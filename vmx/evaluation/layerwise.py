@@ -81,6 +81,12 @@ class LayerModel:
                         f"params['encoder']; this {type(self.model).__name__} keeps them "
                         f"under {sorted(params)}")
 
+  def token_sum_table(self, params):
+    """None: a layer's vector comes through attention, not a sum of token rows (`Encoder`
+    takes its jitted path; vmx/models/base.py)."""
+    del params
+    return None
+
   def encode_tokens(self, params, tokens_BxL, lang_B):
     self.check_params(params)
     # (traced under Encoder's jit: the per-layer views of the stacked arrays are slices)

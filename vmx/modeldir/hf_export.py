@@ -26,14 +26,13 @@ from typing import Optional
 import numpy as np
 from safetensors.numpy import save_file
 
-from vmx import quantize
 from vmx.errors import ConfigError
 from vmx.models.base import model_from_config
 from vmx.static_encoder import StaticEncoder
 from vmx.modeldir.checkpoints import flatten, restore_params
 from vmx.modeldir.hf_import import atomic_output_dir
 from vmx.modeldir.hf_weights import weight_map
-from vmx.modeldir import layout, model_card, static_export
+from vmx.modeldir import model_card, static_export
 from vmx.modeldir.layout import read_model_info
 
 # vmx activation -> Hugging Face hidden_act (inverse of hf_weights.encoder_settings)
@@ -153,14 +152,7 @@ def export_sentence_transformers(model_dir, output_dir, step: Optional[int] = No
          "checkpoint_step": step, "languages": info["languages"],
          **({"matryoshka_dims": list(model.matryoshka_dims)} if model.matryoshka_dims
             else {})}, indent=1))
-    # the model card and what it points to: the run's config and int8 calibration
-    for src, dst in ((layout.CONFIG_FILE, "vmx_config.gin"),
-                     (quantize.FILE, "vmx_quantization.json")):
-      if (model_dir / src).exists():
-        shutil.copyfile(model_dir / src, tmp / dst)
-    (tmp / "README.md").write_text(model_card.render(
-        model_dir, step, info, output_dir.name,
-        quantization_sizes=quantize.load(model_dir).keys()), encoding="utf-8")
+    model_card.write_with_card(model_dir, tmp, step, info, output_dir.name)
   return {"architecture": config["architectures"][0],
           "pooling": pooling, "max_length": L, "step": step, "tensors": len(tensors),
           "output_dir": str(output_dir)}

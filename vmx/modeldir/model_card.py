@@ -14,9 +14,11 @@ read from the run's own MODEL_DIR, nothing typed by hand.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Optional
 
+from vmx import quantize
 from vmx.modeldir import layout
 from vmx.modeldir.run import parse_bindings
 
@@ -153,3 +155,18 @@ def render(model_dir, step: int, info: dict, name: Optional[str] = None,
             *[f"| {f.get('table')} | {f.get('column')} | {_number(f.get('value'))} | "
               f"{f.get('metric')} | {f.get('vector')} |" for f in figures], ""]
   return "\n".join(out)
+
+
+def write_with_card(model_dir, folder, step: int, info: dict, name: str,
+                    library: str = "sentence-transformers"):
+  """Puts beside an exported model what its card points to (the run's config.gin as
+  `vmx_config.gin`, its int8 calibration as `vmx_quantization.json`) and the card,
+  README.md."""
+  model_dir, folder = Path(model_dir), Path(folder)
+  for src, dst in ((layout.CONFIG_FILE, "vmx_config.gin"),
+                   (quantize.FILE, "vmx_quantization.json")):
+    if (model_dir / src).exists():
+      shutil.copyfile(model_dir / src, folder / dst)
+  (folder / "README.md").write_text(render(
+      model_dir, step, info, name, quantization_sizes=quantize.load(model_dir).keys(),
+      library=library), encoding="utf-8")

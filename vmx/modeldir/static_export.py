@@ -20,16 +20,14 @@ row: the two agree on sentences without one.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 from safetensors.numpy import save_file
 
-from vmx import quantize
 from vmx.errors import ConfigError
-from vmx.modeldir import layout, model_card
+from vmx.modeldir import model_card
 from vmx.modeldir.checkpoints import restore_params
 from vmx.modeldir.hf_import import atomic_output_dir
 
@@ -72,18 +70,6 @@ def _provenance(model_dir: Path, model, info: dict, step: int) -> dict:
              else {})}
 
 
-def _card_and_config(model_dir: Path, tmp: Path, step: int, info: dict, name: str,
-                     library: str):
-  """The run's config.gin and int8 calibration beside the model, and the model card."""
-  for src, dst in ((layout.CONFIG_FILE, "vmx_config.gin"),
-                   (quantize.FILE, "vmx_quantization.json")):
-    if (model_dir / src).exists():
-      shutil.copyfile(model_dir / src, tmp / dst)
-  (tmp / "README.md").write_text(model_card.render(
-      model_dir, step, info, name, quantization_sizes=quantize.load(model_dir).keys(),
-      library=library), encoding="utf-8")
-
-
 def _summary(model, table, step, info, output_dir: Path, architecture: str) -> dict:
   enc, _ = model.pooled_encoder()
   return {"architecture": architecture, "pooling": f"{enc.weighting}-weighted mean"
@@ -111,7 +97,7 @@ def export(model_dir, output_dir, model, info: dict, step: Optional[int] = None)
     (tmp / "config_sentence_transformers.json").write_text(json.dumps(
         {"similarity_fn_name": "cosine", **_provenance(model_dir, model, info, step)},
         indent=1))
-    _card_and_config(model_dir, tmp, step, info, output_dir.name, "sentence-transformers")
+    model_card.write_with_card(model_dir, tmp, step, info, output_dir.name)
   return _summary(model, table, step, info, output_dir, "StaticEmbedding")
 
 
@@ -130,5 +116,5 @@ def export_model2vec(model_dir, output_dir, model, info: dict,
          "normalize": True, "pooling": "mean", "max_length": info["max_length"],
          "embedding_dtype": "float32", **_provenance(model_dir, model, info, step)},
         indent=1))
-    _card_and_config(model_dir, tmp, step, info, output_dir.name, "model2vec")
+    model_card.write_with_card(model_dir, tmp, step, info, output_dir.name, "model2vec")
   return _summary(model, table, step, info, output_dir, "Model2Vec StaticModel")

@@ -15,10 +15,10 @@ shard and writes each manifest (`build.assemble`). A worker that sees other inpu
 the driver (another vocabulary, other files) refuses to write.
 
 A worker's error reaches the user as vmx's one line (`worker_error`: its own message, a full
-disk's naming the file); Beam's logs and tracebacks show with `--verbose` only
-(vmx/quiet.py). A rerun first
-removes the temporary files of workers that were killed (`build.collect_leftovers`), as
-the local build does.
+disk's naming the file). What Beam and its worker processes print meanwhile goes to a log
+file that line names (`_WorkerOutput`; Beam's loggers are quiet: vmx/quiet.py); `--verbose`
+shows it all. A rerun first removes the temporary files of workers that were killed
+(`build.collect_leftovers`), as the local build does.
 
 Every runner reads the same files: with a runner other than the DirectRunner, the data,
 the vocabulary and the cache root must be on storage every worker reads (gs://), which
@@ -156,8 +156,8 @@ class _Progress:
 
 
 # The last "module.Class: message" line of a traceback Beam relays from a worker
-_RAISED = re.compile(r"^((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Interrupt))): (.+)$",
-                     re.M)
+_RAISED = re.compile(
+    r"^((?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Interrupt))): (.+)$", re.M)
 
 
 def worker_error(e: BaseException, runner: str) -> errors.VmxError:
