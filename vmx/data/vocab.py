@@ -366,8 +366,8 @@ class Tokenizer:
 
 def padded_rows(rows: Sequence[Sequence[int]], max_length: int) -> tuple[np.ndarray, int]:
   """([len(rows), max_length] int32, each row's first max_length ids then zeros; how many
-  rows were longer), without a Python loop over rows (encoding 20,000 short sentences
-  spent a third of its time in one)."""
+  rows were longer), without a Python loop over rows (a static model's encoding of 20,000
+  short sentences spent a fifth of its time in one)."""
   lengths = np.fromiter(map(len, rows), np.int64, len(rows))
   flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum()))
   kept = np.minimum(lengths, max_length)
