@@ -41,6 +41,17 @@ def test_sentence_vectors_equal_a_numpy_weighted_mean(weighting):
   assert vectors.of_model(model) == "mean of the static token vectors"
 
 
+def _vocabulary(tmp_path):
+  """A tiny SentencePiece vocabulary of V pieces at tmp_path/v.model; returns its path."""
+  import sentencepiece as spm
+  text = tmp_path / "t.txt"
+  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
+  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
+                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+                                 minloglevel=2)
+  return tmp_path / "v.model"
+
+
 class _RowsTokenizer:
   """A tokenizer whose sentence "s<i>" is row i of `rows`."""
 
@@ -152,16 +163,11 @@ def test_a_static_model_directory_opens_as_an_encoder_and_exports_as_static_embe
   folded into the rows, the SentencePiece vocabulary as a `tokenizers` Unigram), and as a
   Model2Vec folder (the same vectors, its Matryoshka prefix too); a Transformer is refused
   as Model2Vec by one line."""
-  import sentencepiece as spm
   from vmx.inference import Encoder
   from vmx.modeldir import checkpoints, layout
   from vmx import encoders
   from vmx.modeldir.hf_export import export_model2vec, export_sentence_transformers
-  text = tmp_path / "t.txt"
-  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
-  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
-                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-                                 minloglevel=2)
+  _vocabulary(tmp_path)
   model = DualEncoderModel(DualEncoder(StaticEncoder(V, 16, 16, "learned")),
                            temperature=0.1, matryoshka_dims=(8,))
   params = model.get_initial_variables(jax.random.PRNGKey(1), model.inference_shapes(16))
@@ -210,11 +216,7 @@ def test_distillation_is_model2vec_s_recipe_against_numpy(tmp_path):
   from vmx import encoders, static_distill
   from vmx.inference import Encoder
   from vmx.modeldir import checkpoints, layout
-  text = tmp_path / "t.txt"
-  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
-  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
-                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-                                 minloglevel=2)
+  _vocabulary(tmp_path)
   teacher = DualEncoderModel(DualEncoder(encoders.TransformerEncoder(
       vocab_size=V, num_layers=1, emb_dim=16, num_heads=2, mlp_dim=32, max_length=16)))
   params = teacher.get_initial_variables(jax.random.PRNGKey(3), teacher.inference_shapes(16))
@@ -247,11 +249,7 @@ def test_frequency_weights_are_sif_s_from_the_vocabulary_and_never_trained(tmp_p
   mean, no gradient reaches the weights (the table's does), an abstract init (inference's)
   reads no vocabulary, and a missing vocabulary binding is one ConfigError."""
   import sentencepiece as spm
-  text = tmp_path / "t.txt"
-  text.write_text("".join(f"der hund {i} die katze {i % 7} the dog\n" for i in range(300)))
-  spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "v"),
-                                 vocab_size=V, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-                                 minloglevel=2)
+  _vocabulary(tmp_path)
 
   def model(vocabulary):
     return DualEncoderModel(DualEncoder(StaticEncoder(

@@ -34,6 +34,11 @@ def _unit(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(norm, 1e-12)
 
 
+def _non_finite(row: int) -> NonFiniteError:
+  return NonFiniteError(f"the model produced a non-finite embedding (sentences[{row}]); its "
+                        f"parameters are probably non-finite (a diverged run)")
+
+
 class Encoder:
   """encode(list of str) -> L2-normalized float32 rows, in jitted batches of similar
   length (sorted by token count, padded to a power of two: few compilations, little
@@ -355,9 +360,7 @@ class Encoder:
       ids[:len(rows)] = lang_ids[rows]
       emb = np.asarray(self._predict(self.params, batch, ids)[:len(rows)], np.float32)
       if not np.isfinite(emb).all():
-        row = int(rows[np.argwhere(~np.isfinite(emb).all(axis=1))[0, 0]])
-        raise NonFiniteError(f"the model produced a non-finite embedding (sentences[{row}]); "
-                             f"its parameters are probably non-finite (a diverged run)")
+        raise _non_finite(int(rows[np.argwhere(~np.isfinite(emb).all(axis=1))[0, 0]]))
       if out is None:
         out = np.zeros((len(sentences), emb.shape[1]), np.float32)
       out[rows] = emb
@@ -380,8 +383,6 @@ class Encoder:
     out = np.asarray(counts @ self._token_sums, np.float32)
     norm = np.sqrt(np.einsum("nd,nd->n", out, out))
     if not np.isfinite(norm).all():
-      raise NonFiniteError(f"the model produced a non-finite embedding (sentences"
-                           f"[{int(np.flatnonzero(~np.isfinite(norm))[0])}]); its parameters "
-                           f"are probably non-finite (a diverged run)")
+      raise _non_finite(int(np.flatnonzero(~np.isfinite(norm))[0]))
     out /= np.maximum(norm, 1e-12)[:, None]     # in place: the product is ours
     return out

@@ -100,11 +100,11 @@ def export_model2vec(model_dir, output_dir, step: Optional[int] = None) -> dict:
   any other model (a Transformer is not a table). Returns a summary dict."""
   info = read_model_info(model_dir)
   model = model_from_config(info["model"])
-  if not isinstance(model.pooled_encoder()[0], StaticEncoder):
+  enc, _ = model.pooled_encoder()
+  if not isinstance(enc, StaticEncoder):
     raise ConfigError(f"{model_dir}: --format=model2vec writes static encoders "
-                      f"(static_*.gin) only; this model's vector is a "
-                      f"{model.pooled_encoder()[0].family} encoder's (export it as "
-                      f"sentence-transformers)")
+                      f"(static_*.gin) only; this model's vector is a {enc.family} "
+                      f"encoder's (export it as sentence-transformers)")
   return static_export.export_model2vec(model_dir, output_dir, model, info, step)
 
 
