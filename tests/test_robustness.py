@@ -452,3 +452,17 @@ def test_the_token_cache_dirs_earlier_name_still_works_with_one_warning(capsys):
   assert capsys.readouterr().err.count("DatasetConfig.array_cache_dir is deprecated") == 1
   with pytest.raises(ConfigError, match="both set, to different directories"):
     pipeline.DatasetConfig("unset", {"inputs": 8}, 8, token_cache_dir="/a", array_cache_dir="/b")
+
+
+def test_sentences_of_unknown_pieces_only_are_one_warning(toy_encoder):
+  """A sentence whose every piece is the unknown one (or the bare word boundary) gets the
+  vector every such sentence gets: one warning naming the count and the first; a sentence
+  with one known piece beside an unknown one is not counted."""
+  sentences = ["alpha", "\u2603", "\u2603 alpha", "\u2604"]
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    v = toy_encoder.encode(sentences, lang="xx")
+  assert [str(x.message) for x in w] == [
+      "2 of 4 sentences have no token the vocabulary knows (only its unknown piece, e.g. "
+      "sentences[1]): they all get the same vector"]
+  np.testing.assert_allclose(v[1], v[3], atol=1e-6)

@@ -58,8 +58,13 @@ class _RowsTokenizer:
   def __init__(self, rows):
     self.rows = rows
 
-  def encode_counting(self, texts, max_length, lang=None):
-    return self.rows[[int(t[1:]) for t in texts], :max_length], 0
+  def encode_ragged(self, texts, max_length, lang=None):
+    from vmx.data.token_rows import ragged_rows
+    padded = self.rows[[int(t[1:]) for t in texts], :max_length]
+    return ragged_rows([row[row != 0].tolist() for row in padded], max_length)
+
+  def unknown_only(self, ragged):
+    return np.zeros(len(ragged.lengths), bool)
 
 
 @pytest.mark.parametrize("kind", ["none", "learned", "mpcl", "projection"])

@@ -22,6 +22,7 @@ import tokenizers
 from tokenizers import BertWordPieceTokenizer
 
 from vmx import storage
+from vmx.data.token_rows import RaggedIds, ragged_rows
 from vmx.errors import CheckpointError, ConfigError
 
 TOKENIZER_SPEC = "vmx_tokenizer.json"
@@ -161,16 +162,25 @@ class HfTokenizer:
 
   def encode_counting(self, texts: Iterable[str], max_length: int,
                       lang=None) -> tuple[np.ndarray, int]:
-    """`lang` is not used: an imported tokenizer normalizes text its own way."""
+    """(ids as in `encode`, how many texts were truncated)."""
+    ragged = self.encode_ragged(texts, max_length, lang)
+    return ragged.padded(max_length), ragged.truncated
+
+  def encode_ragged(self, texts: Iterable[str], max_length: int, lang=None) -> RaggedIds:
+    """vmx ids of each text, truncated as `truncate` does, end to end with no padding.
+    `lang` is not used: an imported tokenizer normalizes text its own way."""
     del lang
     rows = self.hf_ids(texts)
-    out = np.zeros((len(rows), max_length), np.int32)
-    cut = 0
-    for i, row in enumerate(rows):
-      cut += len(row) > max_length
-      row = self.truncate(row, max_length)
-      out[i, :len(row)] = self.to_vmx_ids(row)
-    return out, cut
+    cut = sum(len(row) > max_length for row in rows)
+    if cut:
+      rows = [self.truncate(row, max_length) for row in rows]
+    ragged = ragged_rows(rows, max_length)
+    return RaggedIds(self.to_vmx_ids(ragged.ids), ragged.lengths, cut)
+
+  def unknown_only(self, ragged: RaggedIds) -> np.ndarray:
+    """[N] False: an imported tokenizer's texts are not checked for unknown-only rows (its
+    special tokens carry a vector of their own)."""
+    return np.zeros((len(ragged.lengths),), bool)
 
   def encode_pairs(self, a: Iterable[str], b: Iterable[str], max_length: int,
                    lang=None) -> np.ndarray:

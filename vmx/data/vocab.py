@@ -38,6 +38,7 @@ from vmx.data.hf_tokenizer import (TOKENIZER_SPEC, HfTokenizer, join_pairs, read
                                    sentencepiece_spans, word_spans)
 from vmx.data.normalize import JAPANESE_MODES, Pretokenizer, file_language
 from vmx.data.readers import iter_lines, stamp
+from vmx.data.token_rows import RaggedIds, ragged_rows
 from vmx.errors import CheckpointError, ConfigError, DataError
 from vmx.gin_utils import binding_source, check_range
 from vmx.storage import cache_dir
@@ -306,14 +307,16 @@ class Tokenizer:
     """Whether the model case-folds what it encodes (built with `lowercase=True`)."""
     return self.sp.normalize("ABC") == self.sp.normalize("abc")
 
-  def unknown_only(self, ids_NxL: np.ndarray) -> np.ndarray:
+  def unknown_only(self, ragged: RaggedIds) -> np.ndarray:
     """[N] bool: rows with tokens, all of them the unknown piece (two such sentences get
     the same vector)."""
     # The word-boundary piece '▁' alone carries nothing either ("😀" -> ['▁', <unk>]).
-    blank = [0, self.sp.piece_to_id("\u2581")]
     unk = self.sp.unk_id()
-    has_unk = (ids_NxL == unk).any(axis=1)
-    return has_unk & np.isin(ids_NxL, blank + [unk]).all(axis=1)
+    row = ragged.row_of_each_id()
+    n = len(ragged.lengths)
+    has_unk = np.bincount(row[ragged.ids == unk], minlength=n) > 0
+    carries = ~np.isin(ragged.ids, [0, unk, self.sp.piece_to_id("\u2581")])
+    return has_unk & (np.bincount(row[carries], minlength=n) == 0)
 
   def piece_id(self, piece: str) -> int:
     i = self.sp.piece_to_id(piece)
@@ -361,22 +364,13 @@ class Tokenizer:
   def encode_counting(self, texts: Iterable[str], max_length: int,
                       lang=None) -> tuple[np.ndarray, int]:
     """(ids as in `encode`, how many texts were truncated)."""
-    return padded_rows(self.sp.encode(self.pretokenize(texts, lang)), max_length)
+    ragged = self.encode_ragged(texts, max_length, lang)
+    return ragged.padded(max_length), ragged.truncated
 
-
-def padded_rows(rows: Sequence[Sequence[int]], max_length: int) -> tuple[np.ndarray, int]:
-  """([len(rows), max_length] int32, each row's first max_length ids then zeros; how many
-  rows were longer), without a Python loop over rows (a static model's encoding of 20,000
-  short sentences spent a fifth of its time in one)."""
-  lengths = np.fromiter(map(len, rows), np.int64, len(rows))
-  flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, int(lengths.sum()))
-  kept = np.minimum(lengths, max_length)
-  # a row's ids past max_length: each id's position in its row against the row's limit
-  starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-  keep = (np.arange(flat.size) - starts) < np.repeat(kept, lengths)
-  out = np.zeros((len(rows), max_length), np.int32)
-  out[np.arange(max_length) < kept[:, None]] = flat[keep]
-  return out, int((lengths > max_length).sum())
+  def encode_ragged(self, texts: Iterable[str], max_length: int,
+                    lang=None) -> RaggedIds:
+    """Each text's first max_length ids, end to end with no padding."""
+    return ragged_rows(self.sp.encode(self.pretokenize(texts, lang)), max_length)
 
 
 def copy_vocabulary(src: str, model_dir: str) -> str:
