@@ -104,7 +104,7 @@ def cache_experiment(args, bindings):
   from vmx.data import pipeline  # lazy
   from vmx.data.token_cache import beam, build, disk_format, fingerprint as fp, lookup  # lazy
   from vmx.data.token_cache.table import Table  # lazy
-  from vmx.errors import ConfigError
+  from vmx.errors import ConfigError, Interrupted
   if args.beam_runner:
     beam.require_beam()
   shard_rows = args.shard_rows or disk_format.SHARD_ROWS
@@ -151,11 +151,16 @@ def cache_experiment(args, bindings):
           f"({args.beam_runner}"
           + (f", {args.beam_workers} workers" if args.beam_runner == "DirectRunner" else "")
           + ")", flush=True)
-    with signals.activity(f"writing {len(jobs)} token cache shard(s) on Beam "
-                          f"({args.beam_runner})"):
-      beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
-               args.beam_workers, args.beam_options, experiment.training_inputs,
-               progress=not args.no_progress)
+    try:
+      with signals.activity(f"writing {len(jobs)} token cache shard(s) on Beam "
+                            f"({args.beam_runner})"):
+        beam.run(jobs, args.gin_file, bindings, args.gin_search_paths, args.beam_runner,
+                 args.beam_workers, args.beam_options, experiment.training_inputs,
+                 progress=not args.no_progress)
+    except Interrupted:
+      for directory, *_ in pending:     # the killed workers' unfinished shards
+        build.collect_leftovers(directory)
+      raise
     for directory, digest, parts, plan, written in pending:
       build.assemble(directory, digest, parts, plan, f"beam:{args.beam_runner}", written)
   for c, layout, tasks, rates, root, directories in records:   # found later without SeqIO

@@ -142,3 +142,36 @@ def test_import_checkpoint_sigterm_exits_75_and_writes_nothing(tmp_path):
   assert f"preempted: SIGTERM while importing {tmp_path}: nothing was written to {out}" in err
   assert "Traceback" not in err and not out.exists()
   assert not [q for q in tmp_path.iterdir() if q.name.startswith("imported")]
+
+
+def test_a_signal_ends_registered_child_processes_before_its_line(tmp_path):
+  """`signals.stopping(signals.end_child_processes)` (what a Beam run registers): the first
+  SIGTERM kills every descendant (a `sh -c` and the program it runs, as Beam starts its
+  workers) before `Interrupted` is raised, and waits until they are gone; a zombie (a child
+  ended, not yet reaped) counts as gone for `storage.pid_alive`, the rule by which a killed
+  writer's temporary files are collected."""
+  script = f"""
+import os, signal, subprocess, sys, time
+sys.path.insert(0, {str(REPO)!r})
+from vmx import signals, storage
+from vmx.errors import Interrupted
+zombie = subprocess.Popen(["true"])
+time.sleep(0.5)                                  # ended, not reaped: a zombie
+assert not storage.pid_alive(zombie.pid) and storage.pid_alive(os.getpid())
+worker = subprocess.Popen("sleep 300; true", shell=True)
+deadline = time.monotonic() + 10
+while len(signals.child_processes()) < 2 and time.monotonic() < deadline:
+  time.sleep(0.05)
+kids = [q for q in signals.child_processes() if q != zombie.pid]
+signals.install()
+try:
+  with signals.activity("waiting on workers"), signals.stopping(signals.end_child_processes):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+except Interrupted as e:
+  print(len(kids), [q for q in kids if storage.pid_alive(q)], e)
+"""
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.startswith("2 [] SIGTERM while waiting on workers:"), out.stdout

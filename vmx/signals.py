@@ -19,6 +19,8 @@ saying what it was doing and what was saved.
   garbage-collector callback, e.g. JAX's, where an exception is printed as "Exception
   ignored" and dropped) is kept (`pending`): the next `activity` boundary raises it again,
   and the training loop saves at its first step boundary as for a signal in the loop.
+- Work outside the main thread that the way out would wait for registers how to end it
+  (`stopping`): a Beam run's worker processes are killed before the exception is raised.
 - A second signal ends the process at once.
 
 `activity(what)` names what the process is doing, for the message. Several processes
@@ -30,7 +32,9 @@ import contextlib
 import os
 import signal
 import threading
+import time
 
+from vmx import storage
 from vmx.errors import Interrupted
 
 _DOING = ["starting"]
@@ -40,6 +44,7 @@ NOTHING_SAVED = ("no training step had run, nothing needed saving; what was fini
                  "command to continue")
 _SAVED = [NOTHING_SAVED]
 _PENDING: list = []   # the signal taken, once one is
+_STOPS: list = []     # what the first signal ends before its exception (`stopping`)
 
 
 @contextlib.contextmanager
@@ -53,6 +58,53 @@ def activity(what: str):
   finally:
     _DOING.pop()
   check()
+
+
+@contextlib.contextmanager
+def stopping(stop):
+  """While inside, the first signal calls `stop()` before its exception is raised: for work
+  running outside this thread that the way out would wait for (a Beam run's worker
+  processes: the runner's shutdown waits for them, and with a signal mid-stage they never
+  end). A `stop` that fails does not keep the `preempted:` line from being said."""
+  _STOPS.append(stop)
+  try:
+    yield
+  finally:
+    _STOPS.remove(stop)
+
+
+def child_processes(pid: int | None = None) -> list[int]:
+  """Every descendant of process `pid` (default this one), parents before their children.
+  Linux (/proc); elsewhere []."""
+  kids: dict[int, list[int]] = {}
+  for entry in os.listdir("/proc") if os.path.isdir("/proc/self") else []:
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    except (OSError, ValueError, IndexError):
+      continue          # not a process, or one that ended meanwhile
+  found, todo = [], [os.getpid() if pid is None else pid]
+  while todo:
+    for child in kids.get(todo.pop(0), []):
+      found.append(child)
+      todo.append(child)
+  return found
+
+
+def end_child_processes(timeout_s: float = 10.0) -> list[int]:
+  """SIGKILLs every descendant of this process (deepest first) and waits up to `timeout_s`
+  until each is gone or a zombie; returns their pids. Linux (/proc); elsewhere nothing.
+  A killed child's temporary files are a dead writer's (`storage.remove_leftovers`)."""
+  found = child_processes()
+  for pid in reversed(found):
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass
+  deadline = time.monotonic() + timeout_s
+  while any(storage.pid_alive(pid) for pid in found) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return found
 
 
 def doing() -> str:
@@ -78,6 +130,11 @@ def _handler(signum, frame):
   _PENDING[:] = _PENDING or [name]
   for sig in _SIGNALS:   # a second signal: the default action, at once
     signal.signal(sig, _second)
+  for stop in reversed(_STOPS):
+    try:
+      stop()
+    except Exception:   # noqa: BLE001  (best effort: the line below says what matters)
+      pass
   check()
 
 

@@ -58,13 +58,27 @@ def tmp_name(p: PathLike) -> str:
 
 
 def pid_alive(pid: int) -> bool:
+  """Whether process `pid` of this host runs; a zombie (ended, not yet reaped by its parent,
+  as a killed Beam worker can stay when its parent was killed too) does not."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:
     return True
-  return True
+  return process_state(pid) not in ("Z", "X", None)
+
+
+def process_state(pid: int) -> Optional[str]:
+  """Linux's one-letter state of `pid` ('R', 'S', 'Z' for a zombie...), None if it is gone;
+  '?' where /proc is not there to say."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except FileNotFoundError:
+    return None if os.path.isdir("/proc/self") else "?"
+  except (OSError, IndexError):
+    return "?"
 
 
 def writer_gone(host: str, pid, last_seen: float, stale_after: float = STALE_AFTER_S

@@ -31,7 +31,7 @@ import re
 import shlex
 from typing import Sequence
 
-from vmx import errors, storage
+from vmx import errors, signals, storage
 from vmx.errors import ConfigError, DataError
 
 
@@ -226,16 +226,22 @@ def run(jobs: Sequence[ShardJob], gin_files, bindings, search_paths, runner: str
   options = pipeline_options(runner, workers, extra_options)
   output = _WorkerOutput(verbose=os.environ.get("VMX_VERBOSE") == "1")
   bar = _Progress(jobs, progress, output.terminal)
-  failed = True
+  failed = False
   try:
-    with beam.Pipeline(options=options) as p:
-      _ = (p | "Jobs" >> beam.Create(list(jobs)) | "Spread" >> beam.Reshuffle()
-           | "WriteShards" >> beam.ParDo(_write_fn_class()(gin_files, bindings,
-                                                          search_paths, inputs_fn)))
-    failed = False
+    # A signal mid-run: the DirectRunner's worker processes are killed first (its shutdown
+    # waits for them, and they did not end: the driver hung, or died leaving them running),
+    # then `Interrupted` ends the run. A remote runner's job is not cancelled: its shards
+    # are written whole or not at all, so a rerun beside it is safe (the concurrency rule).
+    with signals.stopping(signals.end_child_processes):
+      with beam.Pipeline(options=options) as p:
+        _ = (p | "Jobs" >> beam.Create(list(jobs)) | "Spread" >> beam.Reshuffle()
+             | "WriteShards" >> beam.ParDo(_write_fn_class()(gin_files, bindings,
+                                                            search_paths, inputs_fn)))
   except errors.VmxError:
+    failed = True
     raise
   except Exception as e:   # noqa: BLE001  (whatever the runner raises: one line)
+    failed = True
     error = worker_error(e, runner)
     if output.path:
       error.args = (f"{error.args[0]} (Beam's output: {output.path})",)
