@@ -28,6 +28,9 @@ Cases:
   config_and_data_change  --gin.BATCH_SIZE changed on restart: one refusal, both flags
   vocabulary_edited the vocabulary's corpus edited in place: a new vocabulary, the run refuses
   eval_bad_path     launch/eval.py --sts17.dir=/nonexistent: one line within seconds
+  dead_store        the remote token cache's store (the GCS emulator) killed mid-run: one
+                    `error:` line and a saved checkpoint within VMX_REMOTE_RETRY_S (15) + 30 s,
+                    and the rerun resumes (needs the test extra's gcsfs and emulator)
 
 Prints one line per case (`ok` / `FAIL`, exit status, the last stderr line, bytes kept) and a
 final JSON summary; exit status 1 if a case failed.
@@ -291,6 +294,90 @@ class Probe:
     finally:
       subprocess.run(["umount", str(mnt)])
 
+  def dead_store(self, retry_s: float = 15.0):
+    """The remote token cache's store dies mid-run (the GCS emulator, tests/gcs_emulator.py,
+    killed with SIGKILL while the run reads its cache from it block by block): the run
+    saves and ends with one `error:` line within VMX_REMOTE_RETRY_S + 30 s of the outage
+    (issue 57's bar), no traceback, and the rerun resumes from the saved step once the
+    store answers again. The seconds from the kill to the exit are the case's line."""
+    import socket
+    try:
+      import gcp_storage_emulator  # noqa: F401
+      import gcsfs  # noqa: F401
+    except ImportError:
+      return None, None, "skipped: gcsfs and gcp-storage-emulator (the test extra)", True
+    with socket.socket() as sock:
+      sock.bind(("127.0.0.1", 0))
+      port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env = dict(self.env, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
+               EPATH_USE_TF="false", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
+               VMX_REMOTE_RETRY_S=f"{retry_s:g}", VMX_REMOTE_CACHE_MB="0")
+    emulator_cmd = [sys.executable, str(common.REPO / "tests" / "gcs_emulator.py"), str(port),
+                    "vmx-probe"]
+
+    def start_store():
+      store = subprocess.Popen(emulator_cmd, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+      deadline = time.time() + 30
+      while True:
+        try:
+          socket.create_connection(("127.0.0.1", port), timeout=1).close()
+          return store
+        except OSError:
+          if time.time() > deadline:
+            store.kill()
+            raise TimeoutError("the GCS emulator did not start")
+          time.sleep(0.2)
+
+    gin, work = self._big_task("dead_store", pairs=150_003)   # many blocks, read all along
+    d = work / "run"
+    log = work / "run.log"
+    root = "gs://vmx-probe/arrays"
+    cmd = common.train_command(gin, d, "--gin.LOG_PERIOD=2", "--gin.TRAIN_STEPS=100000",
+                               f"--gin.DatasetConfig.token_cache_dir='{root}'")
+    cache = common.launcher_command("cache_tasks", f"--gin_file={gin}",
+                                    f"--token_cache_dir={root}", "--no_progress")
+
+    def write_cache():     # a run reads a remote cache, cache_tasks.py writes it
+      p = common.run(cache, env, 600)
+      assert p.returncode == 0, p.stderr[-2000:]
+
+    stores = [start_store()]
+    f = open(log, "w")
+    proc = None
+    try:
+      write_cache()
+      proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
+                              cwd=common.REPO)
+      while "step 30:" not in log.read_text(errors="replace"):
+        assert proc.poll() is None, last_line(log.read_text(errors="replace"))
+        time.sleep(0.1)
+      stores[0].kill()
+      stores[0].wait()
+      t0 = time.time()
+      rc = proc.wait(timeout=retry_s + 600)
+      took = time.time() - t0
+      f.close()
+      text = log.read_text(errors="replace")
+      line = last_line(text)
+      saved = line.split("saved ")[-1].split(";")[0] if "saved " in line else ""
+      stores.append(start_store())  # the store is back (empty: an in-memory emulator), so
+      write_cache()                 # the cache is written again; the rerun resumes the save
+      step = int(saved.rsplit("_", 1)[1]) if saved[-1:].isdigit() else 0
+      again = common.run(cmd + [f"--gin.train.stop_at_step={step + 4}"], env, 900)
+    finally:
+      if proc is not None and proc.poll() is None:
+        proc.kill()
+      f.close()
+      for store in stores:
+        store.kill()
+    ok = (rc == 2 and line.startswith("error: ") and "did not answer" in line
+          and "Traceback" not in text and bool(saved) and Path(saved).is_dir()
+          and took <= retry_s + 30 and again.returncode == 0
+          and f"resumed from {saved}" in again.stdout)
+    return ok, rc, f"{took:.1f} s from the outage to the exit; {line}", bool(saved)
+
   def config_and_data_change(self):
     """A batch-size change is a setting and a data change: one refusal names both and
     both flags; nothing is written."""
@@ -360,7 +447,7 @@ class Probe:
 CASES = ("shape_change", "two_trainers", "sigterm", "sigint_twice", "missing_step",
          "fresh_elsewhere", "read_only", "bad_hf_config", "no_config_sizes", "damaged_cache",
          "cache_build_sigterm", "cache_build_kill", "full_disk", "config_and_data_change",
-         "vocabulary_edited", "eval_bad_path")
+         "vocabulary_edited", "eval_bad_path", "dead_store")
 
 
 def main(argv=None) -> int:

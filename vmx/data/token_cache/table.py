@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import json
 import os
 import random
@@ -99,6 +100,7 @@ class Blocks:
     # One outage clock for every read of the process: since when the store has not
     # answered (None: it answers), and the error that ended the wait.
     self._down_since: Optional[float] = None
+    self._why = ""                          # the last failed read's error, for the line
     self.dead: Optional[str] = None
     atexit.register(self.close)
 
@@ -115,16 +117,28 @@ class Blocks:
     self.close()
     return DataError(self.dead)
 
+  def _down(self, path, since: float, why: str) -> DataError:
+    """The store is declared dead (`_give_up`), the line saying for how long it did not
+    answer: from the start of its first unanswered read to now."""
+    return self._give_up(f"{path}: the store did not answer for "
+                         f"{time.monotonic() - since:.0f} s ({RETRY_ENV}={self.retry_s:g}; "
+                         f"{why})")
+
   def read(self, path, start: int, length: int, hint: str = "") -> bytes:
     """One ranged read, retried with backoff while the store does not answer. The budget
-    (retry_s) runs from the store's first unanswered read, whichever thread made it, and
-    each attempt's own time counts (the store client retries inside one attempt)."""
+    (retry_s) runs from the start of the store's first unanswered read, whichever thread
+    made it, and includes the store client's own retries inside an attempt (gcsfs tries a
+    request six times over about 35 s): an attempt is waited for only while the budget
+    lasts (`_within`)."""
     wait, said = 0.5, False
     while True:
       if self.dead:
         raise DataError(self.dead)
+      began = time.monotonic()
+      with self._lock:
+        since = self._down_since if self._down_since is not None else began
       try:
-        data = storage.read_range(path, start, length)
+        data = _within(since + self.retry_s, storage.read_range, path, start, length)
         with self._lock:
           self.requests += 1
           self.bytes += len(data)
@@ -132,6 +146,8 @@ class Blocks:
         return data
       except DataError:
         raise
+      except _BudgetSpent:
+        raise self._down(path, since, self._why or "a read was still waiting") from None
       except FileNotFoundError:
         raise DataError(f"{path}: missing: the token cache is incomplete; {hint}") from None
       except Exception as e:  # noqa: BLE001  (fsspec/gcsfs/aiohttp raise many kinds)
@@ -139,24 +155,28 @@ class Blocks:
           raise DataError(self.dead) from None
         if self.closed:
           raise DataError(f"{path}: not read, the reader was closed") from None
-        short = _short(path, start + length)
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        try:
+          short = _within(since + self.retry_s, _short, path, start + length)
+        except _BudgetSpent:
+          raise self._down(path, since, why) from None
         if short is not None:
           raise DataError(f"{path}: {short} bytes, expected at least {start + length}: the "
                           f"token cache is truncated; {hint}") from None
         now = time.monotonic()
-        with self._lock:
-          self._down_since = self._down_since if self._down_since is not None else now
+        with self._lock:   # down since this attempt began: its time inside the client counts
+          self._why = why
+          self._down_since = began if self._down_since is None else min(began,
+                                                                        self._down_since)
           down = now - self._down_since
-        if down + wait > self.retry_s:
-          raise self._give_up(
-              f"{path}: the store did not answer for {max(down, self.retry_s):.0f} s "
-              f"({RETRY_ENV}={self.retry_s:g}; {type(e).__name__}: "
-              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        if down >= self.retry_s:
+          raise self._down(path, self._down_since, why) from None
         if not said:
           print(f"[vmx] {path}: read failed ({type(e).__name__}); retrying for up to "
-                f"{self.retry_s:.0f} s", file=sys.stderr, flush=True)
+                f"{self.retry_s - down:.0f} s more", file=sys.stderr, flush=True)
           said = True
-        time.sleep(wait * (0.5 + random.random()))
+        # never past the budget's end: the last try is made there
+        time.sleep(min(wait * (0.5 + random.random()), self.retry_s - down))
         wait = min(wait * 2, 30.0)
 
   def put(self, key, data: bytes):
@@ -224,6 +244,33 @@ def _short(path, need: int) -> Optional[int]:
   except Exception:  # noqa: BLE001  (the store may be down: keep retrying)
     return None
   return size if size < need else None
+
+
+class _BudgetSpent(Exception):
+  """A request still waiting when the store's retry budget ran out."""
+
+
+def _within(deadline: float, fn, path, *args):
+  """`fn(path, *args)`, given up at `deadline` (time.monotonic()) for a remote `path`: the
+  request runs on a daemon thread of its own, so one inside the store client's own retries
+  neither outlasts the budget nor holds the process at exit (it reads bytes into memory,
+  never writes). `_BudgetSpent` when the deadline passes first."""
+  if not storage.is_remote(path):
+    return fn(path, *args)
+  done: concurrent.futures.Future = concurrent.futures.Future()
+
+  def run():
+    try:
+      done.set_result(fn(path, *args))
+    except BaseException as e:  # noqa: BLE001  (handed to the waiting thread)
+      done.set_exception(e)
+  threading.Thread(target=run, name="vmx-read", daemon=True).start()
+  try:
+    return done.result(timeout=max(0.0, deadline - time.monotonic()))
+  except concurrent.futures.TimeoutError:
+    if done.done():
+      return done.result()      # (the request's own TimeoutError, raised again)
+    raise _BudgetSpent() from None
 
 
 _BLOCKS: Optional[Blocks] = None
