@@ -283,3 +283,29 @@ def test_frequency_weights_are_sif_s_from_the_vocabulary_and_never_trained(tmp_p
       "embedding"].shape == (V, 1)
   with pytest.raises(ConfigError, match=r"weighting='frequency' needs StaticEncoder\.vocabulary"):
     initial_variables(model(None), m.inference_shapes(12))
+
+
+def test_frequency_weights_read_a_vocabularys_unigram_scores_else_zipf(tmp_path):
+  """`probabilities`: vmx's SentencePiece vocabulary gives its unigram probabilities (the
+  special pieces p = 0), an imported tokenizer none, so Zipf's law from the id's rank."""
+  import json
+  import sentencepiece as spm
+  from vmx.data.hf_tokenizer import HfTokenizer
+  from vmx.data.vocab import Tokenizer
+  from vmx.static_encoder import probabilities
+  path = _vocabulary(tmp_path)
+  ids = np.arange(1, V, dtype=np.int32)
+  p, source = probabilities(Tokenizer(str(path)), ids)
+  sp = spm.SentencePieceProcessor(model_file=str(path))
+  scores = np.array([sp.get_score(int(i)) for i in ids])
+  want = np.where(scores < 0, np.exp(np.minimum(scores, 0)), 0.0)
+  assert source == "the SentencePiece model's unigram probabilities"
+  np.testing.assert_allclose(p, want / want.sum(), rtol=1e-12)
+  assert p[0] == 0 and p[1] == 0          # eos (1) and unk (2): not in the distribution
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "der",
+                                                  "hund"]) + "\n")
+  (tmp_path / "vmx_tokenizer.json").write_text(json.dumps(
+      {"kind": "wordpiece", "file": "vocab.txt", "pad_id": 0, "closing_special": True}))
+  p, source = probabilities(HfTokenizer(str(tmp_path / "vmx_tokenizer.json")), ids[:5])
+  assert source == "Zipf's law from the id's rank"
+  np.testing.assert_allclose(p, (1 / np.arange(1, 6)) / (1 / np.arange(1, 6)).sum())

@@ -44,9 +44,8 @@ def probabilities(tokenizer, ids: np.ndarray) -> tuple[np.ndarray, str]:
   frequency order). A unigram model scores its pieces by log-probability; its special
   pieces (end of sentence, unknown, the `<2xx>` language tags) score 0, are not in the
   distribution and get p = 0 (the weight of the rarest piece)."""
-  sp = getattr(tokenizer, "sp", None)
-  if sp is not None and not hasattr(tokenizer, "hf_ids"):
-    logp = np.asarray([sp.get_score(int(i)) for i in ids], np.float64)
+  logp = tokenizer.unigram_scores(ids)
+  if logp is not None:
     normal = logp < 0
     if normal.any():
       p = np.where(normal, np.exp(np.minimum(logp, 0.0)), 0.0)

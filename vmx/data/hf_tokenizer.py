@@ -177,6 +177,11 @@ class HfTokenizer:
     ragged = ragged_rows(rows, max_length)
     return RaggedIds(self.to_vmx_ids(ragged.ids), ragged.lengths, cut)
 
+  def unigram_scores(self, ids: np.ndarray) -> None:
+    """None: an imported tokenizer's ids carry no unigram probabilities vmx reads (a
+    static table's frequency weights then follow Zipf's law, vmx/static_encoder.py)."""
+    del ids
+
   def unknown_only(self, ragged: RaggedIds) -> np.ndarray:
     """[N] False: an imported tokenizer's texts are not checked for unknown-only rows (its
     special tokens carry a vector of their own)."""

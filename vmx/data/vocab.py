@@ -318,6 +318,11 @@ class Tokenizer:
     carries = ~np.isin(ragged.ids, [0, unk, self.sp.piece_to_id("\u2581")])
     return has_unk & (np.bincount(row[carries], minlength=n) == 0)
 
+  def unigram_scores(self, ids: np.ndarray) -> np.ndarray:
+    """[len(ids)] float64: each piece's score in the SentencePiece model, its unigram
+    log-probability (0 for the special pieces, which are not in the distribution)."""
+    return np.asarray([self.sp.get_score(int(i)) for i in ids], np.float64)
+
   def piece_id(self, piece: str) -> int:
     i = self.sp.piece_to_id(piece)
     if i == self.sp.unk_id() and piece != self.sp.id_to_piece(self.sp.unk_id()):
