@@ -34,7 +34,6 @@ import signal
 import threading
 import time
 
-from vmx import storage
 from vmx.errors import Interrupted
 
 _DOING = ["starting"]
@@ -95,6 +94,7 @@ def end_child_processes(timeout_s: float = 10.0) -> list[int]:
   """SIGKILLs every descendant of this process (deepest first) and waits up to `timeout_s`
   until each is gone or a zombie; returns their pids. Linux (/proc); elsewhere nothing.
   A killed child's temporary files are a dead writer's (`storage.remove_leftovers`)."""
+  from vmx import storage   # lazy: etils (this module is imported before any work starts)
   found = child_processes()
   for pid in reversed(found):
     try:

@@ -2,8 +2,8 @@
 
 1. Sources: corpus files read and validated (`readers`, `download`, `devsets`,
    `languages`), as SeqIO data sources split by content (`sources`, `nway`), tokenized
-   by a vocabulary (`vocab` without TensorFlow, an imported one `hf_tokenizer`;
-   `seqio_vocab`, their one SeqIO adapter; `normalize`), prepared by preprocessors (`preprocessors`) in registered tasks and
+   by a vocabulary (`vocab` without TensorFlow, an imported one `hf_tokenizer`, both giving
+   `token_rows`' ragged or padded ids; `seqio_vocab`, their one SeqIO adapter; `normalize`), prepared by preprocessors (`preprocessors`) in registered tasks and
    mixtures (`registration`, called by the top-level `tasks` package, whose gin calls are
    `deferred` until a run must register them), shaped for a model by its feature
    converter (`feature_converters`; their features without SeqIO: `features`).
