@@ -454,3 +454,37 @@ def test_reproduction_commands_parse(monkeypatch):
       assert tasks and args.protocols, line
     else:
       assert script == "launch/import_checkpoint.py", line
+
+
+@needs_data
+@pytest.mark.slow
+def test_eval_sigterm_exits_75_and_the_rerun_keeps_the_finished_tasks(tmp_path, toy_task):
+  """The signal contract in launch/eval.py: SIGTERM while the second task runs ends with
+  exit 75 and a `preempted:` line naming that task; the first task's result file is kept,
+  and the same command keeps it (not run again) and finishes the rest."""
+  import signal
+  name, vp, _, _ = toy_task
+  toy_train(tmp_path / "run", name, vp, total_steps=2, period=2)
+  out = tmp_path / "eval"
+  cmd = [sys.executable, "launch/eval.py", f"--checkpoint_dir={tmp_path / 'run'}",
+         "--tasks=stsb,tatoeba", "--languages=deu,fra,ara,jpn,xho", f"--data_dir={DATA_DIR}",
+         f"--output_dir={out}", "--no_plots", "--no_progress"]
+  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       cwd=REPO)
+  seen = []
+  for line in p.stdout:                  # the first task is written, the second has begun
+    seen.append(line)
+    if line.startswith("[vmx eval] tatoeba ..."):
+      break
+  assert (out / "stsb.json").exists(), "".join(seen)[-2000:]
+  p.send_signal(signal.SIGTERM)
+  rest, err = p.communicate(timeout=300)
+  assert p.returncode == 75, err[-2000:]
+  last = [l for l in err.splitlines() if l.strip()][-1]
+  assert last.startswith("preempted: SIGTERM while evaluating tatoeba: "), err[-2000:]
+  assert "Traceback" not in err and not (out / "tatoeba.json").exists()
+  kept = (out / "stsb.json").read_text()
+  again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert "[vmx eval] stsb: main score" in again.stdout and "(kept:" in again.stdout
+  assert (out / "stsb.json").read_text() == kept and (out / "tatoeba.json").exists()

@@ -466,3 +466,25 @@ def test_sentences_of_unknown_pieces_only_are_one_warning(toy_encoder):
       "2 of 4 sentences have no token the vocabulary knows (only its unknown piece, e.g. "
       "sentences[1]): they all get the same vector"]
   np.testing.assert_allclose(v[1], v[3], atol=1e-6)
+
+
+def test_the_error_line_stays_last_after_the_repeated_warnings_count():
+  """A launcher's repeated warnings are counted, and the count is printed before its
+  `error:` line (it was printed at exit, after it): the one line stays the last on stderr."""
+  script = f"""
+import sys, warnings
+sys.path.insert(0, {str(REPO)!r})
+from vmx import cli
+from vmx.errors import ConfigError
+def main(argv):
+  for i in range(3):                  # one place, three messages: one kind, counted
+    warnings.warn(f"the same thing, {{i}}")
+  raise ConfigError("the bad binding")
+cli.run_main(main, [])
+"""
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+  lines = [l for l in out.stderr.splitlines() if l.strip()]
+  assert out.returncode == 2, out.stderr
+  assert lines[-1] == "error: the bad binding", lines
+  assert 'the warning "the same thing, 0" (UserWarning) came 3 times' in lines[-2], lines

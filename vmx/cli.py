@@ -56,11 +56,13 @@ def run_main(main, argv=None):
     if verbose:
       traceback.print_exc()
     # (a preemption that saved is not an error: `preempted: ...`, vmx/training/preemption.py)
+    quiet.warnings_summary()   # before the line: it stays the last one
     print(f"{getattr(e, 'prefix', 'error')}: {with_suggestion(msg)}", file=sys.stderr)
     sys.exit(getattr(e, "exit_code", 2))
   except Interrupted as e:   # a signal outside the training loop (vmx/signals.py)
     if verbose:
       traceback.print_exc()
+    quiet.warnings_summary()
     print(f"{e.prefix}: {one_line(e)}", file=sys.stderr)
     sys.exit(e.exit_code)
 

@@ -55,10 +55,12 @@ class _WarningsOnce:
       print(f"[vmx] warning: {message} ({category.__name__})", file=sys.stderr, flush=True)
 
   def summary(self):
+    """Prints the repeats counted so far, once (at exit, or before a last line)."""
     for (category, _, _), (message, n) in self.seen.items():
       if n > 1:
         print(f"[vmx] the warning \"{message[:120]}\" ({category.__name__}) came {n} times",
               file=sys.stderr, flush=True)
+    self.seen = {key: (message, 1) for key, (message, _) in self.seen.items()}
 
 
 @contextlib.contextmanager
@@ -136,6 +138,16 @@ def quiet_tensorflow():
     sys.meta_path.insert(0, _QuietTensorflow())
 
 
+_ONCE: list = []   # the installed _WarningsOnce
+
+
+def warnings_summary():
+  """The repeated warnings' counts, now rather than at exit: a launcher's `error:` or
+  `preempted:` line must stay its last line on stderr."""
+  for once in _ONCE:
+    once.summary()
+
+
 def install(verbose: bool):
   """The launchers' quiet start (once per process; nothing with `verbose`)."""
   global _installed
@@ -148,6 +160,7 @@ def install(verbose: bool):
   once = _WarningsOnce()
   warnings.showwarning = once
   atexit.register(once.summary)
+  _ONCE[:] = [once]
   # The object store clients' own records of failed requests (gcsfs logs each retry, with
   # its traceback, at ERROR): vmx retries them itself and names the store's failure in one
   # line (vmx/data/token_cache/table.py), which must not drown among them. Beam's runner
