@@ -62,6 +62,40 @@ def train_env(compile_cache: Optional[Path] = None, platforms: str = "cpu") -> d
   return env
 
 
+def free_port() -> int:
+  """A TCP port free on 127.0.0.1 now (emulators, JAX coordinators)."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def start_gcs_emulator(bucket: str, port: Optional[int] = None, log=None):
+  """tests/gcs_emulator.py (in memory, one bucket) on 127.0.0.1, once it takes connections:
+  (its process, its URL, the variables that point clients at it). `log`: where its output
+  goes (default nowhere). RuntimeError if it does not start in 30 s."""
+  import socket
+  port = port or free_port()
+  proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_emulator.py"), str(port),
+                           bucket], stdout=log or subprocess.DEVNULL,
+                          stderr=subprocess.STDOUT if log else subprocess.DEVNULL)
+  url = f"http://127.0.0.1:{port}"
+  env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+         "EPATH_USE_TF": "false",
+         # gcsfs's probe for zonal buckets needs real credentials: off (no warning a call)
+         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  deadline = time.time() + 30
+  while True:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=1).close()
+      return proc, url, env
+    except OSError:
+      if time.time() > deadline or proc.poll() is not None:
+        proc.kill()
+        raise RuntimeError(f"the GCS emulator did not start on port {port}") from None
+      time.sleep(0.2)
+
+
 def run(cmd: Sequence[str], env: Optional[dict] = None, timeout: float = 3600,
         check: bool = False, echo: bool = False) -> subprocess.CompletedProcess:
   """Runs a command in the repository root and captures its output; `check`: a non-zero

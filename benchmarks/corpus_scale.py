@@ -20,14 +20,13 @@ memory (the default below 1 GiB).
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402  (the repository root first on sys.path)
 
 TASKS, BATCH, LENGTH = 8, 2048, 32
 
@@ -90,26 +89,6 @@ def write_synthetic(directory: str, rows: int, shard_rows: int):
   return row_bytes
 
 
-def start_emulator(bucket: str):
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.Popen([sys.executable, os.path.join(root, "tests", "gcs_emulator.py"),
-                           str(port), bucket], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
-  deadline = time.time() + 30
-  while True:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      return proc, f"http://127.0.0.1:{port}"
-    except OSError:
-      if time.time() > deadline:
-        proc.kill()
-        raise SystemExit("the GCS emulator did not start")
-      time.sleep(0.2)
-
-
 def main():
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,9 +103,8 @@ def main():
   work = args.dir or tempfile.mkdtemp(prefix="vmx_corpus_scale_")
   emulator = None
   if args.remote:   # before gcsfs is imported: it reads the endpoint once
-    emulator, url = start_emulator("bench")
-    os.environ.update(STORAGE_EMULATOR_HOST=url, EPATH_USE_TF="false",
-                      GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+    emulator, _, env = common.start_gcs_emulator("bench")
+    os.environ.update(env)
   from vmx import storage
   from vmx.data import stream as stream_lib
   from vmx.data.token_cache import table as table_lib

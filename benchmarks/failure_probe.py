@@ -300,36 +300,11 @@ class Probe:
     saves and ends with one `error:` line within VMX_REMOTE_RETRY_S + 30 s of the outage
     (issue 57's bar), no traceback, and the rerun resumes from the saved step once the
     store answers again. The seconds from the kill to the exit are the case's line."""
-    import socket
     try:
       import gcp_storage_emulator  # noqa: F401
       import gcsfs  # noqa: F401
     except ImportError:
       return None, None, "skipped: gcsfs and gcp-storage-emulator (the test extra)", True
-    with socket.socket() as sock:
-      sock.bind(("127.0.0.1", 0))
-      port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    env = dict(self.env, STORAGE_EMULATOR_HOST=url, TENSORSTORE_GCS_HTTP_URL=url,
-               EPATH_USE_TF="false", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false",
-               VMX_REMOTE_RETRY_S=f"{retry_s:g}", VMX_REMOTE_CACHE_MB="0")
-    emulator_cmd = [sys.executable, str(common.REPO / "tests" / "gcs_emulator.py"), str(port),
-                    "vmx-probe"]
-
-    def start_store():
-      store = subprocess.Popen(emulator_cmd, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-      deadline = time.time() + 30
-      while True:
-        try:
-          socket.create_connection(("127.0.0.1", port), timeout=1).close()
-          return store
-        except OSError:
-          if time.time() > deadline:
-            store.kill()
-            raise TimeoutError("the GCS emulator did not start")
-          time.sleep(0.2)
-
     gin, work = self._big_task("dead_store", pairs=150_003)   # many blocks, read all along
     d = work / "run"
     log = work / "run.log"
@@ -343,7 +318,11 @@ class Probe:
       p = common.run(cache, env, 600)
       assert p.returncode == 0, p.stderr[-2000:]
 
-    stores = [start_store()]
+    port = common.free_port()        # the same port again when the store comes back
+    store, _, store_env = common.start_gcs_emulator("vmx-probe", port)
+    stores = [store]
+    env = dict(self.env, **store_env, VMX_REMOTE_RETRY_S=f"{retry_s:g}",
+               VMX_REMOTE_CACHE_MB="0")
     f = open(log, "w")
     proc = None
     try:
@@ -362,7 +341,7 @@ class Probe:
       text = log.read_text(errors="replace")
       line = last_line(text)
       saved = line.split("saved ")[-1].split(";")[0] if "saved " in line else ""
-      stores.append(start_store())  # the store is back (empty: an in-memory emulator), so
+      stores.append(common.start_gcs_emulator("vmx-probe", port)[0])   # back, empty: so
       write_cache()                 # the cache is written again; the rerun resumes the save
       step = int(saved.rsplit("_", 1)[1]) if saved[-1:].isdigit() else 0
       again = common.run(cmd + [f"--gin.train.stop_at_step={step + 4}"], env, 900)

@@ -17,6 +17,8 @@ sys.path.insert(0, str(REPO))
 
 import pytest  # noqa: E402
 
+from benchmarks.common import free_port  # noqa: E402,F401  (tests import it from here)
+
 _shared = REPO.parent / "shared" / "data"
 if "VMX_DATA_DIR" not in os.environ and _shared.is_dir():
   os.environ["VMX_DATA_DIR"] = str(_shared)
@@ -247,43 +249,19 @@ except ImportError:  # hypothesis is a test extra; test_fuzz.py skips without it
 GCS_BUCKET = "vmx-test"
 
 
-def free_port() -> int:
-  """A TCP port free on 127.0.0.1 now (emulators, JAX coordinators)."""
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
   """An in-memory GCS emulator with one bucket: (its URL, the variables that point clients
   at it)."""
-  import socket
-  import subprocess
-  import time
   pytest.importorskip("gcsfs", reason="gcsfs (test extra) is not installed")
   pytest.importorskip("gcp_storage_emulator",
                       reason="gcp-storage-emulator (test extra) is not installed")
-  port = free_port()
+  from benchmarks.common import start_gcs_emulator
   log = open(tmp_path_factory.mktemp("gcs") / "emulator.log", "w")
-  proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_emulator.py"), str(port),
-                           GCS_BUCKET], stdout=log, stderr=subprocess.STDOUT)
-  deadline = time.time() + 30
-  while True:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      break
-    except OSError:
-      if time.time() > deadline or proc.poll() is not None:
-        proc.kill()
-        pytest.fail(f"the GCS emulator did not start (see {log.name})")
-      time.sleep(0.2)
-  url = f"http://127.0.0.1:{port}"
-  env = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-         "EPATH_USE_TF": "false",
-         # gcsfs's probe for zonal buckets needs real credentials: off (no warning a call)
-         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  try:
+    proc, url, env = start_gcs_emulator(GCS_BUCKET, log=log)
+  except RuntimeError as e:
+    pytest.fail(f"{e} (see {log.name})")
   yield url, env
   proc.kill()
   proc.wait()

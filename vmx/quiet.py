@@ -33,7 +33,6 @@ _NOISE = re.compile(
     rb"|[IWE]\d{4} [\d:.]+ +\d+ (port|cudart_stub|cuda_platform|cpu_feature_guard|cuda_dnn|"
     rb"cuda_fft|cuda_blas|computation_placer|cuda_executor|dso_loader)\.cc:\d+\]"
     rb"|To enable the following instructions: .*rebuild TensorFlow)")
-_installed = False
 
 
 def noise(line: bytes) -> bool:
@@ -138,7 +137,7 @@ def quiet_tensorflow():
     sys.meta_path.insert(0, _QuietTensorflow())
 
 
-_ONCE: list = []   # the installed _WarningsOnce
+_ONCE: list = []   # the installed _WarningsOnce (empty: not installed yet)
 
 
 def warnings_summary():
@@ -150,13 +149,11 @@ def warnings_summary():
 
 def install(verbose: bool):
   """The launchers' quiet start (once per process; nothing with `verbose`)."""
-  global _installed
   if verbose:   # TensorFlow's lines too
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _QuietTensorflow)]
     return
-  if _installed:
+  if _ONCE:
     return
-  _installed = True
   once = _WarningsOnce()
   warnings.showwarning = once
   atexit.register(once.summary)

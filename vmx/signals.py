@@ -75,13 +75,12 @@ def stopping(stop):
 def child_processes(pid: int | None = None) -> list[int]:
   """Every descendant of process `pid` (default this one), parents before their children.
   Linux (/proc); elsewhere []."""
+  from vmx import storage   # lazy: etils (this module is imported before any work starts)
   kids: dict[int, list[int]] = {}
   for entry in os.listdir("/proc") if os.path.isdir("/proc/self") else []:
-    try:
-      with open(f"/proc/{entry}/stat") as f:
-        kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    except (OSError, ValueError, IndexError):
-      continue          # not a process, or one that ended meanwhile
+    fields = storage.process_stat(entry) if entry.isdigit() else None
+    if fields:          # (None or []: not a process, or one that ended meanwhile)
+      kids.setdefault(int(fields[1]), []).append(int(entry))
   found, todo = [], [os.getpid() if pid is None else pid]
   while todo:
     for child in kids.get(todo.pop(0), []):

@@ -66,19 +66,22 @@ def pid_alive(pid: int) -> bool:
     return False
   except PermissionError:
     return True
-  return process_state(pid) not in ("Z", "X", None)
+  fields = process_stat(pid)
+  if fields is None:   # gone since, or no /proc to ask (then kill's answer stands)
+    return not os.path.isdir("/proc/self")
+  return not fields or fields[0] not in ("Z", "X")
 
 
-def process_state(pid: int) -> Optional[str]:
-  """Linux's one-letter state of `pid` ('R', 'S', 'Z' for a zombie...), None if it is gone;
-  '?' where /proc is not there to say."""
+def process_stat(pid) -> Optional[list]:
+  """The fields of /proc/<pid>/stat after the command name (state, parent pid, ...); None
+  if there is no such process (or no /proc), [] if it cannot be read."""
   try:
     with open(f"/proc/{pid}/stat") as f:
-      return f.read().rsplit(")", 1)[1].split()[0]
+      return f.read().rsplit(")", 1)[1].split()
   except FileNotFoundError:
-    return None if os.path.isdir("/proc/self") else "?"
+    return None
   except (OSError, IndexError):
-    return "?"
+    return []
 
 
 def writer_gone(host: str, pid, last_seen: float, stale_after: float = STALE_AFTER_S

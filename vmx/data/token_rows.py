@@ -53,10 +53,3 @@ def ragged_rows(rows: Sequence[Sequence[int]], max_length: int) -> RaggedIds:
   starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
   keep = (np.arange(flat.size) - starts) < np.repeat(kept, lengths)
   return RaggedIds(flat[keep], kept, int(longer.sum()))
-
-
-def padded_rows(rows: Sequence[Sequence[int]], max_length: int) -> tuple[np.ndarray, int]:
-  """([len(rows), max_length] int32, each row's first max_length ids then zeros; how many
-  rows were longer)."""
-  ragged = ragged_rows(rows, max_length)
-  return ragged.padded(max_length), ragged.truncated

@@ -7,12 +7,14 @@ minutes after its error line (issue 57's dead-store probes: 150-540 s). These wo
 daemon threads: once the reader gives up (`shutdown`), the process ends when the main
 thread does. What they fetch is verified bytes in memory, never a write, so stopping them
 mid-request loses nothing. The interface is the part of ThreadPoolExecutor `Blocks` uses.
+`call_by` runs one request the same way, waited for only until a deadline.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import queue
 import threading
+import time
 
 
 class DaemonPool:
@@ -65,3 +67,28 @@ class DaemonPool:
           item[0].cancel()
       for _ in self._threads:
         self._queue.put(None)
+
+
+class DeadlinePassed(Exception):
+  """A request still running when its deadline came (`call_by`)."""
+
+
+def call_by(deadline: float, fn, *args):
+  """`fn(*args)`, given up at `deadline` (time.monotonic()): it runs on a daemon thread of
+  its own, so a request inside the store client's own retries (gcsfs: six tries over about
+  35 s) neither outlasts a retry budget nor holds the process at exit. `DeadlinePassed`
+  when the deadline comes first."""
+  done: concurrent.futures.Future = concurrent.futures.Future()
+
+  def run():
+    try:
+      done.set_result(fn(*args))
+    except BaseException as e:  # noqa: BLE001  (handed to the waiting thread)
+      done.set_exception(e)
+  threading.Thread(target=run, name="vmx-request", daemon=True).start()
+  try:
+    return done.result(timeout=max(0.0, deadline - time.monotonic()))
+  except concurrent.futures.TimeoutError:
+    if done.done():
+      return done.result()      # (the request's own TimeoutError, raised again)
+    raise DeadlinePassed() from None

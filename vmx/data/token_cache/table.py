@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import concurrent.futures
 import json
 import os
 import random
@@ -33,7 +32,7 @@ import numpy as np
 
 from vmx import storage
 from vmx.data.token_cache import disk_format
-from vmx.data.token_cache.daemon_pool import DaemonPool
+from vmx.data.token_cache.daemon_pool import DaemonPool, DeadlinePassed, call_by
 from vmx.errors import ConfigError, DataError
 
 RETRY_ENV = "VMX_REMOTE_RETRY_S"
@@ -129,7 +128,7 @@ class Blocks:
     (retry_s) runs from the start of the store's first unanswered read, whichever thread
     made it, and includes the store client's own retries inside an attempt (gcsfs tries a
     request six times over about 35 s): an attempt is waited for only while the budget
-    lasts (`_within`)."""
+    lasts (`daemon_pool.call_by`)."""
     wait, said = 0.5, False
     while True:
       if self.dead:
@@ -138,7 +137,7 @@ class Blocks:
       with self._lock:
         since = self._down_since if self._down_since is not None else began
       try:
-        data = _within(since + self.retry_s, storage.read_range, path, start, length)
+        data = call_by(since + self.retry_s, storage.read_range, path, start, length)
         with self._lock:
           self.requests += 1
           self.bytes += len(data)
@@ -146,7 +145,7 @@ class Blocks:
         return data
       except DataError:
         raise
-      except _BudgetSpent:
+      except DeadlinePassed:
         raise self._down(path, since, self._why or "a read was still waiting") from None
       except FileNotFoundError:
         raise DataError(f"{path}: missing: the token cache is incomplete; {hint}") from None
@@ -157,8 +156,8 @@ class Blocks:
           raise DataError(f"{path}: not read, the reader was closed") from None
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         try:
-          short = _within(since + self.retry_s, _short, path, start + length)
-        except _BudgetSpent:
+          short = call_by(since + self.retry_s, _short, path, start + length)
+        except DeadlinePassed:
           raise self._down(path, since, why) from None
         if short is not None:
           raise DataError(f"{path}: {short} bytes, expected at least {start + length}: the "
@@ -244,33 +243,6 @@ def _short(path, need: int) -> Optional[int]:
   except Exception:  # noqa: BLE001  (the store may be down: keep retrying)
     return None
   return size if size < need else None
-
-
-class _BudgetSpent(Exception):
-  """A request still waiting when the store's retry budget ran out."""
-
-
-def _within(deadline: float, fn, path, *args):
-  """`fn(path, *args)`, given up at `deadline` (time.monotonic()) for a remote `path`: the
-  request runs on a daemon thread of its own, so one inside the store client's own retries
-  neither outlasts the budget nor holds the process at exit (it reads bytes into memory,
-  never writes). `_BudgetSpent` when the deadline passes first."""
-  if not storage.is_remote(path):
-    return fn(path, *args)
-  done: concurrent.futures.Future = concurrent.futures.Future()
-
-  def run():
-    try:
-      done.set_result(fn(path, *args))
-    except BaseException as e:  # noqa: BLE001  (handed to the waiting thread)
-      done.set_exception(e)
-  threading.Thread(target=run, name="vmx-read", daemon=True).start()
-  try:
-    return done.result(timeout=max(0.0, deadline - time.monotonic()))
-  except concurrent.futures.TimeoutError:
-    if done.done():
-      return done.result()      # (the request's own TimeoutError, raised again)
-    raise _BudgetSpent() from None
 
 
 _BLOCKS: Optional[Blocks] = None
