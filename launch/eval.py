@@ -72,9 +72,13 @@ def parse_args(argv):
                       f"{sorted(protocols.PROTOCOLS)} (replaces --suite / --tasks)")
   p.add_argument("--tasks", default="", help=f"comma-separated, overrides --suite; of "
                                              f"{sorted(evaluators.EVALUATORS)}")
-  p.add_argument("--step", type=cli.step_flag, default=None,
+  p.add_argument("--step", type=_step_flag, default=None,
                  help=f"checkpoint step, or {BEST_STEP!r} (MODEL_DIR/{BEST_DIR}/, kept by runs "
-                      "with BEST_METRIC); default: the latest")
+                      f"with BEST_METRIC), '{BEST_STEP}:METRIC' (the best step by that one of "
+                      f"BEST_METRIC's list), or {protocols.PER_TASK!r} with --protocol: each "
+                      "task at the step its paper selects it on (MPCL §3.3: Tatoeba at the "
+                      "step best on BUCC, BUCC at the step best on Tatoeba); default: the "
+                      "latest")
   p.add_argument("--output_dir", default=None)
   cli.add_vector_flags(p, "score")
   p.add_argument("--fresh", action="store_true",
@@ -90,6 +94,11 @@ def parse_args(argv):
   for old in ALIASES:
     p.add_argument(f"--{old}", action="append", default=None, help=argparse.SUPPRESS)
   args, rest = p.parse_known_args(argv)
+  if args.step == protocols.PER_TASK and not any(
+      protocols.PROTOCOLS[n].select_on for n in evaluators.comma_list(args.protocol)
+      if n in protocols.PROTOCOLS):
+    p.error(f"--step={protocols.PER_TASK}: needs a --protocol that selects a checkpoint per "
+            f"task ({', '.join(n for n, q in protocols.PROTOCOLS.items() if q.select_on)})")
   settings = {name: cls() for name, cls in evaluators.EVALUATORS.items()}
   given = []   # (flag, task, field, text), in command-line order
   for old, targets in ALIASES.items():
@@ -116,6 +125,8 @@ def parse_args(argv):
     args.protocols = protocols.resolve(evaluators.comma_list(args.protocol))
     tasks = (protocols.tasks_of(args.protocols, settings) if args.protocols else
              harness.resolve_tasks(args.suite, evaluators.comma_list(args.tasks)))
+    args.steps = (protocols.per_task_steps(args.protocols, tasks)
+                  if args.step == protocols.PER_TASK else {args.step: tasks})
   except ValueError as e:
     p.error(str(e))
   if not langs and args.protocols:   # a protocol's own languages (else every language)
@@ -129,6 +140,12 @@ def parse_args(argv):
     if langs and not any(g[1:3] == (task, "languages") for g in given):
       settings[task].languages = langs
   return args, settings, tasks
+
+
+def _step_flag(s: str):
+  from vmx import cli  # (light)
+  from vmx.evaluation.protocols import PER_TASK  # lazy: after cli.run_main
+  return s if s == PER_TASK else cli.step_flag(s)
 
 
 def _task_settings(rest, settings) -> list:
@@ -169,21 +186,25 @@ def _check_paths(args, given):
                       f"vmx_model.json)")
 
 
-def main(argv):
+def _evaluate(args, settings, tasks, step, output_dir=None, per_checkpoint=False):
+  """The harness's `tasks` on checkpoint `step`: (results, errors, the checkpoint's name,
+  the output directory: `output_dir`, or a folder per checkpoint in it, or the default)."""
   from vmx import cli, signals, storage  # lazy: after cli.run_main
-  from vmx.evaluation import harness, protocols  # lazy: jax, after cli.run_main's host set-up
+  from vmx.evaluation import harness  # lazy: jax, after cli.run_main's host set-up
   from vmx.inference import Encoder  # lazy: jax
-  args, settings, tasks = parse_args(argv)
-  signals.install()   # SIGTERM / SIGINT: exit 75, the finished tasks' results kept
   with signals.activity("loading the checkpoint"):
-    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
+    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=step,
                                   batch_size=args.batch_size, **cli.vector_options(args))
-  out = storage.path(args.output_dir or storage.path(args.checkpoint_dir) / "eval" / (
-      enc.revision + (f"_dim{args.embedding_dim}" if args.embedding_dim else "")
-      + (f"_{args.precision}" if enc.quantized else "")))
+  suffix = ((f"_dim{args.embedding_dim}" if args.embedding_dim else "")
+            + (f"_{args.precision}" if enc.quantized else ""))
+  if output_dir is None:
+    out = storage.path(args.checkpoint_dir) / "eval" / (enc.revision + suffix)
+  else:
+    out = storage.path(output_dir)
+    out = out / (enc.revision.replace("/", "_") + suffix) if per_checkpoint else out
   signals.saved(f"the finished tasks' results are in {out}; rerun the same command to "
                 "continue (they are kept)")
-  failed = None
+  errors = {}
   try:
     results = harness.run(enc, output_dir=out, evaluators={t: settings[t] for t in tasks},
                           data_dir=args.data_dir, plots=not args.no_plots,
@@ -194,19 +215,42 @@ def main(argv):
                                          else {})},
                           resume=not args.fresh)
   except harness.EvaluationFailed as e:
-    failed, results = e, e.results
+    errors, results = e.errors, e.results
   print((out / "summary.md").read_text())
+  return results, errors, enc.revision, out
+
+
+def main(argv):
+  from vmx import signals, storage  # lazy: after cli.run_main
+  from vmx.evaluation import protocols  # lazy: jax, after cli.run_main's host set-up
+  args, settings, tasks = parse_args(argv)
+  signals.install()   # SIGTERM / SIGINT: exit 75, the finished tasks' results kept
+  if args.step == protocols.PER_TASK:   # each task at the step its partner task chose
+    base = storage.path(args.output_dir or storage.path(args.checkpoint_dir) / "eval" /
+                        protocols.PER_TASK)
+    results, errors, selected = {}, {}, {}
+    for step, group in args.steps.items():
+      r, e, revision, _ = _evaluate(args, settings, group, step, base, per_checkpoint=True)
+      results.update(r), errors.update(e)
+      selected.update({t: protocols.selected_by(step, revision) for t in group})
+    out = base
+  else:
+    results, errors, _, out = _evaluate(args, settings, tasks, args.step, args.output_dir)
+    selected = None
   for proto in args.protocols:
-    report = protocols.report(proto, results, failed.errors if failed else {}, settings)
+    report = protocols.report(proto, results, errors, settings, selected)
     storage.write_atomic(out / f"protocol_{proto.name}.json", json.dumps(report, indent=1))
     print(f"[vmx eval] protocol {proto.name} ({proto.paper}):")
     for f in report["figures"]:
       value = "undefined" if f["value"] is None else f"{f['value']:.2f}"
-      print(f"  {f['table']}, {f['column']}: {value} ({f['metric']}; vector: {f['vector']})")
+      at = f"; checkpoint: {f['checkpoint']}" if "checkpoint" in f else ""
+      print(f"  {f['table']}, {f['column']}: {value} ({f['metric']}; vector: {f['vector']}"
+            f"{at})")
     for m in report["missing"]:
       print(f"  missing: {m['table']}, {m['benchmark']} ({m['layout']})")
-  if failed is not None:
-    print(f"[vmx eval] some tasks failed: {failed}", file=sys.stderr)
+  if errors:
+    print(f"[vmx eval] some tasks failed: {'; '.join(f'{t}: {e}' for t, e in errors.items())}"
+          f" (other results are in {out})", file=sys.stderr)
     return 1
   print(f"[vmx eval] wrote {out}")
   return results

@@ -126,3 +126,89 @@ def test_best_checkpoint_follows_the_dev_metric_across_a_resume(tmp_path, toy_ta
     Encoder.from_checkpoint(plain, step="best")
   with pytest.raises(InputError, match=r"step='last': expected a step number, 'best'"):
     Encoder.from_checkpoint(plain, step="last")
+
+
+def test_a_best_checkpoint_per_metric_and_the_per_task_selection_of_a_protocol(
+    tmp_path, toy_task, monkeypatch, capsys):
+  """train.best_metric as a list keeps the best step by each metric (the first in best/,
+  the others in best-<metric>/) across a resume; Encoder.from_checkpoint(dir,
+  'best:<metric>') opens each; launch/eval.py --protocol=mpcl --step=per_task scores
+  Tatoeba with the step best on BUCC and BUCC with the step best on Tatoeba (MPCL §3.3),
+  and each figure names its checkpoint."""
+  import importlib.util
+  from conftest import REPO
+  from vmx import signals
+  from vmx.errors import CheckpointError, ConfigError
+  from vmx.evaluation import evaluators
+  from vmx.evaluation.periodic import HarnessEvalConfig
+  from vmx.inference import Encoder
+  name, vp, _, _ = toy_task
+  scripted = {"tatoeba": [], "bucc": []}   # periodic values, in order; [] in launch/eval.py
+
+  def value(ctx, task):
+    v = float(ctx.encode(["alpha beta"], None)[0][0])   # depends on the parameters
+    return scripted[task].pop(0) if scripted[task] else 100 * v
+
+  def tatoeba_run(self, ctx):
+    v = value(ctx, "tatoeba")
+    return {"scores": {"test": [{"hf_subset": "deu-eng", "languages": ["deu", "eng"],
+                                 "main_score": v, "accuracy_xx2en": v, "accuracy_en2xx": v}]},
+            "main_score": v, "mean": {"xx2en": v, "en2xx": v, "xsim": 0.0}, "groups": {}}
+
+  def bucc_run(self, ctx):
+    v = value(ctx, "bucc")
+    return {"scores": {"test": [{"hf_subset": "de-en", "main_score": v,
+                                 "cosine_max": {"f1": v}, "threshold_split": "sample",
+                                 "split": "sample"}]}, "main_score": v}
+
+  monkeypatch.setattr(evaluators.Tatoeba, "run", tatoeba_run)
+  monkeypatch.setattr(evaluators.Bucc, "run", bucc_run)
+  d = tmp_path / "run"
+  kw = dict(period=2, keep=10, eval_cfg=HarnessEvalConfig(["tatoeba", "bucc"]), eval_period=2,
+            best_metric=["bucc/main_score", "tatoeba/main_score"])
+  scripted.update(bucc=[1.0, 5.0, 2.0], tatoeba=[4.0, 1.0, 6.0])   # steps 0, 2, 4
+  toy_train(d, name, vp, stop_at_step=4, **kw)
+  scripted.update(bucc=[3.0], tatoeba=[7.0])                       # resumed: step 6
+  toy_train(d, name, vp, **kw)
+  assert scripted == {"tatoeba": [], "bucc": []}
+  assert json.loads((d / "best/best.json").read_text()) == {
+      "metric": "bucc/main_score", "mode": "max", "step": 2, "value": 5.0}
+  assert json.loads((d / "best-tatoeba.main_score/best.json").read_text()) == {
+      "metric": "tatoeba/main_score", "mode": "max", "step": 6, "value": 7.0}
+  assert "best tatoeba/main_score 7.00; was 6.00 at step 4 -> " \
+         "best-tatoeba.main_score/checkpoint_6" in capsys.readouterr().out
+  by_bucc = Encoder.from_checkpoint(d, step="best:bucc/main_score")
+  by_tatoeba = Encoder.from_checkpoint(d, step="best:tatoeba/main_score")
+  assert by_bucc.revision == "best/checkpoint_2"
+  assert by_tatoeba.revision == "best-tatoeba.main_score/checkpoint_6"
+  for enc, step in ((by_bucc, 2), (by_tatoeba, 6)):
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, enc.params),
+                 jax.tree.map(np.asarray, Encoder.from_checkpoint(d, step=step).params))
+  with pytest.raises(CheckpointError, match=r"keeps no best checkpoint by 'dev/main_score'"):
+    Encoder.from_checkpoint(d, step="best:dev/main_score")
+  with pytest.raises(ConfigError, match=r"list of distinct metric names"):
+    toy_train(tmp_path / "other", name, vp, **{**kw, "best_metric": ["bucc/main_score"] * 2})
+
+  spec = importlib.util.spec_from_file_location("vmx_eval_launcher", REPO / "launch" / "eval.py")
+  launcher = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(launcher)
+  monkeypatch.setattr(signals, "install", lambda: None)
+  out = tmp_path / "eval"
+  argv = [f"--checkpoint_dir={d}", "--protocol=mpcl", "--step=per_task", "--languages=deu",
+          f"--output_dir={out}", "--no_plots", "--no_progress"]
+  launcher.main(argv)
+  figures = json.loads((out / "protocol_mpcl.json").read_text())["figures"]
+  want = {"tatoeba": (by_bucc, "best/checkpoint_2 (the step best by bucc/main_score)"),
+          "bucc": (by_tatoeba, "best-tatoeba.main_score/checkpoint_6 (the step best by "
+                               "tatoeba/main_score)")}
+  assert {f["task"] for f in figures} == {"tatoeba", "bucc"}
+  for f in figures:
+    enc, checkpoint = want[f["task"]]
+    assert f["checkpoint"] == checkpoint
+    assert f["value"] == pytest.approx(100 * float(enc.encode(["alpha beta"])[0][0]), rel=1e-5)
+  assert {p.name for p in out.iterdir()} >= {"best_checkpoint_2",
+                                             "best-tatoeba.main_score_checkpoint_6"}
+  with pytest.raises(SystemExit):   # a protocol that selects no step per task
+    launcher.parse_args([f"--checkpoint_dir={d}", "--protocol=vmsst", "--step=per_task"])
+  assert "--step=per_task: needs a --protocol that selects a checkpoint per task (mpcl)" \
+         in capsys.readouterr().err

@@ -68,14 +68,16 @@ def run_main(main, argv=None):
 
 
 def step_flag(s: str):
-  """argparse type of --step: a checkpoint step number, or 'best' (MODEL_DIR/best/)."""
-  from vmx.modeldir.layout import BEST_STEP  # lazy: parsing runs after run_main's set-up
-  if s == BEST_STEP:
+  """argparse type of --step: a checkpoint step number, 'best' (MODEL_DIR/best/) or
+  'best:<metric>' (the best step by that metric of train.best_metric)."""
+  from vmx.modeldir.layout import BEST_BY, BEST_STEP  # lazy: parsing runs after run_main
+  if s == BEST_STEP or (s.startswith(BEST_STEP + BEST_BY) and len(s) > len(BEST_STEP) + 1):
     return s
   try:
     return int(s)
   except ValueError:
-    raise argparse.ArgumentTypeError(f"{s!r}: a step number or {BEST_STEP!r}") from None
+    raise argparse.ArgumentTypeError(
+        f"{s!r}: a step number, {BEST_STEP!r} or '{BEST_STEP}{BEST_BY}<metric>'") from None
 
 
 def add_vector_flags(p: argparse.ArgumentParser, verb: str):

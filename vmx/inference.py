@@ -27,7 +27,8 @@ from vmx.data.vocab import Tokenizer, load_tokenizer
 from vmx.errors import CheckpointError, InputError, NonFiniteError
 from vmx.models.base import model_from_config
 from vmx.modeldir.checkpoints import restore_params
-from vmx.modeldir.layout import BEST_DIR, BEST_STEP, CHECKPOINT_PREFIX, read_model_info
+from vmx.modeldir.layout import (BEST_BY, BEST_DIR, BEST_STEP, CHECKPOINT_PREFIX, find_best_dir,
+                                 read_model_info)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -96,7 +97,8 @@ class Encoder:
                       quantized: Optional[str] = None):
     """The encoder of a vmx model directory at checkpoint `step` (default: the newest
     intact one; 'best': the best evaluated step kept in MODEL_DIR/best/ by
-    train.best_metric). `model_dir` may be local or remote (`gs://...`: vmx/storage.py).
+    train.best_metric; 'best:<metric>': the best step by that one of its metrics).
+    `model_dir` may be local or remote (`gs://...`: vmx/storage.py).
     `dim`: every vector's first `dim` values, renormalized (models trained with
     Matryoshka dimensions only). `quantized` ('int8', 'binary'): the float vectors `encode`
     gives are the quantized ones mapped back (vmx/quantize.py: scores on what an int8 or
@@ -110,8 +112,16 @@ class Encoder:
       if not ckpt_dir.is_dir():
         raise CheckpointError(f"{model_dir} has no {BEST_DIR}/ checkpoint: it is written by "
                               "runs with train.best_metric (BEST_METRIC) set")
+    elif isinstance(step, str) and step.startswith(BEST_STEP + BEST_BY):
+      metric = step[len(BEST_STEP + BEST_BY):]
+      ckpt_dir = find_best_dir(model_dir, metric)
+      if ckpt_dir is None:
+        raise CheckpointError(f"{model_dir} keeps no best checkpoint by {metric!r}: it is "
+                              f"written by runs whose train.best_metric (BEST_METRIC) names it")
+      prefix, step = f"{ckpt_dir.name}/", None
     elif step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-      raise InputError(f"step={step!r}: expected a step number, {BEST_STEP!r} or None (latest)")
+      raise InputError(f"step={step!r}: expected a step number, {BEST_STEP!r}, "
+                       f"'{BEST_STEP}{BEST_BY}<metric>' or None (latest)")
     params, step = restore_params(ckpt_dir, model, step, L)
     enc = cls(model, params, load_tokenizer(str(storage.path(model_dir) / info["vocabulary"])),
               info["languages"], L, batch_size, dim, quantize.load(model_dir), quantized)

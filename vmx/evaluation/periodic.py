@@ -140,18 +140,34 @@ class TatoebaEvalConfig:
     return scalars, line
 
 
-def check_best_metric(best_metric, evaluator, eval_period):
-  """ConfigError unless `best_metric` is a scalar the periodic evaluation writes."""
+def best_metrics(best_metric) -> tuple[str, ...]:
+  """train.best_metric as names: None -> (), one name -> (name,), a list -> its names (the
+  first kept in MODEL_DIR/best/, each other one in best-<metric>/; vmx/modeldir/layout.py)."""
   if best_metric is None:
+    return ()
+  names = (best_metric,) if isinstance(best_metric, str) else tuple(best_metric)
+  if (not names or not all(isinstance(n, str) and n for n in names)
+      or len(set(names)) < len(names)):
+    raise ConfigError(f"train.best_metric={best_metric!r}: expected a metric name or a list "
+                      "of distinct metric names")
+  return names
+
+
+def check_best_metric(best_metric, evaluator, eval_period):
+  """ConfigError unless `best_metric` names scalars the periodic evaluation writes (one
+  name, or a list of them: a best checkpoint kept for each)."""
+  metrics = best_metrics(best_metric)
+  if not metrics:
     return
   names = evaluator.metric_names() if evaluator is not None else []
   if not names or not eval_period:
     raise ConfigError(f"train.best_metric={best_metric!r} needs periodic evaluation: set "
                       "train.eval_cfg (TatoebaEvalConfig or HarnessEvalConfig) and "
                       "EVAL_PERIOD > 0")
-  if best_metric not in names and not any(
-      str(best_metric).startswith(p) for p in evaluator.metric_prefixes()):
-    raise _not_a_metric(best_metric, names)
+  for metric in metrics:
+    if metric not in names and not any(
+        metric.startswith(p) for p in evaluator.metric_prefixes()):
+      raise _not_a_metric(metric, names)
 
 
 def _not_a_metric(best_metric, names) -> ConfigError:

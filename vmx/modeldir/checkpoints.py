@@ -33,8 +33,8 @@ from vmx import storage
 from vmx.errors import CheckpointError, ConfigError, NonFiniteError
 from vmx.gin_utils import check_range, positive_int
 from vmx.modeldir import t5x_format
-from vmx.modeldir.layout import (BEST_DIR, BEST_RECORD, CHECKPOINT_ITEMS, CHECKPOINT_PREFIX,
-                                 DAMAGED_DIR, LOCK_FILE, MANIFEST, step_dir)
+from vmx.modeldir.layout import (BEST_RECORD, CHECKPOINT_ITEMS, CHECKPOINT_PREFIX, DAMAGED_DIR,
+                                 LOCK_FILE, MANIFEST, best_dir, step_dir)
 
 @gin.configurable
 @dataclasses.dataclass
@@ -321,18 +321,20 @@ BEST_MODES = ("max", "min")
 
 class BestCheckpointer:
   """Keeps the parameters of the step with the best value of one evaluation metric in
-  MODEL_DIR/best/ (params only, with a checksum manifest, as the regular checkpoints),
-  and MODEL_DIR/best/best.json = {metric, mode, step, value}. A resumed run continues from
-  that record: only a strictly better value replaces it. `Encoder.from_checkpoint(dir,
-  step="best")` and `launch/eval.py --step=best` read it."""
+  MODEL_DIR/best/ (`first`: train.best_metric's first metric; each other one in
+  MODEL_DIR/best-<metric>/, layout.best_dir), params only, with a checksum manifest, as
+  the regular checkpoints, and <dir>/best.json = {metric, mode, step, value}. A resumed
+  run continues from that record: only a strictly better value replaces it.
+  `Encoder.from_checkpoint(dir, step="best")` (or "best:<metric>") and `launch/eval.py
+  --step=best` read it."""
 
-  def __init__(self, model_dir, metric: str, mode: str = "max"):
+  def __init__(self, model_dir, metric: str, mode: str = "max", first: bool = True):
     """Reads and checks an existing record (a resumed run); writes nothing until the first
     `update`, so a run stopped by a later start-up error leaves no best/ behind."""
     if mode not in BEST_MODES:
       raise ConfigError(f"train.best_mode={mode!r}: expected one of {BEST_MODES}")
     self.metric, self.mode = metric, mode
-    self.dir = storage.path(model_dir) / BEST_DIR
+    self.dir = best_dir(model_dir, metric, first)
     self._primary = jax.process_index() == 0
     self._manager = None
     self.record = None

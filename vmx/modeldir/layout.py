@@ -8,6 +8,8 @@
   checkpoint_<step>/        orbax items params, train_state, data + vmx_checksums.json
                             (a t5x run's: state/ or checkpoint, vmx/modeldir/t5x_format.py)
   best/                     the best evaluated step's params (best/best.json: the record)
+  best-<metric>/            ... by each further metric of train.best_metric, '/' written
+                            '.' (best-bucc.main_score/); `step='best:<metric>'` reads it
   damaged/                  checkpoints that failed verification, kept for inspection
   decoder/                  an imported T5 / mT5 decoder (import_checkpoint --decoder):
                             checkpoint_0/params, read by initial checkpoints as `decoder/...`
@@ -34,6 +36,7 @@ MANIFEST = "vmx_checksums.json"
 BEST_DIR = "best"
 BEST_STEP = BEST_DIR                      # the `step` argument naming best/'s checkpoint
 BEST_RECORD = "best.json"
+BEST_BY = ":"                             # step 'best:<metric>': the step best by <metric>
 DAMAGED_DIR = "damaged"
 PRETRAINED_DECODER_DIR = "decoder"        # an imported model directory's T5 / mT5 decoder
 PRETRAINED_MLM_HEAD_DIR = "mlm_head"     # ... and its masked-LM head (XLM-R's lm_head)
@@ -45,6 +48,28 @@ T5X_LEGACY_FILE = "checkpoint"            # t5x's legacy layout: checkpoint_<ste
 
 def step_dir(model_dir, step: int):
   return storage.path(model_dir) / f"{CHECKPOINT_PREFIX}_{step}"
+
+
+def best_dir(model_dir, metric: str, first: bool):
+  """Where the best step by `metric` is kept: best/ for train.best_metric's first metric,
+  best-<metric>/ for the others ('/' written '.')."""
+  return storage.path(model_dir) / (BEST_DIR if first else
+                                    f"{BEST_DIR}-{metric.replace('/', '.')}")
+
+
+def find_best_dir(model_dir, metric: str):
+  """The directory keeping the best step by `metric` (best-<metric>/, or best/ when its
+  record names it); None if the run kept none."""
+  d = best_dir(model_dir, metric, first=False)
+  if (d / BEST_RECORD).exists():
+    return d
+  first = best_dir(model_dir, metric, first=True)
+  try:
+    if json.loads((first / BEST_RECORD).read_text()).get("metric") == metric:
+      return first
+  except (OSError, ValueError, AttributeError):
+    pass
+  return None
 
 
 def metrics_path(model_dir):

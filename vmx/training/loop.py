@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import jax
 from jax.experimental import multihost_utils
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from vmx import signals
 from vmx.data.vocab import load_tokenizer
 from vmx.errors import DataError, NonFiniteError, Preempted
-from vmx.evaluation.periodic import PeriodicEvaluation, metric_value
+from vmx.evaluation.periodic import PeriodicEvaluation, best_metrics, metric_value
 from vmx.inference import Encoder
 from vmx.modeldir import checkpoints, layout
 from vmx.training import initial_checkpoint
@@ -40,15 +40,16 @@ class RunFiles:
   `languages`, `vocabulary`, `max_length`: the inference files (vmx_model.json);
   `operative_config`: config.gin (filled by `run_phases`, as is `max_length`, the
   longest input of any phase); `allow_config_change`, `allow_data_change`, `fresh`: what
-  a restart with other settings may do (vmx/modeldir/run.py); `best_metric`/`best_mode`:
-  MODEL_DIR/best/ (checkpoints.BestCheckpointer)."""
+  a restart with other settings may do (vmx/modeldir/run.py); `best_metric` (a metric or
+  a list) / `best_mode`: MODEL_DIR/best/, and best-<metric>/ for each further metric
+  (checkpoints.BestCheckpointer)."""
   model_dir: str
   vocabulary: str
   languages: Sequence[str]
   checkpoint_cfg: checkpoints.CheckpointConfig
   initial_checkpoint_path: Optional[str] = None
   initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None
-  best_metric: Optional[str] = None
+  best_metric: Union[None, str, Sequence[str]] = None
   best_mode: str = "max"
   allow_config_change: bool = False
   allow_data_change: bool = False
@@ -88,9 +89,9 @@ class TrainingRun:
     if jax.process_count() > 1:   # the other processes wait for open_run (--fresh moves files)
       multihost_utils.sync_global_devices("vmx.open_run")
     # Reads (and checks) a resumed run's best-checkpoint record; writes nothing yet.
-    self.best = (checkpoints.BestCheckpointer(self.model_dir, files.best_metric,
-                                              files.best_mode)
-                 if files.best_metric else None)
+    self.best = [checkpoints.BestCheckpointer(self.model_dir, metric, files.best_mode,
+                                              first=i == 0)
+                 for i, metric in enumerate(best_metrics(files.best_metric))]
     self.ckpt = checkpoints.Checkpointer(self.model_dir, files.checkpoint_cfg)
     self.restore = files.checkpoint_cfg.restore
     self.eval_s, self.t0 = 0.0, time.time()
@@ -175,13 +176,13 @@ class TrainingRun:
     self.writer.write_scalars(step, scalars)
     self.say(f"[vmx] step {step}: {line} [{seconds:.1f} s; evaluation {share:.1f}% of the "
              f"run's time so far]")
-    if self.best is not None:
-      value = metric_value(self.files.best_metric, scalars)
-      before = self.best.record
-      if self.best.update(step, value, state.params):
+    for best in self.best:
+      value = metric_value(best.metric, scalars)
+      before = best.record
+      if best.update(step, value, state.params):
         was = f"; was {before['value']:.2f} at step {before['step']}" if before else ""
-        self.say(f"[vmx] step {step}: best {self.files.best_metric} {value:.2f}{was} -> "
-                 f"{layout.BEST_DIR}/{layout.CHECKPOINT_PREFIX}_{step}")
+        self.say(f"[vmx] step {step}: best {best.metric} {value:.2f}{was} -> "
+                 f"{best.dir.name}/{layout.CHECKPOINT_PREFIX}_{step}")
     return scalars
 
   def check_finite(self, step: int, flags, trainer):
@@ -360,7 +361,7 @@ class TrainingRun:
     if self.bar is not None:
       self.bar.close()
     self.ckpt.close()            # waits for the last save
-    if self.best is not None:
-      self.best.close()
+    for best in self.best:
+      best.close()
     if self.writer is not None:
       self.writer.close()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import gin
 import jax
@@ -81,7 +81,8 @@ def train(*, model: BaseModel = gin.REQUIRED,
           stop_at_step: Optional[int] = None, initial_checkpoint_path: Optional[str] = None,
           initial_checkpoint_assignment: Optional[Sequence[tuple[str, str]]] = None,
           phases: Optional[Sequence[Phase]] = None,
-          grad_cache_chunks: int = 1, best_metric: Optional[str] = None,
+          grad_cache_chunks: int = 1,
+          best_metric: Union[None, str, Sequence[str]] = None,
           best_mode: str = "max", allow_config_change: bool = False,
           allow_data_change: bool = False, fresh: bool = False,
           prefetch_batches: int = 2) -> tuple[TrainState, dict]:
@@ -101,7 +102,9 @@ def train(*, model: BaseModel = gin.REQUIRED,
   (vmx/training/grad_cache.py: the same gradients, memory of one chunk's activations).
   `best_metric` (an evaluation metric, e.g. 'tatoeba/mean'): after every evaluation the
   parameters are kept in MODEL_DIR/best/ if the metric beats the best so far (`best_mode`
-  'max' or 'min'); see checkpoints.BestCheckpointer.
+  'max' or 'min'); see checkpoints.BestCheckpointer. A list of metrics keeps the best step
+  by each: the first in best/, the others in best-<metric>/ (e.g. MPCL §3.3's test sets
+  as each other's dev sets, `launch/eval.py --step=per_task`).
   The run directory has one writer (MODEL_DIR/vmx.lock) and its stored config is the
   contract of a restart: a run that would continue with another model, data or
   optimization is refused before anything is written (`allow_config_change`: accept the

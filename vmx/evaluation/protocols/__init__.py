@@ -53,11 +53,36 @@ __all__ = ["EMMAX_HEAD", "EMMAX_MULTISTS", "EMMAX_OPTIONAL", "EMMAX_XRETE_MISSIN
            "EMS_UNSEEN54", "FINETUNE", "FINETUNED", "FINETUNED_MISSING", "INFOXLM_OPTIONAL",
            "TRANSFER_GAP",
            "INFOXLM_OTHER22", "INFOXLM_PARALLEL14", "PROTOCOLS", "STS17_LAYOUT", "VMSST_STS17",
-           "Missing", "Protocol", "finetuned_report", "report", "resolve", "tasks_of",
+           "Missing", "PER_TASK", "Protocol", "finetuned_report", "per_task_steps", "report",
+           "resolve", "selected_by", "tasks_of",
            "tatoeba_mean", "with_vector"]
 
 PROTOCOLS = {p.name: p for p in (vmsst.PROTOCOL, ems.PROTOCOL, infoxlm.PROTOCOL,
                                  emmax.PROTOCOL, mpcl.PROTOCOL)}
+PER_TASK = "per_task"   # launch/eval.py --step=per_task: each task at its paper's step
+
+
+def per_task_steps(protocols: Sequence[Protocol], tasks: Sequence[str]) -> dict:
+  """{checkpoint step: [tasks]} of a per-task selection: a task the protocols select on a
+  metric at 'best:<metric>' (the step train.best_metric kept by it), the others at the
+  latest step (None). ValueError: two protocols select one task on different metrics."""
+  on = {}
+  for p in protocols:
+    for task, metric in p.select_on.items():
+      if on.setdefault(task, metric) != metric:
+        raise ValueError(f"--step={PER_TASK}: protocols select {task} on {on[task]!r} and "
+                         f"{metric!r}; run them one at a time")
+  out = {}
+  for t in tasks:
+    out.setdefault(f"best:{on[t]}" if t in on else None, []).append(t)
+  return out
+
+
+def selected_by(step: Optional[str], revision: str) -> str:
+  """How a per-task selection chose a task's checkpoint (the figures' `checkpoint`)."""
+  if step is None:
+    return f"{revision} (the latest: the paper's selection for this task is not available)"
+  return f"{revision} (the step best by {step.split(':', 1)[1]})"
 
 
 # Fine-tuned figures (launch/finetune.py --protocol=...; vmx/finetune/): for each paper,
@@ -158,8 +183,10 @@ def _given(settings: Optional[Mapping], task: str, field: str) -> bool:
 
 
 def report(protocol: Protocol, results: dict, errors: dict,
-           settings: Optional[Mapping] = None) -> dict:
-  """The protocol's JSON: its figures, what is missing, and tasks that failed."""
+           settings: Optional[Mapping] = None, selected: Optional[Mapping] = None) -> dict:
+  """The protocol's JSON: its figures, what is missing, and tasks that failed. `selected`
+  ({task: how its checkpoint was chosen}, a per-task selection): each figure's
+  `checkpoint`."""
   missing = [dataclasses.asdict(m) for m in protocol.missing]
   for task, (m, needs) in protocol.optional_tasks.items():
     if not _given(settings, task, needs):
@@ -169,5 +196,7 @@ def report(protocol: Protocol, results: dict, errors: dict,
   failed = {t: str(e) for t, e in errors.items() if t in protocol.tasks
             or t in protocol.optional_tasks}
   figures = [with_vector(f, results) for f in protocol.figures(results)]
+  if selected:
+    figures = [{**f, "checkpoint": selected[f["task"]]} for f in figures]
   return {"protocol": protocol.name, "paper": protocol.paper,
           "figures": figures, "missing": missing, "tasks_failed": failed}

@@ -31,6 +31,10 @@ class Protocol:
   optional_tasks: dict = dataclasses.field(default_factory=dict)
   # what the results themselves show to be missing (results -> [Missing])
   missing_from: Optional[Callable[[dict], list]] = None
+  # the paper's own model selection, per task: task -> the periodic-evaluation metric whose
+  # best step it is reported at (train.best_metric keeps each; launch/eval.py
+  # --step=per_task). Empty: one checkpoint for every task.
+  select_on: dict = dataclasses.field(default_factory=dict)
 
 
 def _sts17_optional(tables: str, benchmark: str = "STS17") -> dict:
