@@ -20,7 +20,7 @@ from etils import epy
 from vmx.data import download, readers, task_settings
 with epy.lazy_imports():   # SeqIO and TensorFlow: only when a task is registered
   from vmx.data import registration
-from vmx.errors import DataError
+from vmx.errors import ConfigError, DataError
 from tasks.parallel import held_out, languages_key
 
 WMT_YEARS = (2008, 2009, 2010, 2011, 2012, 2013)
@@ -96,32 +96,53 @@ def nway_mixture_text_files(corpora=gin.REQUIRED, data_dir: Optional[str] = None
   return [f for c, langs in corpora.items() for f in nway_text_files(c, langs, data_dir)]
 
 
+def pairs_key(pairs_from_groups: Optional[int], num_views: int, binding: str) -> str:
+  """The task-name suffix of MPCL's +Single pairs (`.pairs<K>`; "" without them);
+  ConfigError naming `binding` unless K is even and >= 2 and the examples have 2 views."""
+  if pairs_from_groups is None:
+    return ""
+  if (isinstance(pairs_from_groups, bool) or not isinstance(pairs_from_groups, int)
+      or pairs_from_groups < 2 or pairs_from_groups % 2):
+    raise ConfigError(f"{binding}.pairs_from_groups={pairs_from_groups!r}: expected an even "
+                      "number of languages >= 2 (or None)")
+  if num_views != 2:
+    raise ConfigError(f"{binding}.pairs_from_groups={pairs_from_groups} makes examples of two "
+                      f"views, but num_views (NUM_VIEWS) is {num_views}: set it to 2")
+  return f".pairs{pairs_from_groups}"
+
+
 def nway_task(corpus: str = gin.REQUIRED, languages: Optional[Sequence[str]] = gin.REQUIRED,
               vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
               data_dir: Optional[str] = None,
               shuffle_buffer_size: int = task_settings.DEFAULT_SHUFFLE_BUFFER,
               validation_percent: int = task_settings.VALIDATION_PERCENT,
-              holdout: Sequence[str] = ()) -> str:
+              holdout: Sequence[str] = (), pairs_from_groups: Optional[int] = None) -> str:
   """Registers the MPCL task of an N-way corpus, `<corpus>.views<V>.<languages>`:
   `num_views` translations per example (languages None: every language of the file).
-  `holdout`: dev sets whose sentences' groups are dropped (name + `.minus_<sets>`)."""
+  `holdout`: dev sets whose sentences' groups are dropped (name + `.minus_<sets>`).
+  `pairs_from_groups` K (MPCL's +Single data, §3.5; `num_views` 2): each group with K
+  languages or more becomes K / 2 separate pairs (vmx/data/nway.py `single_pairs`)."""
+  pairs = pairs_key(pairs_from_groups, num_views, "tasks.nway_task")
   langs, rows = nway_groups(corpus, languages, data_dir)
   key = "all" if languages is None else languages_key(langs, every=())
   h, suffix = held_out(holdout, data_dir, "tasks.nway_task")
   return registration.register_nway_task(
-      f"{corpus.replace('-', '_')}.views{num_views}.{key}{suffix}", langs, rows, vocabulary,
-      num_views, shuffle_buffer_size, validation_percent, h,
-      nway_files(corpus, languages, data_dir))
+      f"{corpus.replace('-', '_')}.views{num_views}.{key}{pairs}{suffix}", langs, rows,
+      vocabulary, num_views, shuffle_buffer_size, validation_percent, h,
+      nway_files(corpus, languages, data_dir), pairs_from_groups)
 
 
 def nway_mixture(corpora=gin.REQUIRED, vocabulary: str = gin.REQUIRED,
                  num_views: int = gin.REQUIRED, alpha: float = 1.0,
                  data_dir: Optional[str] = None,
                  validation_percent: int = task_settings.VALIDATION_PERCENT,
-                 holdout: Sequence[str] = ()) -> str:
-  """Several N-way corpora {corpus: languages} mixed with p ∝ groups^alpha."""
+                 holdout: Sequence[str] = (), pairs_from_groups: Optional[int] = None) -> str:
+  """Several N-way corpora {corpus: languages} mixed with p ∝ groups^alpha
+  (`pairs_from_groups`: as `nway_task`'s)."""
+  pairs_key(pairs_from_groups, num_views, "tasks.nway_mixture")
   names = [nway_task(c, langs, vocabulary, num_views, data_dir,
-                     validation_percent=validation_percent, holdout=holdout)
+                     validation_percent=validation_percent, holdout=holdout,
+                     pairs_from_groups=pairs_from_groups)
            for c, langs in corpora.items()]
   if len(names) == 1:
     return names[0]

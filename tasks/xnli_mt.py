@@ -46,7 +46,7 @@ from vmx.data import readers, task_settings
 with epy.lazy_imports():   # SeqIO and TensorFlow: only when a task is registered
   from vmx.data import registration
 from vmx.errors import ConfigError, DataError
-from tasks.nway import nway_mixture, nway_mixture_text_files
+from tasks.nway import nway_mixture, nway_mixture_text_files, pairs_key
 from tasks.parallel import held_out, languages_key
 
 # MPCL §3.1: the six languages of its main experiments (XNLI's, ISO 639-1)
@@ -203,25 +203,31 @@ def mpcl_mixture(xnli_mt_directory: Optional[str] = None,
                  vocabulary: str = gin.REQUIRED, num_views: int = gin.REQUIRED,
                  alpha: float = 1.0, data_dir: Optional[str] = None,
                  validation_percent: int = task_settings.VALIDATION_PERCENT,
-                 holdout: Sequence[str] = ()) -> str:
+                 holdout: Sequence[str] = (), pairs_from_groups: Optional[int] = None) -> str:
   """MPCL's training groups: with `xnli_mt_directory` (XNLI-MT 1.0's multinli/ folder,
   which the user supplies) the paper's (§3.1), one group per line of the training files,
   its premise in `xnli_languages` (task `xnli_mt.views<V>.<languages>`); without it the
   N-way corpora `corpora` of the data directory (`nway_mixture`: WMT newstest's multiway
   years, with Czech in place of Chinese in mpcl.gin). `holdout`: dev sets whose
-  sentences' groups are dropped."""
+  sentences' groups are dropped. `pairs_from_groups` K (+Single's own data, §3.5, with
+  `num_views` 2): each group of K languages or more as K / 2 separate pairs."""
+  pairs = pairs_key(pairs_from_groups, num_views, "tasks.mpcl_mixture")
   if not xnli_mt_directory:
     return nway_mixture(corpora, vocabulary, num_views, alpha, data_dir, validation_percent,
-                        holdout)
+                        holdout, pairs_from_groups)
   langs, premises, _ = xnli_mt_groups(xnli_mt_directory, xnli_languages, "premises")
   if num_views > len(langs):
     raise ConfigError(f"NUM_VIEWS={num_views} views of distinct languages, but the XNLI-MT "
                       f"groups have {len(langs)} languages ({', '.join(langs)})")
+  if (pairs_from_groups or 0) > len(langs):
+    raise ConfigError(f"tasks.mpcl_mixture.pairs_from_groups={pairs_from_groups}, but the "
+                      f"XNLI-MT groups have {len(langs)} languages ({', '.join(langs)})")
   h, suffix = held_out(holdout, data_dir, "tasks.mpcl_mixture")
   return registration.register_nway_task(
-      f"xnli_mt.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}{suffix}", langs,
+      f"xnli_mt.views{num_views}.{languages_key(langs, XNLI_LANGUAGES)}{pairs}{suffix}", langs,
       premises, vocabulary, num_views, validation_percent=validation_percent, holdout=h,
-      paths=list(xnli_mt_files(xnli_mt_directory, xnli_languages).values()))
+      paths=list(xnli_mt_files(xnli_mt_directory, xnli_languages).values()),
+      pairs_from_groups=pairs_from_groups)
 
 
 @gin.configurable(module="tasks")

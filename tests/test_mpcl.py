@@ -272,15 +272,16 @@ def test_real_nway_corpora_are_aligned():
 
 MPCL_FILES = ["mpcl_tiny.gin", "mpcl_single_tiny.gin", "mpcl.gin", "mpcl_single.gin",
               "ablations/mpcl_single_pairs_tiny.gin", "mpcl_hard_negative.gin",
-              "mpcl_xlmr.gin", "mpcl_xlmr_single.gin", "mpcl_mbert.gin", "mpcl_mbert_single.gin",
-              "mpcl_labse.gin", "mpcl_msimcse.gin"]
+              "mpcl_xlmr.gin", "mpcl_xlmr_single.gin", "mpcl_xlmr_single_pairs.gin",
+              "mpcl_mbert.gin", "mpcl_mbert_single.gin", "mpcl_labse.gin", "mpcl_msimcse.gin"]
 
 
 # The fast tier steps one file per distinct code path (from scratch +Multiple / +Single,
 # random pairs, an XLM-R backbone, LaBSE's pooled CLS, hard negatives); the slow tier the
 # rest, which differ from these only in sizes, checkpoints and learning rates.
-SLOW_MPCL_FILES = ("mpcl.gin", "mpcl_single.gin", "mpcl_xlmr_single.gin", "mpcl_mbert.gin",
-                   "mpcl_mbert_single.gin", "mpcl_msimcse.gin")
+SLOW_MPCL_FILES = ("mpcl.gin", "mpcl_single.gin", "mpcl_xlmr_single.gin",
+                   "mpcl_xlmr_single_pairs.gin", "mpcl_mbert.gin", "mpcl_mbert_single.gin",
+                   "mpcl_msimcse.gin")
 
 
 @pytest.mark.parametrize("name", [pytest.param(f, marks=pytest.mark.slow)
@@ -293,7 +294,8 @@ def test_every_mpcl_file_builds_and_takes_a_step(name):
       lambda m, b: _views_batch(b=b, v=m.num_views, hard_negative=m.hard_negatives))
   # the paper's files: K = 5 positives (§3.5); the CPU-scale files: 3; pairs: 1
   assert model.num_views == (2 if "pairs" in name else 4 if "tiny" in name else 6)
-  assert model.positives == ("one" if "single" in name and "pairs" not in name else "all")
+  assert model.positives == ("one" if "single" in name and "tiny" not in name
+                             or name == "mpcl_single_tiny.gin" else "all")
   assert model.hard_negatives == ("hard_negative" in name)   # §3.5's XLM-R w/ hard negative
   assert np.isfinite(float(metrics["loss"].compute()))
   enc = model.module.encoder
@@ -359,3 +361,45 @@ def test_real_nway_pipeline_yields_aligned_translations(tmp_path):
       common = set.intersection(*(group_of[t] for t in texts))
       assert common, texts                                   # all three from one group
       assert len(set(texts)) == 3
+
+
+def test_single_pairs_cut_each_group_into_separate_pairs_of_its_split():
+  """MPCL §3.5's +Single data: a group of K languages (or more) becomes K / 2 rows of two
+  texts each, every drawn sentence in exactly one pair, the same pairs on every call
+  (seeded by the group's texts), each pair in its group's split; a group with fewer
+  languages is dropped; the bindings are checked."""
+  import collections
+  from tasks.nway import pairs_key
+  from vmx.data import nway
+  from vmx.errors import ConfigError, DataError
+  langs = ["aa", "bb", "cc", "dd", "ee", "ff"]
+  rows = [[f"g{i} {l}" for l in langs] for i in range(300)]
+  rows += [[f"short{i} {l}" if j < 3 else "" for j, l in enumerate(langs)] for i in range(20)]
+  src = nway.NwaySource(langs, rows, 2, validation_percent=10, pairs_from_groups=6)
+  pairs = {k: [[t.decode() for t in r] for r in v] for k, v in src._rows.items()}   # noqa: SLF001
+  assert sum(map(len, pairs.values())) == 300 * 3                 # 3 pairs a group of six
+  by_group = collections.defaultdict(list)
+  for split, split_rows in pairs.items():
+    for r in split_rows:
+      texts = [t for t in r if t]
+      assert len(texts) == 2                                      # a pair a row
+      group = {t.split()[0] for t in texts}
+      assert len(group) == 1 and not group & {f"short{i}" for i in range(20)}
+      by_group[group.pop()].append((split, r))
+  for g, members in by_group.items():
+    assert len(members) == 3 and len({s for s, _ in members}) == 1, g   # one split a group
+    cells = [i for _, r in members for i, t in enumerate(r) if t]
+    assert sorted(cells) == list(range(6)), g                     # each sentence once
+  first = [nway.single_pairs(r, 6) for r in rows[:50]]
+  assert first == [nway.single_pairs(r, 6) for r in rows[:50]]    # deterministic
+  assert len({tuple(map(tuple, p)) for p in first}) > 1           # ... not one fixed pairing
+  four = nway.single_pairs(rows[0], 4)                            # K < N: four of six drawn
+  assert len(four) == 2 and sum(bool(t) for r in four for t in r) == 4
+  with pytest.raises(DataError, match=r"no N-way group has 6 languages"):
+    nway.NwaySource(langs, rows[300:], 2, pairs_from_groups=6)
+  assert pairs_key(None, 6, "tasks.x") == "" and pairs_key(6, 2, "tasks.x") == ".pairs6"
+  with pytest.raises(ConfigError, match=r"tasks.x.pairs_from_groups=6 makes examples of two "
+                                        r"views, but num_views \(NUM_VIEWS\) is 6"):
+    pairs_key(6, 6, "tasks.x")
+  with pytest.raises(ConfigError, match=r"tasks.x.pairs_from_groups=5: expected an even"):
+    pairs_key(5, 2, "tasks.x")

@@ -44,20 +44,25 @@ class NwaySource(seqio.FunctionDataSource):
 
   def __init__(self, languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
                validation_percent: int = VALIDATION_PERCENT,
-               holdout: Optional[devsets.HeldOut] = None, paths: Sequence[str] = ()):
+               holdout: Optional[devsets.HeldOut] = None, paths: Sequence[str] = (),
+               pairs_from_groups: Optional[int] = None):
+    """`pairs_from_groups` K (MPCL's +Single data, `single_pairs`): groups with at least K
+    languages, each cut into K / 2 pairs, every pair a row of its own (`min_views` 2)."""
     self.paths = [str(p) for p in paths]   # the files the rows were read from (if known)
     read = len(rows)
     if holdout:
       rows = [r for r in rows if holdout.keeps(r)]
-    kept = [r for r in rows if sum(bool(t) for t in r) >= min_views]
+    need = pairs_from_groups or min_views
+    kept = [r for r in rows if sum(bool(t) for t in r) >= need]
     if not kept:
       by = (f" after the hold-out of {', '.join(holdout.names)} removed {read - len(rows)} of "
             f"its {read} groups" if holdout and len(rows) < read else "")
-      raise DataError(f"no N-way group has {min_views} languages (of {list(languages)})"
+      raise DataError(f"no N-way group has {need} languages (of {list(languages)})"
                       f"{by}")
     splits = {"train": [], "validation": []}
-    for r in kept:
-      splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in r])
+    for r in kept:   # a group's pairs stay in its split
+      for x in single_pairs(r, pairs_from_groups) if pairs_from_groups else (r,):
+        splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in x])
     if not validation_percent:
       del splits["validation"]
     self.languages, self.num_views = list(languages), min_views
@@ -66,6 +71,7 @@ class NwaySource(seqio.FunctionDataSource):
     self._fingerprint = None
     self._holdout = holdout.key if holdout else ""
     self._validation_percent = validation_percent
+    self._pairs_from = pairs_from_groups
     super().__init__(self._dataset, splits=tuple(splits),
                      num_input_examples={k: len(v) for k, v in splits.items()})
 
@@ -87,7 +93,8 @@ class NwaySource(seqio.FunctionDataSource):
   def fingerprint(self) -> str:
     if self._fingerprint is None:
       h = hashlib.sha256(repr((self.languages, self.num_views, self._validation_percent,
-                               self._holdout)).encode())
+                               self._holdout) + ((self._pairs_from,) if self._pairs_from
+                                                 else ())).encode())
       for split in sorted(self._rows):
         for r in self._rows[split]:
           h.update(b"\x00".join(r) + b"\x01")
@@ -117,6 +124,23 @@ class NwaySource(seqio.FunctionDataSource):
     return self.view_draw()(stored, seeds_B)
 
 
+def single_pairs(row: Sequence[str], k: int) -> list[list[str]]:
+  """MPCL §3.5's +Single examples of one group: k of its languages drawn uniformly (a
+  generator seeded by the SHA-256 of the group's texts: the same pairs on every machine
+  and run), paired in the order drawn, so each drawn sentence is in one pair. k / 2 rows
+  of the group's width, each with the two texts of its pair ("" elsewhere)."""
+  if k < 2 or k % 2:
+    raise DataError(f"N-way pairs from groups of {k} languages: expected an even number >= 2")
+  seed = int.from_bytes(hashlib.sha256("\t".join(row).encode("utf-8")).digest()[:8], "big")
+  order = views.drawn(np.array([bool(t) for t in row]), seed, k)
+  out = []
+  for a, b in zip(order[0::2], order[1::2]):
+    pair = [""] * len(row)
+    pair[a], pair[b] = row[a], row[b]
+    out.append(pair)
+  return out
+
+
 def _drawn_tf(texts_N, seed, k: int):
   """[k] indices of distinct non-empty texts, uniformly at random (stateless, `seed`)."""
   scores = tf.random.stateless_uniform(tf.shape(texts_N), seed)
@@ -127,9 +151,11 @@ def _drawn_tf(texts_N, seed, k: int):
 def nway_source(languages: Sequence[str], rows: Sequence[Sequence[str]], min_views: int,
                 validation_percent: int = VALIDATION_PERCENT,
                 holdout: Optional[devsets.HeldOut] = None,
-                paths: Sequence[str] = ()) -> NwaySource:
+                paths: Sequence[str] = (),
+                pairs_from_groups: Optional[int] = None) -> NwaySource:
   """The N-way source of `rows` (see NwaySource), read from `paths`."""
-  return NwaySource(languages, rows, min_views, validation_percent, holdout, paths)
+  return NwaySource(languages, rows, min_views, validation_percent, holdout, paths,
+                    pairs_from_groups)
 
 
 @seqio.map_over_dataset(num_seeds=1)

@@ -26,7 +26,7 @@ import os
 from typing import Any, Mapping, Optional
 
 from vmx import _deprecated
-from vmx.data import features, packing, stream, views
+from vmx.data import features, packing, stream, token_blocks, views
 from vmx.data.deferred import Deferred
 from vmx.data.token_cache import lookup
 from vmx.data.token_cache.sources import CachedSource, view_draw
@@ -56,6 +56,9 @@ class DatasetConfig:
   `pack`: lay several sentences into each row of the model's length (vmx/data/packing.py:
   the same examples, in the same order, the same loss; gin's PACKING); the model must
   read packed rows (`packed_features()`), else the run is refused.
+  `block_length` (a monolingual task, the index reader): each example is a block of
+  consecutive sentences of the cache, joined up to that many tokens (XLM-R's and InfoXLM's
+  masked-LM text; vmx/data/token_blocks.py); the batch's tokens are [B, block_length].
   `mixture_or_task_name`: a registered name, or a `Deferred` task call (gin's
   `@tasks.parallel_mixture()`), resolved here to its name: from the record of its built
   token caches without SeqIO (`record`), else by registering it.
@@ -72,6 +75,7 @@ class DatasetConfig:
   slots: Optional[int] = None
   shuffle_window: int = 1024
   pack: bool = False
+  block_length: Optional[int] = None
   array_cache_dir: Optional[str] = None   # token_cache_dir's name in earlier releases
   # what the name was resolved from (not arguments: set by __post_init__)
   deferred: Optional[Deferred] = dataclasses.field(default=None, init=False, repr=False,
@@ -105,6 +109,15 @@ class DatasetConfig:
                 "a positive multiple of 256 rows")
     check_range(isinstance(self.pack, bool), "DatasetConfig", "pack", self.pack,
                 "True or False (PACKING)")
+    if self.block_length is not None:
+      longest = max(lengths.values())
+      check_range(positive_int(self.block_length) and self.block_length >= longest,
+                  "DatasetConfig", "block_length", self.block_length,
+                  f"None, or a number of tokens >= the sentences' length {longest} "
+                  "(task_feature_lengths)")
+      check_range(self.reader == "index" and not self.pack, "DatasetConfig", "block_length",
+                  self.block_length, "None with reader='seqio' or pack=True (blocks are "
+                  "the index reader's, and a block is already a full row)")
     if isinstance(self.mixture_or_task_name, Deferred):
       self.deferred = self.mixture_or_task_name
       self.record, why = lookup.find(self.deferred.key(), self.token_cache_dir)
@@ -230,7 +243,10 @@ def model_feature_shapes(cfg, layouts) -> dict:
   shapes = {}
   for key, c in task_configs(cfg).items():
     layout = _layouts(cfg, layouts)[key]
-    for k, n in layout.model_lengths(c.task_feature_lengths).items():
+    lengths = layout.model_lengths(c.task_feature_lengths)
+    if c.block_length:
+      lengths[_block_feature(layout, key)] = c.block_length
+    for k, n in lengths.items():
       shapes[k if key is None else f"{key}/{k}"] = (
           (c.batch_size,) if layout.MODEL_FEATURES[k].rank == 0 else (c.batch_size, n))
   return shapes
@@ -347,10 +363,19 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
       names, draws = [t.name for t in tasks], [view_draw(t.source) for t in tasks]
     for name, draw in zip(names, draws):
       _check_views(name, draw, layout)
+    if c.block_length:   # the call's vocabulary file, else the registered task's
+      vocabulary = c.deferred.arguments.get("vocabulary") if c.deferred is not None else None
+      if not isinstance(vocabulary, str):
+        from vmx.data import registration  # SeqIO (registered tasks): a call without a file
+        vocabulary = registration.vocabulary_of(c.register())
+      tables = [token_blocks.TokenBlocks(t, _block_feature(layout, key), c.block_length,
+                                         token_blocks.separator(vocabulary))
+                for t in tables]
     order = orders.get(key) or stream.Order.default(c.batch_size, c.slots, c.shuffle_window)
     out[key] = stream.Stream(
         names, rates, tables, c.batch_size, d["seed"], c.shuffle, order, draw=draws,
-        about={k: d[k] for k in ("mixture_or_task_name", "split", "lengths")})
+        about={k: d[k] for k in ("mixture_or_task_name", "split", "lengths", "block_length")
+               if k in d})
   return out
 
 
@@ -366,7 +391,22 @@ def described_config(cfg, seed: int) -> dict:
         "batch_size": c.batch_size, "shuffle": c.shuffle,
         "seed": c.seed if c.seed is not None else seed + i,
         "order": stream.Order.default(c.batch_size, c.slots, c.shuffle_window).describe()}
+    if c.block_length:   # (only then: every other stream's description stays as it was)
+      out[str(key)]["block_length"] = int(c.block_length)
   return out
+
+
+def _block_feature(layout, key) -> str:
+  """The one token feature a config with `block_length` reads in blocks (ConfigError
+  naming the binding for a layout of several token features: pairs, views)."""
+  tokens = layout.token_features()
+  if len(tokens) != 1 or len(layout.MODEL_FEATURES) != 1:
+    where = ("DatasetConfig" if key is None
+             else f"MultiTaskConfig.tasks[{key!r}] DatasetConfig")
+    raise ConfigError(f"{where}.block_length: blocks of text are for single sentences "
+                      f"(a monolingual task), but this task's examples have "
+                      f"{sorted(layout.MODEL_FEATURES)}")
+  return tokens[0]
 
 
 def _seqio_iterator(cfg, layouts, seed: int):

@@ -85,6 +85,14 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   return name
 
 
+def vocabulary_of(name: str) -> seqio.Vocabulary:
+  """The vocabulary of a registered task's (or a mixture's first task's) first feature."""
+  task = seqio.get_mixture_or_task(name)
+  if isinstance(task, seqio.Mixture):
+    task = task.tasks[0]
+  return next(iter(task.output_features.values())).vocabulary
+
+
 def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
                        shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                        language: Optional[str] = None) -> str:
@@ -107,14 +115,16 @@ def register_nway_task(name: str, languages: Sequence[str], rows, vocab_path: st
                        num_views: int, shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                        validation_percent: int = VALIDATION_PERCENT,
                        holdout: Optional[devsets.HeldOut] = None,
-                       paths: Sequence[str] = ()) -> str:
+                       paths: Sequence[str] = (),
+                       pairs_from_groups: Optional[int] = None) -> str:
   """Registers a task of N-way groups yielding `views` [num_views, L] token ids (`paths`:
-  the files the rows were read from)."""
+  the files the rows were read from; `pairs_from_groups`: NwaySource's)."""
   vocab = seqio_vocabulary(vocab_path)
   features = {"views": seqio.Feature(vocab, add_eos=False, dtype=tf.int32, rank=2)}
   _unregister(seqio.TaskRegistry, name)
   seqio.TaskRegistry.add(
-      name, source=nway_source(languages, rows, num_views, validation_percent, holdout, paths),
+      name, source=nway_source(languages, rows, num_views, validation_percent, holdout, paths,
+                               pairs_from_groups),
       preprocessors=[functools.partial(sample_views, num_views=num_views),
                      # the views' languages are drawn per example: a pre-tokenizing
                      # vocabulary is refused (tokenize_step)

@@ -366,7 +366,7 @@ def stream_difference(old: Mapping, new: Mapping) -> list[str]:
       out.append(f"{where}{'added' if a is None else 'removed'}")
       continue
     for field in ("mixture_or_task_name", "split", "batch_size", "shuffle", "seed", "lengths",
-                  "order"):
+                  "order", "block_length"):
       if a.get(field) != b.get(field):
         out.append(f"{where}{field} {a.get(field)!r} -> {b.get(field)!r}")
     ta, tb = {t[0]: t[1:] for t in a.get("tasks", [])}, {t[0]: t[1:] for t in b.get("tasks", [])}

@@ -43,8 +43,8 @@ steps, while MMLM and TLM train). Non-gradient state (flax_mutables):
                     split along 'data' on the B axis; queue/next (the slot written
                     next), queue/filled (slots holding keys).
 Differences from the paper: XLCO inputs are not masked (the authors' code masks them
-too), MMLM rows are single sentences of MAX_LENGTH tokens (CC-100 uses 512-token
-blocks of consecutive text). The sentence vector for retrieval is f_l(x), the universal
+too). MMLM reads blocks of consecutive sentences (App. A's 512-token blocks of CC-100:
+`MMLM_BLOCK_LENGTH`, vmx/data/token_blocks.py) of the training text, which is not CC-100. The sentence vector for retrieval is f_l(x), the universal
 layer's CLS before the projection. `pooling='mean'` replaces the CLS by the mean of the
 layer (for vmx's own vocabularies, which have no <s> token: their first token is a word).
 """
@@ -419,6 +419,10 @@ class InfoXLMModel(SentenceEncoderModel):
       raise ConfigError(f"TLM and XLCO join two sentences of up to {joined // 2} tokens: "
                         f"TransformerEncoder.max_length={self.module.encoder.max_length} must "
                         f"be at least {joined} (2 x MAX_LENGTH)")
+    if max(lengths) > self.module.encoder.max_length:   # MMLM's blocks of text
+      raise ConfigError(f"the MMLM rows hold {max(lengths)} tokens (MMLM_BLOCK_LENGTH): "
+                        f"TransformerEncoder.max_length={self.module.encoder.max_length} must "
+                        f"be at least that")
     tokens = jnp.ones((1, max(lengths)), jnp.int32)
     variables = dict(self.module.init({"params": rng}, tokens, deterministic=True))
     if self.uniform_init:
