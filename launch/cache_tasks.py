@@ -102,7 +102,7 @@ def cache_experiment(args, bindings):
   from collections.abc import Mapping
   from vmx import experiment, signals  # lazy: jax, seqio
   from vmx.data import pipeline  # lazy
-  from vmx.data.token_cache import beam, build, disk_format, fingerprint as fp, lookup  # lazy
+  from vmx.data.token_cache import beam, build, disk_format, lookup  # lazy
   from vmx.data.token_cache.table import Table  # lazy
   from vmx.errors import ConfigError, Interrupted
   if args.beam_runner:
@@ -125,12 +125,11 @@ def cache_experiment(args, bindings):
       records.append((c, layout, tasks, rates, root, []))
       shared += [root, *[p for t in tasks for p in getattr(t.source, "paths", [])]]
       for t in tasks:
-        parts = fp.parts(t, c.split, c.task_feature_lengths, converter)
-        digest = fp.digest(parts)
-        directory = build.directory_of(root, t, c.split, digest)
+        parts, digest, directory = build.locate(t, c.split, c.task_feature_lengths, converter,
+                                                root)
         order.append((f"{phase}{'/' + key if key else ''}", t.name, c.split, directory, root))
         records[-1][-1].append(directory)
-        if str(directory) in seen or (directory / disk_format.MANIFEST).exists():
+        if str(directory) in seen or build.built(directory):
           seen.add(str(directory))
           continue
         seen.add(str(directory))

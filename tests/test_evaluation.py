@@ -339,7 +339,7 @@ def test_sts2017_extended_adds_the_four_pairs_the_release_lacks(tmp_path):
   missing; the extended copy alone scores every pair it holds."""
   import zipfile
   from vmx.evaluation.protocols import EMMAX_MULTISTS
-  from vmx.evaluation.protocols.figures import _sts17
+  from vmx.evaluation.protocols.figures import sts17_mean
   ang = np.linspace(0.1, 1.4, 10)
   write_lines(tmp_path / "rel/STS.input.track4a.es-en.txt",
               [f"{_angle(0)}\t{_angle(a)}" for a in ang])
@@ -360,7 +360,7 @@ def test_sts2017_extended_adds_the_four_pairs_the_release_lacks(tmp_path):
   assert rows["extended.fr-en"]["spearman"] == pytest.approx(-100.0)
   assert rows["extended.fr-en"]["columns"] == ["fra", "eng"] and enc.seen[-4:-2] == ["fra", "eng"]
   assert "sentence 1<TAB>sentence 2<TAB>score" in res["tracks_failed"]["extended.nl-en"]
-  fig = _sts17({"sts17": res}, EMMAX_MULTISTS, "spearman", mteb_only=True)
+  fig = sts17_mean({"sts17": res}, EMMAX_MULTISTS, "spearman", mteb_only=True)
   assert fig["pairs_missing"] == ["ar-ar", "ar-en", "en-en", "es-es", "nl-en", "tr-en"]
   assert fig["value"] == pytest.approx(np.mean([100.0, 100.0, -100.0, 100.0]))
   alone = sts.evaluate_sts17(common.as_encode_fn(VecEncoder()), None,

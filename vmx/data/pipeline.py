@@ -409,10 +409,13 @@ def _block_feature(layout, key) -> str:
   return tokens[0]
 
 
-def _seqio_iterator(cfg, layouts, seed: int):
-  from vmx.data import seqio_reader  # SeqIO and TensorFlow: the seqio reader only
-  return seqio_reader.seqio_iterator(
-      task_configs(cfg), {k: v.converter() for k, v in _layouts(cfg, layouts).items()}, seed)
+def _replaying(cfg, layouts, seed: int, state: Optional[Mapping] = None):
+  """The replaying SeqIO reader, whole in vmx/data/seqio_reader.py: for `reader='seqio'`
+  configs and replay positions (old checkpoints, SeqIO's own offline cache)."""
+  from vmx.data import seqio_reader  # SeqIO and TensorFlow: the replaying reader only
+  return seqio_reader.replaying_iterator(
+      task_configs(cfg), {k: v.converter() for k, v in _layouts(cfg, layouts).items()}, seed,
+      state, asked=reader_of(cfg))
 
 
 def train_iterator(cfg, layouts, seed: int, rows: Optional[Mapping] = None,
@@ -421,7 +424,7 @@ def train_iterator(cfg, layouts, seed: int, rows: Optional[Mapping] = None,
   ({task key: global row indices}, default all) of each step; the seqio reader yields
   global batches (`rows` ignored)."""
   if reader_of(cfg) == "seqio":
-    return _seqio_iterator(cfg, layouts, seed)
+    return _replaying(cfg, layouts, seed)
   return stream.IndexIterator(_streams(cfg, layouts, seed, progress,
                                        orders or {}), rows)
 
@@ -443,11 +446,4 @@ def resume_iterator(cfg, layouts, seed: int, state: Mapping,
     it = train_iterator(cfg, layouts, seed, rows, orders=orders)
     it.restore(state, allow_change)
     return it
-  if reader_of(cfg) == "index":
-    print(f"[vmx] warning: the checkpoint's data position ({state.get('position')} batches) "
-          f"was written by the replaying reader: this run goes on with that reader and "
-          f"replays them (slow at large steps); a new run uses the index reader",
-          flush=True)
-  it = _seqio_iterator(cfg, layouts, seed)
-  it.restore(state)
-  return it
+  return _replaying(cfg, layouts, seed, state)

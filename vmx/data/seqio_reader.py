@@ -4,9 +4,9 @@ t5x reads them, kept for what it alone reads: checkpoints written before the ind
 (`DatasetConfig.use_cached`, vmx/data/seqio_cache.py). Every process builds the same
 GLOBAL batch stream and the trainer places each device's rows; a `DataIterator` counts
 the batches it produced (its `position`) and a resume rebuilds the seeded pipeline and
-skips that many, which takes as long as reading them did. vmx/data/pipeline.py chooses
-it (`DatasetConfig.reader = 'seqio'`); the only module of the training path that needs
-TensorFlow.
+skips that many, which takes as long as reading them did. vmx/data/pipeline.py hands it
+`reader='seqio'` configs and replay positions (`replaying_iterator`); everything of this
+reader is here, and it is the only module of the training path that needs TensorFlow.
 """
 from __future__ import annotations
 
@@ -74,6 +74,22 @@ class DataIterator:
     batch = next(self._it)
     self.position += 1
     return batch
+
+
+def replaying_iterator(configs: Mapping, converters: Mapping, seed: int,
+                       state: Optional[Mapping] = None, asked: str = "seqio") -> DataIterator:
+  """`seqio_iterator`, at the replay position `state` (None: step 0). `asked`: the reader
+  the config names; a replay position resumed by a config asking for the index reader
+  goes on replaying, with a warning (the checkpoint's stream is this reader's)."""
+  if state is not None and asked == "index":
+    print(f"[vmx] warning: the checkpoint's data position ({state.get('position')} batches) "
+          f"was written by the replaying reader: this run goes on with that reader and "
+          f"replays them (slow at large steps); a new run uses the index reader",
+          flush=True)
+  it = seqio_iterator(configs, converters, seed)
+  if state is not None:
+    it.restore(state)
+  return it
 
 
 def seqio_iterator(configs: Mapping, converters: Mapping, seed: int) -> DataIterator:

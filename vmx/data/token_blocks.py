@@ -7,9 +7,9 @@ sentence whole, joined until the next one would not fit in `length` tokens (fair
 `TokenBlockDataset` with `break_mode="complete"`, which XLM-R's data uses). Each sentence
 is followed by `separator` where its tokenizer does not close it itself (vmx's own
 vocabulary: `</s>`, `vocab.EOS_ID`; an imported XLM-R tokenizer's rows are already
-`<s> ... </s>`: no separator), and attention sees the whole block. A block is an example of the stream
-(vmx/data/stream.py), so the batch holds `batch_size` blocks and every block is read once
-an epoch.
+`<s> ... </s>`: no separator), and attention sees the whole block. A block is an
+example of the stream (vmx/data/stream.py), so the batch holds `batch_size` blocks and
+every block is read once an epoch.
 
 The block boundaries are a pure function of the rows' lengths, computed once when the
 stream opens: one pass over every row of the cache (its lengths only are kept, 8 bytes a

@@ -215,6 +215,19 @@ def _others(task_dir, split: str) -> list:
   return out
 
 
+def locate(task: seqio.Task, split: str, lengths, converter, root: str):
+  """(fingerprint parts, digest, directory) of the cache of `task` under `root`: where
+  `open_table` reads it and launch/cache_tasks.py writes it."""
+  parts = fp.parts(task, split, lengths, converter)
+  digest = fp.digest(parts)
+  return parts, digest, directory_of(root, task, split, digest)
+
+
+def built(directory) -> bool:
+  """Whether the cache in `directory` is complete (its manifest is written last)."""
+  return (directory / disk_format.MANIFEST).exists()
+
+
 def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[str] = None,
                use_cached: bool = False, progress: bool = True,
                build_missing: Optional[bool] = None) -> Table:
@@ -222,11 +235,9 @@ def open_table(task: seqio.Task, split: str, lengths, converter, root: Optional[
   `build_missing` (default: where the root is local; a remote root must hold it already,
   written by launch/cache_tasks.py)."""
   root = root or default_root()
-  parts = fp.parts(task, split, lengths, converter)
-  digest = fp.digest(parts)
-  directory = directory_of(root, task, split, digest)
+  parts, digest, directory = locate(task, split, lengths, converter, root)
   hint = rebuild_hint(root, directory)
-  if (directory / disk_format.MANIFEST).exists():
+  if built(directory):
     table = Table(directory, hint)
     if table.info.get("fingerprint") != digest:
       raise DataError(f"{directory / disk_format.MANIFEST}: built from other inputs than its name "

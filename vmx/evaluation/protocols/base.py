@@ -37,7 +37,7 @@ class Protocol:
   select_on: dict = dataclasses.field(default_factory=dict)
 
 
-def _sts17_optional(tables: str, benchmark: str = "STS17") -> dict:
+def sts17_optional(tables: str, benchmark: str = "STS17") -> dict:
   return {"sts17": (Missing(tables, benchmark, STS17_LAYOUT), "sources")}
 
 

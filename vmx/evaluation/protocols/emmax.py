@@ -5,9 +5,9 @@ cannot run, each listed missing with why."""
 from __future__ import annotations
 
 from vmx.evaluation import tatoeba
-from vmx.evaluation.protocols.base import FINETUNE, Missing, Protocol, _sts17_optional
-from vmx.evaluation.protocols.figures import (_bucc, _figure, _geometry_figures, _sts17,
-                                              _tatoeba_rows, tatoeba_mean)
+from vmx.evaluation.protocols.base import FINETUNE, Missing, Protocol, sts17_optional
+from vmx.evaluation.protocols.figures import (bucc_f1, figure, geometry_figures, sts17_mean,
+                                              tatoeba_rows, tatoeba_mean)
 
 EMMAX_HEAD = tatoeba.EMMAX_HEAD
 # EMMA-X Table 12's MultiSTS pairs (Reimers & Gurevych 2020's STS2017-extended, MTEB's
@@ -19,19 +19,19 @@ EMMAX_MULTISTS = ("ar-ar", "ar-en", "en-de", "en-en", "es-en", "es-es", "fr-en",
 
 
 def _emmax(results) -> list:
-  rows = _tatoeba_rows(results)
+  rows = tatoeba_rows(results)
   tail = [l for l in rows if l not in EMMAX_HEAD]
-  out = _figure("Table 3", "Tatoeba head (A.1), xx->En", tatoeba_mean(results, EMMAX_HEAD,
+  out = figure("Table 3", "Tatoeba head (A.1), xx->En", tatoeba_mean(results, EMMAX_HEAD,
                                                                        "xx2en"))
-  out += _figure("Table 3", "Tatoeba long-tail, xx->En", tatoeba_mean(results, tail, "xx2en")
+  out += figure("Table 3", "Tatoeba long-tail, xx->En", tatoeba_mean(results, tail, "xx2en")
                  if tail else None)
   xtreme = tatoeba_mean(results, tatoeba.XTREME36, "xx2en")
-  out += _figure("Table 5", "Tatoeba XTREME 36, xx->En", xtreme)
+  out += figure("Table 5", "Tatoeba XTREME 36, xx->En", xtreme)
   # Tables 1 and 2 report BUCC and Tatoeba zero-shot (§5.2, following XTREME)
-  out += _figure("Tables 1, 2", "Tatoeba (XTREME's 36), xx->En", xtreme)
-  out += _figure("Tables 1, 2", "BUCC F1 (cosine)", _bucc(results, "cosine"))
-  out += _figure("Table 2", "MultiSTS (zero-shot, Spearman)",
-                 _sts17(results, EMMAX_MULTISTS, "spearman", mteb_only=True))
+  out += figure("Tables 1, 2", "Tatoeba (XTREME's 36), xx->En", xtreme)
+  out += figure("Tables 1, 2", "BUCC F1 (cosine)", bucc_f1(results, "cosine"))
+  out += figure("Table 2", "MultiSTS (zero-shot, Spearman)",
+                 sts17_mean(results, EMMAX_MULTISTS, "spearman", mteb_only=True))
   fl = results.get("flores")
   if fl:
     for group, label in (("head", "FLORES head (A.1's 68)"), ("long_tail", "FLORES long-tail")):
@@ -42,13 +42,13 @@ def _emmax(results) -> list:
                     "splits": fl["splits"], "n_sentences": fl["n_sentences"], "task": "flores",
                     **({"languages_missing": fl["head_missing"]} if group == "head" else {})})
     for group, geo_g in fl.get("geometry", {}).items():
-      out += _geometry_figures(geo_g, f", FLORES {group}", n_languages=geo_g["n_languages"],
+      out += geometry_figures(geo_g, f", FLORES {group}", n_languages=geo_g["n_languages"],
                                task="flores")
     return out
   geo = results.get("geometry")
   if geo:
     sub = geo["scores"]["test"][0]
-    out += _geometry_figures(sub, "", languages=sub["languages"], task="geometry")
+    out += geometry_figures(sub, "", languages=sub["languages"], task="geometry")
   return out
 
 
@@ -58,7 +58,7 @@ EMMAX_OPTIONAL = {
                        "--flores.dir=DIR: FLORES-200's flores200_dataset/ with "
                        "<split>/<lang_Script>.<split> (vmx/evaluation/flores.py); without it "
                        "Table 4 is computed on newstest2013"), "dir"),
-    **_sts17_optional("Table 2", "MultiSTS (zero-shot): STS17's SemEval-2017 pairs")}
+    **sts17_optional("Table 2", "MultiSTS (zero-shot): STS17's SemEval-2017 pairs")}
 
 
 # EMMA-X XRETE (Table 1: fine-tuned, translate-train-all, except BUCC and Tatoeba; Table 2:

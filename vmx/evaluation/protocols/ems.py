@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vmx.evaluation import paracrawl, tatoeba, transfer
 from vmx.evaluation.protocols.base import Missing, Protocol
-from vmx.evaluation.protocols.figures import _bucc, _figure, tatoeba_mean
+from vmx.evaluation.protocols.figures import bucc_f1, figure, tatoeba_mean
 
 # EMS (Mao et al.) Tatoeba groups, Tatoeba v1 codes. Table 4 lists the 58 languages EMS
 # trains on that Tatoeba has (Table 1's 61 less gu, my, yo: footnote 20), naming ms `max`,
@@ -61,18 +61,18 @@ EMS_TRANSFER = tuple(transfer.BENCHMARKS)   # mldoc, amazon_v1, amazon_v2: data 
 
 def _ems(results) -> list:
   """P@1 as §5.1: the mean of both directions (`mean`) per language, then over the group."""
-  out = _figure("Table 4", "Tatoeba P@1, Avg. (EMS's 58 languages)",
+  out = figure("Table 4", "Tatoeba P@1, Avg. (EMS's 58 languages)",
                 tatoeba_mean(results, EMS_SEEN58, "mean"))
-  out += _figure("Table 5", "Tatoeba P@1, Avg. (54 unseen languages)",
+  out += figure("Table 5", "Tatoeba P@1, Avg. (54 unseen languages)",
                  tatoeba_mean(results, EMS_UNSEEN54, "mean"))
   for group, langs in EMS_TABLE6.items():
     fig = tatoeba_mean(results, langs, "mean")
-    out += _figure("Table 6", f"Tatoeba P@1, {group}",
+    out += figure("Table 6", f"Tatoeba P@1, {group}",
                    fig and {**fig, "group_size": len(langs)})
   for group, langs in EMS_TABLE13.items():
-    out += _figure("Table 13", f"Tatoeba P@1, {group} (EMS's own pairs)",
+    out += figure("Table 13", f"Tatoeba P@1, {group} (EMS's own pairs)",
                    tatoeba_mean(results, langs, "mean"))
-  out += _figure("Table 8", "BUCC F1 (margin)", _bucc(results, "margin"))
+  out += figure("Table 8", "BUCC F1 (margin)", bucc_f1(results, "margin"))
   pc = results.get("paracrawl")
   if pc and pc["scores"]["test"]:
     row = pc["scores"]["test"][0]

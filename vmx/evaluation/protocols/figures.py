@@ -1,6 +1,6 @@
 """The figure helpers the papers' protocols share: the mean Tatoeba accuracy over a
 language group in one direction, BUCC F1, the mean STS17 correlation over pairs, EMMA-X
-Table 4's geometry columns, and `_figure`, the one row each paper's module builds its
+Table 4's geometry columns, and `figure`, the one row each paper's module builds its
 tables from."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from vmx.evaluation import common, tatoeba
 INFOXLM_PARALLEL14 = tatoeba.INFOXLM_PARALLEL14
 
 
-def _tatoeba_rows(results, task: str = "tatoeba") -> dict:
+def tatoeba_rows(results, task: str = "tatoeba") -> dict:
   res = results.get(task)
   if not res:
     return {}
@@ -24,7 +24,7 @@ def tatoeba_mean(results, languages: Optional[Sequence[str]], direction: str,
   """Mean accuracy ×100 over `languages` (None: all evaluated) in `direction`
   (`xx2en`, `en2xx` or `mean`, the mean of both) of harness task `task`; None if none of
   them was evaluated."""
-  rows = _tatoeba_rows(results, task)
+  rows = tatoeba_rows(results, task)
   keys = [l for l in (languages or rows) if l in rows]
   if not keys:
     return None
@@ -37,11 +37,11 @@ def tatoeba_mean(results, languages: Optional[Sequence[str]], direction: str,
   return out
 
 
-def _figure(table, column, fig) -> list:
+def figure(table, column, fig) -> list:
   return [] if fig is None else [{"table": table, "column": column, **fig}]
 
 
-def _bucc(results, scoring: str, retrieval: str = "max") -> Optional[dict]:
+def bucc_f1(results, scoring: str, retrieval: str = "max") -> Optional[dict]:
   """BUCC F1 ×100 averaged over the pairs present, `scoring` cosine or margin, each
   sentence's best candidate by `retrieval` (mining.RETRIEVALS: `forward` keeps each
   source sentence's highest-scoring English sentence)."""
@@ -55,7 +55,7 @@ def _bucc(results, scoring: str, retrieval: str = "max") -> Optional[dict]:
           "pairs": [r["hf_subset"] for r in rows], "task": "bucc"}
 
 
-def _sts17(results, pairs: Optional[Sequence[str]], metric: str,
+def sts17_mean(results, pairs: Optional[Sequence[str]], metric: str,
            mteb_only: bool = False) -> Optional[dict]:
   """The mean over `pairs` (e.g. 'ar-en'; None: every pair present) of STS17 `metric` ×100.
   es-en has two tracks (4a, 4b) and the VMSST paper does not say which it used: they are
@@ -95,7 +95,7 @@ _GEOMETRY_COLUMNS = (
      "isotropy_pr"))
 
 
-def _geometry_figures(metrics: dict, suffix: str, **extra) -> list:
+def geometry_figures(metrics: dict, suffix: str, **extra) -> list:
   """Table 4's three figures from geometry metrics, each with vmx's variant beside it."""
   return [{"table": "Table 4", "column": column + suffix, "value": metrics[key],
            "metric": metric, "variant": {variant: metrics[variant]}, **extra}

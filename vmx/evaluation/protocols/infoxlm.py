@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vmx.evaluation import tatoeba
 from vmx.evaluation.protocols.base import FINETUNE, Missing, Protocol
-from vmx.evaluation.protocols.figures import INFOXLM_PARALLEL14, _figure, tatoeba_mean
+from vmx.evaluation.protocols.figures import INFOXLM_PARALLEL14, figure, tatoeba_mean
 
 INFOXLM_OTHER22 = tuple(l for l in tatoeba.XTREME36 if l not in INFOXLM_PARALLEL14)
 
@@ -18,7 +18,7 @@ def _infoxlm(results) -> list:
   for table, group, langs in (("Table 2", "14 languages with parallel data", INFOXLM_PARALLEL14),
                               ("Table 3", "22 languages without", INFOXLM_OTHER22)):
     for d in ("xx2en", "en2xx"):
-      out += _figure(table, f"Tatoeba {group}, {d}",
+      out += figure(table, f"Tatoeba {group}, {d}",
                      tatoeba_mean(results, langs, d, task="tatoeba_vector"))
   layers = results.get("tatoeba_layers")
   for r in (layers["scores"]["test"] if layers else ()):

@@ -4,8 +4,8 @@ A.3's Table 8 (Tatoeba over seen / unseen languages) and Table 13 (BUCC per pair
 from __future__ import annotations
 
 from vmx.evaluation import common
-from vmx.evaluation.protocols.base import Missing, Protocol, _sts17_optional
-from vmx.evaluation.protocols.figures import _bucc, _figure, _sts17, tatoeba_mean
+from vmx.evaluation.protocols.base import Missing, Protocol, sts17_optional
+from vmx.evaluation.protocols.figures import bucc_f1, figure, sts17_mean, tatoeba_mean
 
 VMSST_STS17 = {"xl_same": ("ar-ar", "es-es"), "xl_diff": ("ar-en", "es-en", "tr-en")}
 
@@ -22,20 +22,20 @@ def _vmsst(results) -> list:
                 "concatenation, 2013 SMT left out, mean over years (B.1)", "task": "sts12-16"})
   xl = {}
   for metric, table in (("pearson", "Table 1"), ("spearman", "Table 2")):
-    same = _sts17(results, VMSST_STS17["xl_same"], metric)
-    diff = _sts17(results, VMSST_STS17["xl_diff"], metric)
-    xl[metric] = _sts17(results, VMSST_STS17["xl_same"] + VMSST_STS17["xl_diff"], metric)
-    out += _figure(table, "XL Sem. Sim.", xl[metric]) + _figure(table, "XL (s.)", same) \
-        + _figure(table, "XL (d.)", diff)
+    same = sts17_mean(results, VMSST_STS17["xl_same"], metric)
+    diff = sts17_mean(results, VMSST_STS17["xl_diff"], metric)
+    xl[metric] = sts17_mean(results, VMSST_STS17["xl_same"] + VMSST_STS17["xl_diff"], metric)
+    out += figure(table, "XL Sem. Sim.", xl[metric]) + figure(table, "XL (s.)", same) \
+        + figure(table, "XL (d.)", diff)
   for pair in VMSST_STS17["xl_same"] + VMSST_STS17["xl_diff"]:   # B.1's per-pair columns
     for metric in ("pearson", "spearman"):
-      out += _figure("Table 10", f"{pair}, {metric.capitalize()}",
-                     _sts17(results, (pair,), metric))
+      out += figure("Table 10", f"{pair}, {metric.capitalize()}",
+                     sts17_mean(results, (pair,), metric))
   tat = tatoeba_mean(results, None, "mean")
-  out += _figure("Table 1", "Tatoeba", tat)
+  out += figure("Table 1", "Tatoeba", tat)
   out += _vmsst_seen_unseen(results)
-  c, m = _bucc(results, "cosine", "forward"), _bucc(results, "margin")
-  out += _figure("Table 1", "BUCC (c.)", c) + _figure("Table 1", "BUCC (m.)", m)
+  c, m = bucc_f1(results, "cosine", "forward"), bucc_f1(results, "margin")
+  out += figure("Table 1", "BUCC (c.)", c) + figure("Table 1", "BUCC (m.)", m)
   bucc = results.get("bucc")
   for r in (bucc["scores"]["test"] if bucc else ()):       # Table 13: per pair
     for scoring, retrieval, label in (("cosine", "forward", "Cosine"), ("margin", "max", "Margin")):
@@ -68,7 +68,7 @@ def _vmsst_seen_unseen(results) -> list:
   for column, seen in (("Tat. (seen)", True), ("Tat. (unseen)", False)):
     langs = [r["languages"][0] for r in rows if r["seen"] is seen]
     fig = tatoeba_mean(results, langs, "mean") if langs else None
-    out += _figure("Table 8", column, fig and {**fig, "languages": langs})
+    out += figure("Table 8", column, fig and {**fig, "languages": langs})
   return out
 
 
@@ -89,5 +89,5 @@ PROTOCOL = Protocol(
      Missing("Table 1", "MKQA (PAQ question retrieval)"),
      Missing("Table 1", "BUCC test split", "eval/bucc2018/<pair>/<pair>.test.{xx,en,gold}: "
              "vmx reads the SAMPLE split it has")),
-    optional_tasks=_sts17_optional("Tables 1, 2, 10", "STS17 (XL Sem. Sim.)"),
+    optional_tasks=sts17_optional("Tables 1, 2, 10", "STS17 (XL Sem. Sim.)"),
     missing_from=_vmsst_missing)
