@@ -190,3 +190,39 @@ def test_calibrated_int8_and_binary_encoders(checkpoints, tmp_path):
     assert np.min(np.sum(geo * full, axis=1)) > floor, kind
   p = run("--langs=deu,eng")
   assert p.returncode == 2 and "--langs has 2 codes for 1 --corpus files" in p.stderr
+
+
+def test_vmsst_contrastive_takes_the_switch_on_its_contrastive_term():
+  """VMSST-CONTRASTIVE with MATRYOSHKA_DIMS: the contrastive term is summed over mu_sem's
+  prefixes (the generative terms unchanged); VMSST without that term refuses the dims."""
+  import gin
+  from vmx import decoders, encoders, experiment, losses
+  from vmx.errors import ConfigError
+  from vmx.models import VMSST, VMSSTModel
+  gin.clear_config()
+  model = experiment.build_experiment(["vmsst_contrastive_tiny.gin"], ["MATRYOSHKA_DIMS = [32]"])[0]
+  gin.clear_config()
+  assert model.matryoshka_dims == (32,)
+  enc = encoders.TransformerEncoder(vocab_size=60, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8)
+  dec = decoders.ConditionedDecoder(vocab_size=60, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=8)
+  kw = dict(contrastive_weight=1.0, vmsst_weight=0.5, contrastive_temperature=0.1)
+  plain = VMSSTModel(VMSST(enc, dec, num_languages=2), **kw)
+  mat = VMSSTModel(VMSST(enc, dec, num_languages=2), matryoshka_dims=(4, 8), **kw)
+  r = np.random.default_rng(0)
+  pairs = {"nll": jnp.asarray(r.uniform(1, 5, (6, 4)), jnp.float32),
+           "tokens": jnp.full((6, 4), 5.0), "kl": jnp.asarray(r.uniform(0, 1, 6), jnp.float32),
+           "sem_left": jnp.asarray(r.normal(size=(6, 16)), jnp.float32),
+           "sem_right": jnp.asarray(r.normal(size=(6, 16)), jnp.float32)}
+  batch = {}
+  loss, m = mat.objective_of(pairs, batch, jnp.float32(1.0))
+  base, _ = plain.objective_of(pairs, batch, jnp.float32(1.0))
+  extra = sum(float(losses.in_batch_softmax_loss(pairs["sem_left"][:, :d],
+                                                 pairs["sem_right"][:, :d], 0.1)[0])
+              for d in (4, 8))
+  np.testing.assert_allclose(float(loss), float(base) + extra, rtol=1e-5)
+  assert {"loss_dim4", "loss_dim8", "loss_dim16"} <= set(m)
+  with pytest.raises(ConfigError, match=r"matryoshka_dims=\[8\]: nested dimensions are "
+                                        r"trained by the contrastive term"):
+    VMSSTModel(VMSST(enc, dec, num_languages=2), matryoshka_dims=(8,))

@@ -46,6 +46,8 @@ inside L_VMSST (models/vmsst_contrastive.gin). The reading this repository used 
   loss = L_VMSST + lambda * L_C (sum over pairs),
 is contrastive_weight lambda, vmsst_weight 1, reduction 'sum'
 (ablations/vmsst_contrastive_tiny_summed.gin; docs/vmsst.md compares the two).
+With MATRYOSHKA_DIMS, L_C is summed over prefixes of mu_sem and the whole
+(`losses.matryoshka`), so each prefix is a vector of its own; VMSST has no L_C to do so.
 
 Choices where the paper leaves room (documented; switches where both readings
 are plausible):
@@ -316,12 +318,13 @@ class VMSSTModel(SentenceEncoderModel):
   FEATURE_CONVERTER = "PairFeatureConverter"
   CONFIG_FIELDS = ("module", "elbo_weight", "kl_weight", "kl_anneal_steps",
                    "contrastive_weight", "contrastive_temperature", "contrastive_reduction",
-                   "vmsst_weight")
+                   "vmsst_weight", "matryoshka_dims")
 
   def __init__(self, module: VMSST, elbo_weight: float = 0.1, kl_weight: float = 1.0,
                kl_anneal_steps: int = 1_000_000, contrastive_weight: float = 0.0,
                contrastive_temperature: float = 0.05, contrastive_reduction: str = "mean",
-               vmsst_weight: float = 1.0, mask_duplicates: bool = True):
+               vmsst_weight: float = 1.0, mask_duplicates: bool = True,
+               matryoshka_dims: Sequence[int] = ()):
     super().__init__(module)
     self.mask_duplicates = mask_duplicates   # VMSST-CONTRASTIVE's InfoNCE (§6.4 is silent)
     if vmsst_weight <= 0:
@@ -344,6 +347,13 @@ class VMSSTModel(SentenceEncoderModel):
     self.contrastive_temperature = contrastive_temperature
     self.contrastive_reduction = contrastive_reduction
     self.vmsst_weight = vmsst_weight
+    # MATRYOSHKA_DIMS: the contrastive term summed over prefixes of mu_sem, the vector
+    # inference returns; the generative terms read the whole vector
+    self.set_matryoshka_dims(matryoshka_dims)
+    if self.matryoshka_dims and not contrastive_weight:
+      raise ConfigError(f"VMSSTModel.matryoshka_dims={list(self.matryoshka_dims)}: nested "
+                        "dimensions are trained by the contrastive term, which this model "
+                        "does not have (VMSST-CONTRASTIVE: models/vmsst_contrastive.gin)")
 
   def _apply(self, params, batch, dropout_rng, sample: bool):
     rngs = None
@@ -412,10 +422,13 @@ class VMSSTModel(SentenceEncoderModel):
     loss = self.vmsst_weight * loss
     # In-batch retrieval accuracy of the semantic means: logged for every variant (it
     # tracks what Tatoeba measures); a loss term only for VMSST-CONTRASTIVE.
-    c, cm = losses.in_batch_softmax_loss(pairs["sem_left"], pairs["sem_right"],
-                                         self.contrastive_temperature,
-                                         **self.duplicate_keys(batch))
+    keys = self.duplicate_keys(batch)
+    c, cm = self.matryoshka_loss(   # (MATRYOSHKA_DIMS: summed over mu_sem's prefixes)
+        lambda left, right: losses.in_batch_softmax_loss(
+            left, right, self.contrastive_temperature, **keys),
+        pairs["sem_left"], pairs["sem_right"])
     m["in_batch_accuracy"] = cm["in_batch_accuracy"]
+    m.update({k: v for k, v in cm.items() if k.startswith("loss_dim")})
     if self.contrastive_weight:
       if self.contrastive_reduction == "sum":
         c = c * pairs["sem_left"].shape[0]
