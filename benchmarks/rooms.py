@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Rooms: the modules of this repository a reader opens to follow a command from its
-launcher to a target (issue 53's bar: from `launch/eval.py --tasks=tatoeba` to the
-encoder, and from `launch/finetune.py` to the training loop, at most 8 each).
+launcher to a target (issue 53 sets a bar of 8 from `launch/eval.py --tasks=tatoeba` to
+the encoder, and from `launch/finetune.py` to the training loop; the figures measured
+are in docs/configuration.md).
 
 The launcher's `main(argv)` runs in this process under a profile hook. The first time
 a function of the target module is called (outside an import), the Python stack is read:

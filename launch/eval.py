@@ -2,7 +2,7 @@
 """Evaluate a trained vmx model on a suite of tasks (no TensorFlow needed).
 
   python launch/eval.py --checkpoint_dir=/tmp/vmx/contrastive_tiny --suite=standard \
-      [--tasks=tatoeba,bucc] [--output_dir=DIR] [--data_dir=...] [--step=N|best]
+      [--tasks=tatoeba,bucc] [--output_dir=DIR] [--data_dir=...] [--step=N|best|best:METRIC]
 
 Suites: tatoeba, mining (tatoeba, bucc), sts (sts12-16, stsb), quick (tatoeba, stsb,
 geometry), standard (tatoeba, bucc, sts12-16, stsb, xnli_transfer, geometry), full
@@ -18,6 +18,10 @@ as --TASK.FIELD=VALUE, e.g. --tatoeba.languages=deu,fra --bucc.pairs=de-en
 paper's tables report, with its conventions, and writes OUTPUT_DIR/protocol_<name>.json
 naming each figure's table and the benchmarks vmx cannot read yet
 (vmx/evaluation/protocols/; docs/evaluation.md).
+`--step=per_task` with a protocol that selects its checkpoints per task (MPCL §3.3:
+Tatoeba at the step best on BUCC, BUCC at the step best on Tatoeba) scores each task at
+its own step, one folder per checkpoint under OUTPUT_DIR (default
+CHECKPOINT_DIR/eval/per_task), the protocol file beside them.
 Writes OUTPUT_DIR/<task>.json (MTEB-like), summary.md and plots; OUTPUT_DIR defaults
 to CHECKPOINT_DIR/eval/checkpoint_<step>. Exits 1 if any task failed (the others'
 results are still written). Any object with encode(list_of_str) can be evaluated
@@ -129,6 +133,7 @@ def parse_args(argv):
                   if args.step == protocols.PER_TASK else {args.step: tasks})
   except ValueError as e:
     p.error(str(e))
+  _check_selected(args)   # (after _check_paths: the directory exists)
   if not langs and args.protocols:   # a protocol's own languages (else every language)
     wanted = [p_.tatoeba_languages for p_ in args.protocols]
     if all(w is not None for w in wanted):
@@ -140,6 +145,21 @@ def parse_args(argv):
     if langs and not any(g[1:3] == (task, "languages") for g in given):
       settings[task].languages = langs
   return args, settings, tasks
+
+
+def _check_selected(args):
+  """--step=per_task: every checkpoint it needs is there, before any task runs."""
+  from vmx.errors import CheckpointError
+  from vmx.evaluation import protocols  # lazy: after cli.run_main
+  from vmx.modeldir.layout import find_best_dir
+  if args.step != protocols.PER_TASK:
+    return
+  for step, tasks in args.steps.items():
+    if step is not None and find_best_dir(args.checkpoint_dir, step.split(":", 1)[1]) is None:
+      raise CheckpointError(
+          f"--step={protocols.PER_TASK}: {args.checkpoint_dir} keeps no best step by "
+          f"{step.split(':', 1)[1]!r}, on which {', '.join(tasks)} is selected: train with "
+          f"--gin_file=runs/mpcl_paper_selection.gin (BEST_METRIC naming it)")
 
 
 def _step_flag(s: str):

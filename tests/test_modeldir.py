@@ -130,6 +130,14 @@ def test_a_parameter_added_since_the_run_started_is_no_change_at_its_default():
       ("train/DatasetConfig.reader", None, "'seqio'")]
   assert run_lib.config_differences(new, old) == [   # a binding that went away: a change
       ("train/DatasetConfig.reader", "'index'", None)]
+  # a new switch as gin files add it, through a macro (MMLM_BLOCK_LENGTH): at its default
+  # nothing changed; set, both the binding and the macro say so
+  switch = ("mmlm/DatasetConfig.block_length = %MMLM_BLOCK_LENGTH\n"
+            "MMLM_BLOCK_LENGTH = {}\n")
+  assert run_lib.config_differences(old, old + switch.format("None")) == []
+  assert run_lib.config_differences(old, old + switch.format("512")) == [
+      ("MMLM_BLOCK_LENGTH", None, "512"),
+      ("mmlm/DatasetConfig.block_length", None, "%MMLM_BLOCK_LENGTH")]
 
 
 def test_one_writer_per_run_directory(tmp_path, toy_task, capfd):

@@ -366,7 +366,8 @@ def test_real_nway_pipeline_yields_aligned_translations(tmp_path):
 def test_single_pairs_cut_each_group_into_separate_pairs_of_its_split():
   """MPCL §3.5's +Single data: a group of K languages (or more) becomes K / 2 rows of two
   texts each, every drawn sentence in exactly one pair, the same pairs on every call
-  (seeded by the group's texts), each pair in its group's split; a group with fewer
+  (seeded by the group's texts), each pair in its group's split, a group's pairs a
+  split's number of groups apart (never in one window of the reader); a group with fewer
   languages is dropped; the bindings are checked."""
   import collections
   from tasks.nway import pairs_key
@@ -380,16 +381,18 @@ def test_single_pairs_cut_each_group_into_separate_pairs_of_its_split():
   assert sum(map(len, pairs.values())) == 300 * 3                 # 3 pairs a group of six
   by_group = collections.defaultdict(list)
   for split, split_rows in pairs.items():
-    for r in split_rows:
+    for i, r in enumerate(split_rows):
       texts = [t for t in r if t]
       assert len(texts) == 2                                      # a pair a row
       group = {t.split()[0] for t in texts}
       assert len(group) == 1 and not group & {f"short{i}" for i in range(20)}
-      by_group[group.pop()].append((split, r))
+      by_group[group.pop()].append((split, r, i))
   for g, members in by_group.items():
-    assert len(members) == 3 and len({s for s, _ in members}) == 1, g   # one split a group
-    cells = [i for _, r in members for i, t in enumerate(r) if t]
+    assert len(members) == 3 and len({s for s, _, _ in members}) == 1, g   # one split a group
+    cells = [i for _, r, _ in members for i, t in enumerate(r) if t]
     assert sorted(cells) == list(range(6)), g                     # each sentence once
+    at = sorted(i for _, _, i in members)                         # a split's groups apart
+    assert min(b - a for a, b in zip(at, at[1:])) == len(pairs[members[0][0]]) // 3
   first = [nway.single_pairs(r, 6) for r in rows[:50]]
   assert first == [nway.single_pairs(r, 6) for r in rows[:50]]    # deterministic
   assert len({tuple(map(tuple, p)) for p in first}) > 1           # ... not one fixed pairing

@@ -432,6 +432,7 @@ def test_reproduction_commands_parse(monkeypatch):
   eval_launcher = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(eval_launcher)
   monkeypatch.setattr(eval_launcher, "_check_paths", lambda args, given: None)
+  monkeypatch.setattr(eval_launcher, "_check_selected", lambda args: None)
   from vmx.gin_utils import split_gin_bindings
   for line in lines:
     argv = shlex.split(line)[2:]

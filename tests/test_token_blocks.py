@@ -104,13 +104,23 @@ def test_infoxlm_mmlm_reads_blocks_of_consecutive_sentences(toy_task, tmp_path):
   state = it.state()
   plain = inputs.TokenCacheInput(_config(vp, name))
   assert any("block_length 16 -> None" in c for c in plain.changes(state, 3))
-  with pytest.raises(ConfigError, match=r"block_length = 4: expected None, or a number of "
-                                        r"tokens >= the sentences' length 8"):
-    pipeline.DatasetConfig(toy_text_task_name(vp), {"inputs": 8}, batch_size=8, block_length=4)
+  with pytest.raises(ConfigError, match=r"block_length = 8: expected None, or a number of "
+                                        r"tokens > the sentences' length 8"):
+    pipeline.DatasetConfig(toy_text_task_name(vp), {"inputs": 8}, batch_size=8, block_length=8)
   with pytest.raises(ConfigError, match=r"blocks of text are for single sentences"):
     pipeline.model_feature_shapes(pipeline.DatasetConfig(name, {"inputs": 8, "targets": 8},
                                                          batch_size=8, block_length=16),
                                   fcs.PairFeatureConverter)
+  with pytest.raises(ConfigError, match=r"blocks of text are for single sentences"):
+    pipeline.model_feature_shapes(pipeline.DatasetConfig(name, {"views": 8}, batch_size=8,
+                                                         block_length=16),
+                                  fcs.MultiViewFeatureConverter)
+  full = _Rows(np.array([[3, 4, 5, 6], [7, 0, 0, 0]]))    # a full row, then its </s>
+  with pytest.raises(ConfigError, match=r"block_length=4: a sentence of the cache fills 5 "
+                                        r"tokens with its separator"):
+    token_blocks.TokenBlocks(full, "tokens", 4, separator=1)
+  assert token_blocks.TokenBlocks(full, "tokens", 5, separator=1).take([0, 1])[
+      "tokens"].tolist() == [[3, 4, 5, 6, 1], [7, 1, 0, 0, 0]]
 
   data = inputs.TokenCacheInput(cfg)
   full = toy_train(tmp_path / "full", name, vp, kind="infoxlm", total_steps=4, data=data)

@@ -208,6 +208,11 @@ def test_a_best_checkpoint_per_metric_and_the_per_task_selection_of_a_protocol(
     assert f["value"] == pytest.approx(100 * float(enc.encode(["alpha beta"])[0][0]), rel=1e-5)
   assert {p.name for p in out.iterdir()} >= {"best_checkpoint_2",
                                              "best-tatoeba.main_score_checkpoint_6"}
+  (d / "best-tatoeba.main_score").rename(tmp_path / "moved")
+  with pytest.raises(CheckpointError, match=r"keeps no best step by 'tatoeba/main_score', on "
+                                            r"which bucc is selected: train with "
+                                            r"--gin_file=runs/mpcl_paper_selection.gin"):
+    launcher.parse_args(argv)        # before any task runs
   with pytest.raises(SystemExit):   # a protocol that selects no step per task
     launcher.parse_args([f"--checkpoint_dir={d}", "--protocol=vmsst", "--step=per_task"])
   assert "--step=per_task: needs a --protocol that selects a checkpoint per task (mpcl)" \

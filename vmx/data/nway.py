@@ -60,9 +60,15 @@ class NwaySource(seqio.FunctionDataSource):
       raise DataError(f"no N-way group has {need} languages (of {list(languages)})"
                       f"{by}")
     splits = {"train": [], "validation": []}
-    for r in kept:   # a group's pairs stay in its split
-      for x in single_pairs(r, pairs_from_groups) if pairs_from_groups else (r,):
-        splits[nway_split(r, validation_percent)].append([t.encode("utf-8") for t in x])
+    # a group's pairs stay in its split, and are laid out pair index by pair index (every
+    # group's first pair, then every group's second, ...): rows a split apart, so the
+    # reader's windows never hold two pairs of one group (each a false negative of the
+    # other) and they meet in a batch as rarely as any two rows
+    parts = {k: [[] for _ in range(max(1, (pairs_from_groups or 0) // 2))] for k in splits}
+    for r in kept:
+      for j, x in enumerate(single_pairs(r, pairs_from_groups) if pairs_from_groups else (r,)):
+        parts[nway_split(r, validation_percent)][j].append([t.encode("utf-8") for t in x])
+    splits = {k: [row for part in v for row in part] for k, v in parts.items()}
     if not validation_percent:
       del splits["validation"]
     self.languages, self.num_views = list(languages), min_views

@@ -111,10 +111,10 @@ class DatasetConfig:
                 "True or False (PACKING)")
     if self.block_length is not None:
       longest = max(lengths.values())
-      check_range(positive_int(self.block_length) and self.block_length >= longest,
+      check_range(positive_int(self.block_length) and self.block_length > longest,
                   "DatasetConfig", "block_length", self.block_length,
-                  f"None, or a number of tokens >= the sentences' length {longest} "
-                  "(task_feature_lengths)")
+                  f"None, or a number of tokens > the sentences' length {longest} "
+                  "(task_feature_lengths; a sentence and its </s> fill a block)")
       check_range(self.reader == "index" and not self.pack, "DatasetConfig", "block_length",
                   self.block_length, "None with reader='seqio' or pack=True (blocks are "
                   "the index reader's, and a block is already a full row)")
@@ -400,7 +400,8 @@ def _block_feature(layout, key) -> str:
   """The one token feature a config with `block_length` reads in blocks (ConfigError
   naming the binding for a layout of several token features: pairs, views)."""
   tokens = layout.token_features()
-  if len(tokens) != 1 or len(layout.MODEL_FEATURES) != 1:
+  if (len(tokens) != 1 or len(layout.MODEL_FEATURES) != 1
+      or any(s.rank != 1 for s in layout.TASK_FEATURES.values())):
     where = ("DatasetConfig" if key is None
              else f"MultiTaskConfig.tasks[{key!r}] DatasetConfig")
     raise ConfigError(f"{where}.block_length: blocks of text are for single sentences "
@@ -446,4 +447,9 @@ def resume_iterator(cfg, layouts, seed: int, state: Mapping,
     it = train_iterator(cfg, layouts, seed, rows, orders=orders)
     it.restore(state, allow_change)
     return it
+  blocks = [str(k) for k, c in task_configs(cfg).items() if c.block_length]
+  if blocks:
+    raise ConfigError(f"the checkpoint's data position was written by the replaying reader, "
+                      f"which reads one sentence a row: set block_length None for task "
+                      f"key(s) {blocks} (MMLM_BLOCK_LENGTH = None) to resume it")
   return _replaying(cfg, layouts, seed, state)

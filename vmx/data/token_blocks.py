@@ -22,6 +22,8 @@ from typing import Optional
 
 import numpy as np
 
+from vmx.errors import ConfigError
+
 READ_ROWS = 1 << 16   # rows read at a time while the lengths are counted
 
 
@@ -73,6 +75,9 @@ class TokenBlocks:
     self.lengths = np.asarray(lengths_N, np.int64)
     # a sentence's slots in its block: its tokens and the separator after it
     self.sizes = self.lengths + (separator is not None)
+    if len(self.sizes) and self.sizes.max() > self.length:
+      raise ConfigError(f"DatasetConfig.block_length={self.length}: a sentence of the cache "
+                        f"fills {int(self.sizes.max())} tokens with its separator")
     self.starts = block_starts(self.sizes, self.length)
 
   def __len__(self) -> int:

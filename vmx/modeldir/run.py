@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import os
@@ -199,17 +200,53 @@ def _is_default(binding: str, value: str) -> bool:
     param = inspect.signature(configurable.wrapped).parameters[arg]
   except (KeyError, TypeError, ValueError, AttributeError):
     return False
-  return param.default is not inspect.Parameter.empty and repr(param.default) == value
+  if param.default is inspect.Parameter.empty:
+    return False
+  try:   # [] binds a parameter whose default is () alike (gin writes lists)
+    return _as_lists(ast.literal_eval(value)) == _as_lists(param.default)
+  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    return repr(param.default) == value
+
+
+def _as_lists(value):
+  if isinstance(value, (list, tuple)):
+    return [_as_lists(v) for v in value]
+  if isinstance(value, dict):
+    return {k: _as_lists(v) for k, v in value.items()}
+  return value
+
+
+def _resolved(bindings: dict, value: str) -> str:
+  """`value` with macro references (`%NAME`) followed to the macro's value."""
+  seen = set()
+  while value.startswith("%") and value[1:] in bindings and value not in seen:
+    seen.add(value)
+    value = bindings[value[1:]]
+  return value
+
+
+def _added_at_default(binding: str, old: dict, new: dict) -> bool:
+  """Whether `binding`, absent from the old config, is a parameter vmx added since, at
+  its default (directly, or through a macro), or a macro that only such parameters use."""
+  if binding in old:
+    return False
+  if _is_default(binding, _resolved(new, new[binding])):
+    return True
+  users = [k for k, v in new.items() if v == f"%{binding}"]
+  return bool(users) and all(k not in old and _is_default(k, _resolved(new, new[k]))
+                             for k in users)
 
 
 def config_differences(old: str, new: str, where: str = "config"
                        ) -> list[tuple[str, Optional[str], Optional[str]]]:
   """(binding, old value, new value) of every binding that differs (None: absent). A
   binding absent from the old config whose new value is its parameter's default is no
-  difference: the parameter was added to vmx since (the run ran as with its default)."""
+  difference: the parameter was added to vmx since (the run ran as with its default);
+  so is such a parameter bound to a new macro at that default, and the macro itself
+  (`X.y = %NEW_SWITCH` with `NEW_SWITCH = None`)."""
   a, b = parse_bindings(old, where), parse_bindings(new)
   return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
-          and not (k not in a and _is_default(k, b[k]))]
+          and not _added_at_default(k, a, b)]
 
 
 def _describe(diffs) -> str:
