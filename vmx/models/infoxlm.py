@@ -45,9 +45,10 @@ steps, while MMLM and TLM train). Non-gradient state (flax_mutables):
 Differences from the paper: XLCO inputs are not masked (the authors' code masks them
 too). With MMLM_BLOCK_LENGTH (512 in the paper files; None, one sentence a row, in the
 CPU-scale ones), MMLM reads blocks of consecutive sentences (App. A's 512-token blocks of
-CC-100; vmx/data/token_blocks.py) of the training text, which is not CC-100. The sentence vector for retrieval is f_l(x), the universal
-layer's CLS before the projection. `pooling='mean'` replaces the CLS by the mean of the
-layer (for vmx's own vocabularies, which have no <s> token: their first token is a word).
+CC-100; vmx/data/token_blocks.py) of the training text, which is not CC-100. The
+sentence vector for retrieval is f_l(x), the universal layer's CLS before the projection.
+`pooling='mean'` replaces the CLS by the mean of the layer (for vmx's own vocabularies,
+which have no <s> token: their first token is a word).
 """
 from __future__ import annotations
 
