@@ -349,6 +349,10 @@ def test_three_epochs_are_counted_from_the_training_mixture(toy_task, capsys):
       configurables.steps_for_epochs(bad, cfg)
   with pytest.raises(ConfigError, match="steps_for_epochs.dataset_cfg"):
     configurables.steps_for_epochs(3, pipeline.MultiTaskConfig({"a": cfg}))
+  with pytest.raises(ConfigError, match=r"read in blocks \(DatasetConfig.block_length=16\), "
+                                        r"whose number is known only once"):
+    configurables.steps_for_epochs(3, pipeline.DatasetConfig(name, {"inputs": 8},
+                                                             batch_size=8, block_length=16))
   # ems.gin's binding: three epochs of the run's own mixture at its batch size
   gin.clear_config()
   try:

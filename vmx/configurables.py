@@ -89,6 +89,10 @@ def steps_for_epochs(epochs: float = gin.REQUIRED, dataset_cfg=gin.REQUIRED,
     check_range(False, "steps_for_epochs", "dataset_cfg", type(dataset_cfg).__name__,
                 "one DatasetConfig (e.g. @train/DatasetConfig()): the epochs of one "
                 "mixture or task")
+  if dataset_cfg.block_length:
+    raise ConfigError(f"steps_for_epochs: {dataset_cfg.mixture_or_task_name} is read in blocks "
+                      f"(DatasetConfig.block_length={dataset_cfg.block_length}), whose number "
+                      f"is known only once the stream counts them; set TRAIN_STEPS")
   examples = pipeline.num_examples(dataset_cfg)[None]
   if not examples:
     raise ConfigError(f"steps_for_epochs: {dataset_cfg.mixture_or_task_name} does not say how "
