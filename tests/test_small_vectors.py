@@ -59,16 +59,23 @@ def test_model_loss_is_the_sum_over_prefixes():
     _model((8, 64)).grad_cache_loss((left, right), batch)
 
 
+def _file_model(gin_file, dims):
+  """The model an experiment file builds with MATRYOSHKA_DIMS = dims."""
+  import gin
+  from vmx import experiment
+  gin.clear_config()
+  try:
+    return experiment.build_experiment([gin_file], [f"MATRYOSHKA_DIMS = {list(dims)}"])[0]
+  finally:
+    gin.clear_config()
+
+
 def test_mpcl_takes_the_switch_too():
   """MPCL's objective with MATRYOSHKA_DIMS: the sum of its objective over the prefixes."""
-  import gin
-  from vmx import encoders, experiment
+  from vmx import encoders
   from vmx.models import DualEncoder
   from vmx.models.mpcl import MPCLModel
-  gin.clear_config()
-  model = experiment.build_experiment(["mpcl_tiny.gin"], ["MATRYOSHKA_DIMS = [16]"])[0]
-  gin.clear_config()
-  assert model.matryoshka_dims == (16,)
+  assert _file_model("mpcl_tiny.gin", [16]).matryoshka_dims == (16,)
   enc = encoders.TransformerEncoder(vocab_size=60, num_layers=1, emb_dim=32, num_heads=2,
                                     mlp_dim=64, max_length=16)
   plain = MPCLModel(DualEncoder(enc), num_views=3, temperature=0.1)
@@ -195,14 +202,10 @@ def test_calibrated_int8_and_binary_encoders(checkpoints, tmp_path):
 def test_vmsst_contrastive_takes_the_switch_on_its_contrastive_term():
   """VMSST-CONTRASTIVE with MATRYOSHKA_DIMS: the contrastive term is summed over mu_sem's
   prefixes (the generative terms unchanged); VMSST without that term refuses the dims."""
-  import gin
-  from vmx import decoders, encoders, experiment, losses
+  from vmx import decoders, encoders, losses
   from vmx.errors import ConfigError
   from vmx.models import VMSST, VMSSTModel
-  gin.clear_config()
-  model = experiment.build_experiment(["vmsst_contrastive_tiny.gin"], ["MATRYOSHKA_DIMS = [32]"])[0]
-  gin.clear_config()
-  assert model.matryoshka_dims == (32,)
+  assert _file_model("vmsst_contrastive_tiny.gin", [32]).matryoshka_dims == (32,)
   enc = encoders.TransformerEncoder(vocab_size=60, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=8)
   dec = decoders.ConditionedDecoder(vocab_size=60, num_layers=1, emb_dim=16, num_heads=2,
