@@ -365,9 +365,10 @@ def _streams(cfg, layouts, seed: int, progress: bool, orders: Mapping):
       _check_views(name, draw, layout)
     if c.block_length:   # the call's vocabulary file, else the registered task's
       vocabulary = c.deferred.arguments.get("vocabulary") if c.deferred is not None else None
-      if not isinstance(vocabulary, str):
-        from vmx.data import registration  # SeqIO (registered tasks): a call without a file
-        vocabulary = registration.vocabulary_of(c.register())
+      if not isinstance(vocabulary, str):   # a registered task: its own vocabulary
+        from vmx.data import seqio_vocab  # SeqIO: only a config without a vocabulary file
+        from vmx.data.token_cache import build  # (the same)
+        vocabulary = seqio_vocab.task_vocabulary(build.config_tasks(c)[0][0])
       tables = [token_blocks.TokenBlocks(t, _block_feature(layout, key), c.block_length,
                                          token_blocks.separator(vocabulary))
                 for t in tables]

@@ -85,14 +85,6 @@ def register_pair_task(name: str, source: seqio.DataSource, src_lang: str, tgt_l
   return name
 
 
-def vocabulary_of(name: str) -> seqio.Vocabulary:
-  """The vocabulary of a registered task's (or a mixture's first task's) first feature."""
-  task = seqio.get_mixture_or_task(name)
-  if isinstance(task, seqio.Mixture):
-    task = task.tasks[0]
-  return next(iter(task.output_features.values())).vocabulary
-
-
 def register_text_task(name: str, source: seqio.DataSource, vocab_path: str,
                        shuffle_buffer_size: int = DEFAULT_SHUFFLE_BUFFER,
                        language: Optional[str] = None) -> str:
