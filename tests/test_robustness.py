@@ -356,6 +356,18 @@ def test_encode_rejects_bad_input_naming_the_index(toy_encoder, sentences, batch
     toy_encoder.encode(sentences, lang="xx", batch_size=batch_size)
 
 
+def test_evaluation_tasks_call_a_vmx_encoder_directly(toy_encoder):
+  """vmx's Encoder is an EncodeFn as it is: the tasks get its bound method (no wrapper
+  between the task and the encoder), so its own input checks are what bad input meets."""
+  from vmx.evaluation import common
+  assert common.as_encode_fn(toy_encoder) == toy_encoder.encode
+  quiet = common.as_encode_fn(toy_encoder, progress=False)
+  np.testing.assert_array_equal(quiet(["alpha beta", "gamma"], "xx"),
+                                toy_encoder.encode(["alpha beta", "gamma"], lang="xx"))
+  with pytest.raises(InputError, match=r"sentences\[1\] is empty"):
+    quiet(["alpha", ""], "xx")
+
+
 def test_encode_takes_sentence_transformers_keywords(toy_encoder):
   """Code written for sentence-transformers (and MTEB) calls encode() with its keywords."""
   sents = ["alpha beta", "gamma", "alpha gamma beta"]

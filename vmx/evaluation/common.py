@@ -7,6 +7,7 @@ ISO 639-3 language codes (the codes vmx models are trained with).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from pathlib import Path
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from vmx.data import download, readers
 from vmx.errors import DataError
+from vmx.inference import Encoder
 
 EncodeFn = Callable[[list, str], np.ndarray]
 
@@ -24,8 +26,14 @@ EncodeFn = Callable[[list, str], np.ndarray]
 def as_encode_fn(encoder, progress: Optional[bool] = None) -> EncodeFn:
   """Adapt an encoder object or callable to `EncodeFn(sentences, lang)`.
 
-  `progress` is passed on to encoders whose encode() takes it (vmx's Encoder).
+  vmx's `Encoder` is one already (`encode(sentences, lang)` gives [n, D] float32): its
+  bound method is handed to the tasks as it is, with `progress` when given. Any other
+  object is wrapped: `lang` passed as its encode() takes it, `progress` where it takes
+  that, the output checked to be [n, d].
   """
+  if isinstance(encoder, Encoder):
+    return (encoder.encode if progress is None
+            else functools.partial(encoder.encode, progress=progress))
   enc = getattr(encoder, "encode", None)
   if enc is None:
     if not callable(encoder):

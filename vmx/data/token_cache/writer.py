@@ -34,15 +34,20 @@ def examples(task: seqio.Task, split: str, lengths: Mapping[str, int], converter
   source = task.source
   if isinstance(source, NwayGroups):   # N-way groups: views are drawn when read
     return source.stored_examples(task, split, lengths, start, end)
-  # SeqIO's own offline cache (use_cached, the replaying reader's world) has no public
-  # reader of its files by range: the one private SeqIO name vmx uses
-  src = task._get_cached_source(split) if use_cached else source   # noqa: SLF001
-  ds = src.get_dataset(split=split, shuffle=False, seed=None).skip(start).take(end - start)
-  if not use_cached:
+  if use_cached:
+    # SeqIO's own offline cache (the replaying reader's world) holds tokenized records,
+    # so skipping after its post-cache preprocessors costs little: SeqIO's public reader
+    # (in file order with shuffle=False; not held in memory, which a range never reuses)
+    ds = task.get_dataset(dict(lengths), split=split, use_cached=True, shuffle=False,
+                          seed=None, num_epochs=1, try_in_mem_cache=False)
+    ds = ds.skip(start).take(end - start)
+  else:
+    # raw records are skipped before they are tokenized: what a later range costs
+    ds = source.get_dataset(split=split, shuffle=False, seed=None).skip(start).take(end - start)
     ds = task.preprocess_precache(ds, seed=None)
-  ds = task.preprocess_postcache(ds, sequence_length=dict(lengths), seed=None)
-  check_output_features(task, ds)       # what seqio's get_dataset checks and trims
-  ds = seqio.utils.trim_dataset(ds, dict(lengths), task.output_features)
+    ds = task.preprocess_postcache(ds, sequence_length=dict(lengths), seed=None)
+    check_output_features(task, ds)       # what seqio's get_dataset checks and trims
+    ds = seqio.utils.trim_dataset(ds, dict(lengths), task.output_features)
   ds = converter(ds, dict(lengths))
   return ds.batch(4096).prefetch(2).as_numpy_iterator()
 
