@@ -229,3 +229,69 @@ def test_vmsst_contrastive_takes_the_switch_on_its_contrastive_term():
   with pytest.raises(ConfigError, match=r"matryoshka_dims=\[8\]: nested dimensions are "
                                         r"trained by the contrastive term"):
     VMSSTModel(VMSST(enc, dec, num_languages=2), matryoshka_dims=(8,))
+
+
+@pytest.mark.parametrize("max_dense", [1 << 24, 0])   # NumPy search, and the device kernel
+def test_rescored_search_equals_a_numpy_reference(max_dense):
+  """knn.rescored_topk: each side's multiplier x k nearest in the quantized geometry,
+  rescored as the float query against the candidates' quantized vectors, best k kept."""
+  from vmx import quantize
+  from vmx.evaluation import knn
+  r = np.random.default_rng(3)
+  unit = lambda v: v / np.linalg.norm(v, axis=1, keepdims=True)
+  x, y = unit(r.standard_normal((70, 16))), unit(r.standard_normal((90, 16)))
+  ranges = quantize.calibrate(np.concatenate([x, y]))
+  geometry = lambda v: quantize.dequantize(quantize.quantize(v, "int8", ranges), "int8", 16,
+                                           ranges)
+  nn = knn.rescored_topk(x, y, knn.Rescoring(geometry, 3), k=4, max_dense=max_dense)
+  gx, gy = geometry(x), geometry(y)
+  for q_f, q_g, base_g, idx, vals in ((x, gx, gy, nn.row_idx, nn.row_vals),
+                                      (y, gy, gx, nn.col_idx, nn.col_vals)):
+    for i in range(len(q_f)):
+      cand = np.argsort(-(base_g @ q_g[i]), kind="stable")[:12]
+      s = base_g[cand] @ q_f[i]
+      best = cand[np.argsort(-s, kind="stable")[:4]]
+      np.testing.assert_array_equal(idx[i], best)
+      np.testing.assert_allclose(vals[i], base_g[best] @ q_f[i], rtol=1e-5, atol=1e-6)
+
+
+def test_tatoeba_rescores_binary_candidates_with_the_float_vectors(checkpoints, tmp_path):
+  """`--precision=binary --tatoeba.rescore=M`: with M x k >= the sentences, every
+  candidate is rescored, so the accuracy is the float query against the binary vectors
+  over all of them (a NumPy reference); without rescoring it is the binary geometry's."""
+  from vmx.errors import ConfigError
+  from vmx.evaluation import evaluators, harness
+  from vmx.inference import Encoder
+  r = np.random.default_rng(2)
+  rows = [(" ".join(r.choice(WORDS, 4)), " ".join(r.choice(WORDS, 4))) for _ in range(40)]
+  d = tmp_path / "eval" / "tatoeba" / "v1"
+  write_lines(d / "tatoeba.deu-eng.deu", [a for a, _ in rows])
+  write_lines(d / "tatoeba.deu-eng.eng", [b for _, b in rows])
+  enc = Encoder.from_checkpoint(str(checkpoints["mat"]), quantized="binary")
+  fx = enc.float_encoder().encode([a for a, _ in rows])
+  fe = enc.float_encoder().encode([b for _, b in rows])
+  gx, ge = enc.to_geometry(fx), enc.to_geometry(fe)
+  np.testing.assert_array_equal(gx, enc.encode([a for a, _ in rows]))
+  gold = np.arange(len(rows))
+
+  def accuracy(q, base):
+    return 100.0 * np.mean(np.argmax(q @ base.T, axis=1) == gold)
+
+  def tatoeba(**settings):
+    out = harness.run(enc, output_dir=tmp_path / f"out{len(settings)}", data_dir=str(tmp_path),
+                      evaluators={"tatoeba": evaluators.Tatoeba(["deu"], **settings)},
+                      plots=False, progress=False)
+    return out["tatoeba"]["scores"]["test"][0]
+
+  got = tatoeba(rescore=10)
+  assert got["accuracy_xx2en"] == pytest.approx(accuracy(fx, ge))
+  assert got["accuracy_en2xx"] == pytest.approx(accuracy(fe, gx))
+  plain = tatoeba()
+  assert plain["accuracy_xx2en"] == pytest.approx(accuracy(gx, ge))
+  with pytest.raises(harness.EvaluationFailed):
+    harness.run(enc.float_encoder(), output_dir=tmp_path / "f", data_dir=str(tmp_path),
+                evaluators={"tatoeba": evaluators.Tatoeba(["deu"], rescore=4)}, plots=False,
+                progress=False)
+  with pytest.raises(ConfigError, match=r"--tatoeba.rescore=4: rescoring needs .* quantized"):
+    evaluators.Tatoeba(["deu"], rescore=4)._rescoring(
+        evaluators.Context(enc.float_encoder(), None, None), None)

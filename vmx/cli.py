@@ -88,7 +88,8 @@ def add_vector_flags(p: argparse.ArgumentParser, verb: str):
                       "with MATRYOSHKA_DIMS only)")
   p.add_argument("--precision", default="float32", choices=("float32", "int8", "binary"),
                  help=f"{verb} the vectors as an int8 (calibrated: launch/calibrate.py) or "
-                      "binary index holds them (vmx/quantize.py)")
+                      "binary index holds them (vmx/quantize.py; launch/eval.py: "
+                      "--tatoeba.rescore=M rescores M x k candidates with the float vectors)")
 
 
 def vector_options(args) -> dict:

@@ -12,6 +12,7 @@ The model says how it is initialised and how token ids become sentence vectors
 """
 from __future__ import annotations
 
+import copy
 import functools
 import warnings
 from typing import Optional, Sequence, Union
@@ -275,14 +276,25 @@ class Encoder:
 
   def _finish(self, out: np.ndarray, precision: str) -> np.ndarray:
     """The float vectors as `precision`; float32 in the `quantized` geometry if one is set."""
-    if not out.size:
-      return out
-    if precision != "float32":
-      return quantize.quantize(out, precision, self._ranges(out.shape[1]))
-    if self.quantized is None:
-      return out
-    q = quantize.quantize(out, self.quantized, self._ranges(out.shape[1]))
-    return quantize.dequantize(q, self.quantized, out.shape[1], self._ranges(out.shape[1]))
+    if not out.size or precision == "float32":
+      return self.to_geometry(out)
+    return quantize.quantize(out, precision, self._ranges(out.shape[1]))
+
+  def to_geometry(self, emb_NxD: np.ndarray) -> np.ndarray:
+    """Float vectors of this model in the encoder's `quantized` geometry: quantized and
+    mapped back (vmx/quantize.py); unchanged when the encoder is not quantized."""
+    if self.quantized is None or not emb_NxD.size:
+      return emb_NxD
+    ranges = self._ranges(emb_NxD.shape[1])
+    q = quantize.quantize(emb_NxD, self.quantized, ranges)
+    return quantize.dequantize(q, self.quantized, emb_NxD.shape[1], ranges)
+
+  def float_encoder(self) -> "Encoder":
+    """This encoder with float vectors (the same model, parameters and settings, no
+    `quantized` geometry): what a rescoring step scores its candidates with."""
+    twin = copy.copy(self)
+    twin.quantized = None
+    return twin
 
   def _check_dim(self, dim: Optional[int]) -> Optional[int]:
     """`dim` if this model serves prefixes of that size (InputError naming both, else)."""

@@ -23,8 +23,9 @@ from vmx.data import devsets
 from vmx.data.languages import XNLI
 from vmx.data.languages import resolve as resolve_language
 from vmx.errors import ConfigError, DataError
-from vmx.evaluation import (bucc, common, dev, flores, geometry, layerwise, paracrawl,
+from vmx.evaluation import (bucc, common, dev, flores, geometry, knn, layerwise, paracrawl,
                             retrieval, sts, tatoeba, transfer, vectors)
+from vmx.inference import Encoder
 
 
 @dataclasses.dataclass
@@ -131,6 +132,10 @@ class Tatoeba(Evaluator):
   languages: Optional[Sequence[str]] = setting(None, comma_list, "ISO 639-3 codes, e.g. deu,fra",
                                                 optional=True)
   english: str = "eng"
+  # with a quantized encoder (--precision=int8|binary): search the quantized vectors for
+  # rescore x k candidates and rescore them with the float vectors (knn.rescored_topk);
+  # 0: score the quantized vectors alone
+  rescore: int = 0
 
   def run(self, ctx: Context, encode: Optional[Callable] = None) -> dict:
     langs = list(self.languages or ctx.languages or [])
@@ -142,8 +147,11 @@ class Tatoeba(Evaluator):
       langs = [l for l in available if resolve_language(l, langs) is not None]
     _record_tatoeba(ctx.files, langs)
     own = ctx.languages
+    rescoring = None
+    if self.rescore:
+      encode, rescoring = self._rescoring(ctx, encode)
     res = tatoeba.evaluate(encode or ctx.encode, langs, ctx.data_dir, english=self.english,
-                           progress=ctx.progress, own_languages=own)
+                           progress=ctx.progress, own_languages=own, rescoring=rescoring)
     # `seen`: whether the model trained on the language (VMSST A.3's Table 8), where the
     # model says which languages it trained on
     subsets = [{"hf_subset": f"{l}-eng", "languages": [l, "eng"], "main_score": r["mean"],
@@ -154,6 +162,19 @@ class Tatoeba(Evaluator):
                for l, r in res["languages"].items()]
     return {"scores": {"test": subsets}, "main_score": res["mean"]["mean"],
             "mean": res["mean"], "groups": res["groups"]}
+
+  def _rescoring(self, ctx: Context, encode: Optional[Callable]):
+    """(the float encode function, knn.Rescoring) of the run's quantized encoder; a
+    ConfigError naming the setting for an encoder that has no quantized geometry."""
+    if self.rescore < 1:
+      raise ConfigError(f"--{self.NAME}.rescore={self.rescore}: expected a multiplier of "
+                        "at least 1 (0: no rescoring)")
+    if (encode is not None or not isinstance(ctx.encoder, Encoder)
+        or ctx.encoder.quantized is None):
+      raise ConfigError(f"--{self.NAME}.rescore={self.rescore}: rescoring needs a vmx "
+                        "encoder's own vectors, quantized (--precision=int8 or binary)")
+    return (ctx.encode_with(ctx.encoder.float_encoder()),
+            knn.Rescoring(ctx.encoder.to_geometry, self.rescore))
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ across devices at the end.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -249,3 +249,42 @@ def topk(x_NxD, y_MxD, k: int = 4, max_dense: int = 1 << 24, **kw) -> TopK:
                        f"vectors")
     return dense_topk(x_NxD, y_MxD, k)
   return bidirectional_topk(x_NxD, y_MxD, k, **kw)
+
+
+class Rescoring(NamedTuple):
+  """A search in a quantized geometry whose candidates are rescored with float vectors:
+  `geometry` maps float vectors to what an int8 / binary index holds (quantized and
+  mapped back: `Encoder.to_geometry`); `multiplier` x k candidates are rescored."""
+  geometry: Callable[[np.ndarray], np.ndarray]
+  multiplier: int = 4
+
+
+def rescored_topk(x_NxD, y_MxD, rescoring: Rescoring, k: int = 4, **kw) -> TopK:
+  """Both directions' k nearest neighbours of float vectors x and y, found as an index of
+  quantized vectors finds them and then rescored (sentence-transformers' rescoring, with
+  its int8 calibration fix, sentence-transformers #4058): each side's `multiplier` x k
+  nearest in the quantized geometry, rescored as the float query against the
+  candidates' quantized vectors (what the index stores), the best k kept. Rescoring
+  reorders the candidates; a neighbour the quantized search missed stays missed."""
+  x = np.asarray(x_NxD, np.float32)
+  y = np.asarray(y_MxD, np.float32)
+  if rescoring.multiplier < 1:
+    raise ValueError(f"rescoring multiplier={rescoring.multiplier}: expected at least 1")
+  gx, gy = rescoring.geometry(x), rescoring.geometry(y)
+  wide = topk(gx, gy, min(k * rescoring.multiplier, len(x), len(y)), **kw)
+  rv, ri = _rescored(x, gy, wide.row_idx, k)
+  cv, ci = _rescored(y, gx, wide.col_idx, k)
+  return TopK(rv, ri, cv, ci)
+
+
+def _rescored(q_NxD, base_MxD, cand_NxC, k: int, rows: int = 4096):
+  """(values, indices) [N, k]: each query's candidates scored against `base`, best first
+  (a stable sort: ties keep the search's order); `rows` queries at a time."""
+  vals, idx = [], []
+  for i in range(0, len(q_NxD), rows):
+    c = cand_NxC[i:i + rows]
+    s = np.einsum("nd,ncd->nc", q_NxD[i:i + rows], base_MxD[c])
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    vals.append(np.take_along_axis(s, order, 1))
+    idx.append(np.take_along_axis(c, order, 1))
+  return np.concatenate(vals), np.concatenate(idx)

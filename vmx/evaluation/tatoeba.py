@@ -69,9 +69,12 @@ def load_tatoeba(lang: str, data_dir: Optional[str] = None):
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def score_language(src_NxD, eng_NxD, margin: str = "ratio", k: int = 4) -> dict:
-  """Top-1 accuracy both ways and xSIM, from one kNN search of the aligned rows."""
-  nn = knn.topk(mining.normalize(src_NxD), mining.normalize(eng_NxD), k=min(k, len(src_NxD)))
+def score_language(src_NxD, eng_NxD, margin: str = "ratio", k: int = 4,
+                   rescoring: Optional[knn.Rescoring] = None) -> dict:
+  """Top-1 accuracy both ways and xSIM, from one kNN search of the aligned rows (with
+  `rescoring`: of float vectors, searched quantized and rescored, `knn.rescored_topk`)."""
+  src, eng, k = mining.normalize(src_NxD), mining.normalize(eng_NxD), min(k, len(src_NxD))
+  nn = knn.rescored_topk(src, eng, rescoring, k) if rescoring else knn.topk(src, eng, k=k)
   gold = np.arange(len(src_NxD))
   a = 100.0 * float(np.mean(nn.row_idx[:, 0] == gold))
   b = 100.0 * float(np.mean(nn.col_idx[:, 0] == gold))
@@ -89,13 +92,15 @@ def group_means(per: dict, langs) -> dict:
 
 def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str] = None,
              english: str = "eng", progress: bool = False, margin: str = "ratio",
-             own_languages: Optional[Sequence[str]] = None) -> dict:
+             own_languages: Optional[Sequence[str]] = None,
+             rescoring: Optional[knn.Rescoring] = None) -> dict:
   """{"languages": {xx: {xx2en, en2xx, mean, xsim, n}}, "mean": {...}, "groups":
   {"xtreme36": ..., "head": ..., "long_tail": ..., "outside_use": ..., ["own": ...]},
   "seconds": t}.
 
   `encode(sentences, lang)` returns one vector per sentence; `english` is the
-  language code the encoder knows English by.
+  language code the encoder knows English by. `rescoring`: `encode`'s float vectors are
+  searched in its quantized geometry and the candidates rescored (`knn.rescored_topk`).
   """
   t0 = time.time()
   per = {}
@@ -104,7 +109,8 @@ def evaluate(encode: EncodeFn, languages: Sequence[str], data_dir: Optional[str]
     it = tqdm(languages, desc="tatoeba", unit="lang", leave=False)
   for lang in it:
     xx, en = load_tatoeba(lang, data_dir)
-    per[lang] = score_language(encode(xx, lang), encode(en, english), margin)
+    per[lang] = score_language(encode(xx, lang), encode(en, english), margin,
+                               rescoring=rescoring)
   mean = group_means(per, list(per))
   groups = {"xtreme36": group_means(per, XTREME36), "head": group_means(per, EMMAX_HEAD),
             "long_tail": group_means(per, [l for l in per if l not in EMMAX_HEAD]),
