@@ -3,12 +3,15 @@
 the job's peak memory, faiss on the same vectors, and an estimate for larger corpora.
 
   python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=100000 [--faiss]
+  python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=1000000 --faiss --faiss_queries=50000
 
 Sentences are made up (6-20 words of a 2,000-word list, numbered: no two alike), so the
 cost is the encoder's and the search's, not the data's. The job runs in this process
 (vmx/bitext.py, shards of --shard_size); `--faiss` then searches the job's own vectors
-with faiss `IndexFlatIP` both ways (two exact searches, as LASER's mine_bitexts) and
-compares the top-1 neighbours. The estimate scales the measured stages: scan, embed and
+with faiss both ways (two searches, as LASER's mine_bitexts): `IndexFlatIP` (exact; top-1
+agreement with the job's) and `IndexIVFFlat` (approximate; its top-1 recall against the
+exact neighbours). `--faiss_queries` searches a sample of the queries and scales the time
+(a 10^6 x 10^6 flat search would take faiss as long as the job). The estimate scales the measured stages: scan, embed and
 score linearly in N, the search as N^2. Prints one JSON line. Figures:
 docs/performance.md, "Mining".
 """
@@ -34,7 +37,14 @@ def main(argv):
   p.add_argument("--checkpoint_dir", required=True)
   p.add_argument("--n", type=int, default=100_000, help="sentences a side")
   p.add_argument("--shard_size", type=int, default=100_000)
-  p.add_argument("--faiss", action="store_true", help="also faiss IndexFlatIP (faiss-cpu)")
+  p.add_argument("--faiss", action="store_true",
+                 help="also faiss IndexFlatIP and IndexIVFFlat on the same vectors (faiss-cpu)")
+  p.add_argument("--faiss_queries", type=int, default=None,
+                 help="faiss searches this many queries a side and its time is scaled to N "
+                      "(a flat search costs the same per query); default all N")
+  p.add_argument("--ivf_lists", type=int, default=None,
+                 help="IndexIVFFlat's lists (default 4 sqrt(N)), trained on 40 a list")
+  p.add_argument("--ivf_probe", type=int, default=16, help="lists an IVF search visits")
   p.add_argument("--estimate", type=int, nargs="*", default=[1_000_000, 10_000_000])
   args = p.parse_args(argv)
   import numpy as np
@@ -68,30 +78,59 @@ def main(argv):
            "rss_before_job_gb": round(base_rss, 3),
            "two_float32_matrices_gb": round(2 * args.n * dim * 4 / 1e9, 3)}
     if args.faiss:
-      import faiss
-      from vmx.evaluation import knn
-      load = lambda side: np.concatenate([
-          np.load(os.path.join(d, "work", side, f"{i:05d}.npy"))
-          for i in range(-(-args.n // args.shard_size))])
-      x, y = load("source"), load("target")
-      t = time.perf_counter()
-      ix, iy = faiss.IndexFlatIP(dim), faiss.IndexFlatIP(dim)
-      iy.add(y)
-      ix.add(x)
-      fv, fi = iy.search(x, 4)
-      bv, bi = ix.search(y, 4)
-      out["faiss_flat_ip_seconds"] = round(time.perf_counter() - t, 2)
-      out["faiss_threads"] = faiss.omp_get_max_threads()
-      fwd = np.concatenate([np.load(os.path.join(d, "work", "knn", f"fwd_{i:05d}.npz"))["idx"]
-                            for i in range(-(-args.n // args.shard_size))])
-      out["top1_agreement_with_faiss"] = float(np.mean(fwd[:, 0] == fi[:, 0]))
-      out["knn_speedup_over_faiss"] = round(out["faiss_flat_ip_seconds"] / stages["knn"], 2)
-      del x, y, knn
+      out.update(_faiss(args, d, dim, stages["knn"]))
   linear = stages["scan"] + stages["embed"] + stages["score"]
   out["estimates_seconds"] = {f"{m:,}": round(linear * m / args.n
                                               + stages["knn"] * (m / args.n) ** 2)
                               for m in args.estimate}
   print(json.dumps(out))
+
+
+def _faiss(args, d, dim, knn_seconds) -> dict:
+  """faiss on the job's own vectors, both ways (two searches, as LASER's mine_bitexts):
+  IndexFlatIP (exact) and IndexIVFFlat (approximate: its top-1 recall against vmx's
+  exact neighbours). With --faiss_queries=Q, Q queries a side are searched and the time
+  scaled by N / Q (IVF's training and adding are counted whole)."""
+  import faiss
+  import numpy as np
+  shards = -(-args.n // args.shard_size)
+  load = lambda side: np.concatenate([np.load(os.path.join(d, "work", side, f"{i:05d}.npy"))
+                                      for i in range(shards)])
+  x, y = load("source"), load("target")
+  fwd = np.concatenate([np.load(os.path.join(d, "work", "knn", f"fwd_{i:05d}.npz"))["idx"]
+                        for i in range(shards)])
+  q = min(args.faiss_queries or args.n, args.n)
+  scale = args.n / q
+  out = {"faiss_threads": faiss.omp_get_max_threads(), "faiss_queries_a_side": q}
+  t = time.perf_counter()
+  ix, iy = faiss.IndexFlatIP(dim), faiss.IndexFlatIP(dim)
+  iy.add(y)
+  ix.add(x)
+  added = time.perf_counter() - t
+  t = time.perf_counter()
+  _, fi = iy.search(x[:q], 4)
+  ix.search(y[:q], 4)
+  out["faiss_flat_ip_seconds"] = round(added + (time.perf_counter() - t) * scale, 2)
+  out["top1_agreement_with_faiss"] = float(np.mean(fwd[:q, 0] == fi[:, 0]))
+  out["knn_speedup_over_faiss"] = round(out["faiss_flat_ip_seconds"] / knn_seconds, 2)
+  del ix, iy
+  lists = args.ivf_lists or int(4 * np.sqrt(args.n))
+  t = time.perf_counter()
+  ivf = []
+  for base in (y, x):
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+    index.train(base[np.random.default_rng(0).permutation(len(base))[:40 * lists]])
+    index.add(base)
+    index.nprobe = args.ivf_probe
+    ivf.append(index)
+  built = time.perf_counter() - t
+  t = time.perf_counter()
+  _, vi = ivf[0].search(x[:q], 4)
+  ivf[1].search(y[:q], 4)
+  out.update({"faiss_ivf_seconds": round(built + (time.perf_counter() - t) * scale, 2),
+              "faiss_ivf_lists": lists, "faiss_ivf_probe": args.ivf_probe,
+              "faiss_ivf_top1_recall": float(np.mean(fwd[:q, 0] == vi[:, 0]))})
+  return out
 
 
 if __name__ == "__main__":
