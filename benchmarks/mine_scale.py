@@ -3,7 +3,8 @@
 the job's peak memory, faiss on the same vectors, and an estimate for larger corpora.
 
   python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=100000 [--faiss]
-  python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=1000000 --faiss --faiss_queries=50000
+  python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=1000000 --faiss \
+      --faiss_queries=50000
 
 Sentences are made up (6-20 words of a 2,000-word list, numbered: no two alike), so the
 cost is the encoder's and the search's, not the data's. The job runs in this process
@@ -47,6 +48,12 @@ def main(argv):
   p.add_argument("--ivf_probe", type=int, default=16, help="lists an IVF search visits")
   p.add_argument("--estimate", type=int, nargs="*", default=[1_000_000, 10_000_000])
   args = p.parse_args(argv)
+  sampling = {"--faiss_queries": args.faiss_queries, "--ivf_lists": args.ivf_lists}
+  for flag, value in sampling.items():
+    if value is not None and value < 1:
+      p.error(f"{flag}={value}: expected at least 1")
+  if not args.faiss and any(v is not None for v in sampling.values()):
+    p.error("--faiss_queries / --ivf_lists: set --faiss too")
   import numpy as np
   from vmx import bitext
   from vmx.inference import Encoder
@@ -89,8 +96,9 @@ def main(argv):
 def _faiss(args, d, dim, knn_seconds) -> dict:
   """faiss on the job's own vectors, both ways (two searches, as LASER's mine_bitexts):
   IndexFlatIP (exact) and IndexIVFFlat (approximate: its top-1 recall against vmx's
-  exact neighbours). With --faiss_queries=Q, Q queries a side are searched and the time
-  scaled by N / Q (IVF's training and adding are counted whole)."""
+  exact neighbours). With --faiss_queries=Q, each side's first Q queries (the made-up
+  sentences are in no order) are searched and the time scaled by N / Q (IVF's training
+  and adding are counted whole)."""
   import faiss
   import numpy as np
   shards = -(-args.n // args.shard_size)

@@ -134,6 +134,8 @@ def parse_args(argv):
   except ValueError as e:
     p.error(str(e))
   _check_selected(args)   # (after _check_paths: the directory exists)
+  evaluators.check_rescoring([settings[t] for t in tasks],
+                             cli.vector_options(args)["quantized"])
   if not langs and args.protocols:   # a protocol's own languages (else every language)
     wanted = [p_.tatoeba_languages for p_ in args.protocols]
     if all(w is not None for w in wanted):

@@ -244,6 +244,10 @@ def test_rescored_search_equals_a_numpy_reference(max_dense):
   geometry = lambda v: quantize.dequantize(quantize.quantize(v, "int8", ranges), "int8", 16,
                                            ranges)
   nn = knn.rescored_topk(x, y, knn.Rescoring(geometry, 3), k=4, max_dense=max_dense)
+  same = knn.rescored_topk(x, y, knn.Rescoring(lambda v: v, 3), k=4, max_dense=max_dense)
+  exact = knn.topk(x, y, 4, max_dense=max_dense)      # no quantization: nothing to rescore
+  for a, b in zip(same, exact):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   gx, gy = geometry(x), geometry(y)
   for q_f, q_g, base_g, idx, vals in ((x, gx, gy, nn.row_idx, nn.row_vals),
                                       (y, gy, gx, nn.col_idx, nn.col_vals)):
@@ -292,6 +296,18 @@ def test_tatoeba_rescores_binary_candidates_with_the_float_vectors(checkpoints, 
     harness.run(enc.float_encoder(), output_dir=tmp_path / "f", data_dir=str(tmp_path),
                 evaluators={"tatoeba": evaluators.Tatoeba(["deu"], rescore=4)}, plots=False,
                 progress=False)
-  with pytest.raises(ConfigError, match=r"--tatoeba.rescore=4: rescoring needs .* quantized"):
-    evaluators.Tatoeba(["deu"], rescore=4)._rescoring(
-        evaluators.Context(enc.float_encoder(), None, None), None)
+  plain_ctx = evaluators.Context(enc.float_encoder(), None, None)
+  for task in (evaluators.Tatoeba(["deu"], rescore=4), evaluators.Bucc(rescore=4)):
+    with pytest.raises(ConfigError, match=rf"--{task.NAME}.rescore=4: rescoring needs .* "
+                                          "quantized"):
+      evaluators.rescoring_of(plain_ctx, task)
+  with pytest.raises(ConfigError, match=r"--bucc.rescore=-1: expected a multiplier"):
+    evaluators.rescoring_of(plain_ctx, evaluators.Bucc(rescore=-1))
+  # launch/eval.py's check before any checkpoint is loaded
+  evaluators.check_rescoring([evaluators.Tatoeba(rescore=4), evaluators.Bucc()], "binary")
+  for tasks, quantized, match in (
+      ([evaluators.Tatoeba(rescore=4)], None, "needs quantized vectors"),
+      ([evaluators.Bucc(rescore=-2)], "int8", r"--bucc.rescore=-2: expected a multiplier"),
+      ([evaluators.TatoebaVector(rescore=2)], "binary", "scores a layer's vector")):
+    with pytest.raises(ConfigError, match=match):
+      evaluators.check_rescoring(tasks, quantized)

@@ -290,8 +290,9 @@ class Encoder:
     return quantize.dequantize(q, self.quantized, emb_NxD.shape[1], ranges)
 
   def float_encoder(self) -> "Encoder":
-    """This encoder with float vectors (the same model, parameters and settings, no
-    `quantized` geometry): what a rescoring step scores its candidates with."""
+    """A snapshot of this encoder with float vectors (the same model, parameters and
+    settings, no `quantized` geometry): what a rescoring step scores its candidates
+    with. Parameters set on this encoder later do not reach it."""
     twin = copy.copy(self)
     twin.quantized = None
     return twin

@@ -103,8 +103,11 @@ def threshold_and_report_splits(splits: Sequence[str]) -> tuple[str, str]:
 
 def evaluate(encode: common.EncodeFn, pairs: Optional[Sequence[str]] = None,
              data_dir: Optional[str] = None, k: int = 4, progress: bool = False,
-             files: Optional[common.DataFiles] = None) -> dict:
-  """`pairs` None: every pair of PAIRS whose gold is supplied (at least one)."""
+             files: Optional[common.DataFiles] = None,
+             rescoring: Optional[knn.Rescoring] = None) -> dict:
+  """`pairs` None: every pair of PAIRS whose gold is supplied (at least one). `rescoring`:
+  `encode`'s float vectors are searched in its quantized geometry and the candidates
+  rescored (`knn.rescored_topk`)."""
   files = files or common.DataFiles("bucc", data_dir)
   missing = []
   if pairs is None:
@@ -126,9 +129,10 @@ def evaluate(encode: common.EncodeFn, pairs: Optional[Sequence[str]] = None,
       (s_ids, s_txt), (t_ids, t_txt), gold = _split_data(files, pair, split)
       s_u, s_map = _unify(s_ids, s_txt)
       t_u, t_map = _unify(t_ids, t_txt)
-      nn = knn.topk(mining.normalize(encode(s_u, iso3(src))),
-                    mining.normalize(encode(t_u, "eng")), k=min(k, len(s_u), len(t_u)),
-                    progress=progress)
+      x, y = mining.normalize(encode(s_u, iso3(src))), mining.normalize(encode(t_u, "eng"))
+      kk = min(k, len(s_u), len(t_u))
+      nn = (knn.rescored_topk(x, y, rescoring, kk, progress=progress) if rescoring
+            else knn.topk(x, y, k=kk, progress=progress))
       mined[split] = (nn, s_map, t_map, gold)
     row = {"hf_subset": pair, "languages": [iso3(src), "eng"],
            "threshold_split": fit, "split": report}

@@ -116,6 +116,44 @@ def setting(default, parse: Optional[Callable] = None, expected: str = "",
                                                       "optional": optional})
 
 
+RESCORE_EXPECTED = "a multiplier >= 1 (0: off), with --precision=int8 or binary"
+
+
+def check_rescoring(evaluators: Sequence[Evaluator], quantized: Optional[str]):
+  """Before any task runs: a `rescore` setting needs a quantized encoder and a multiplier
+  of at least 1 (ConfigError naming the flag)."""
+  for ev in evaluators:
+    if isinstance(ev, (Tatoeba, Bucc)) and ev.rescore:
+      flag = f"--{ev.NAME}.rescore={ev.rescore}"
+      if ev.rescore < 1:
+        raise ConfigError(f"{flag}: expected {RESCORE_EXPECTED}")
+      if isinstance(ev, TatoebaVector):
+        raise ConfigError(f"{flag}: task {ev.NAME} scores a layer's vector, which has no "
+                          "quantized geometry to rescore")
+      if quantized is None:
+        raise ConfigError(f"{flag}: rescoring needs quantized vectors (--precision=int8 or "
+                          "binary)")
+
+
+def rescoring_of(ctx: Context, evaluator: Evaluator, encode: Optional[Callable] = None):
+  """(the float encode function, knn.Rescoring) of the run's quantized encoder for an
+  evaluator's `rescore` multiplier: its searches run on the quantized vectors and their
+  candidates are rescored with the float ones (knn.rescored_topk). ConfigError naming the
+  setting for a multiplier below 1, an encoder without a quantized geometry, or a task
+  that scores another vector than the encoder's own (`encode` given)."""
+  flag = f"--{evaluator.NAME}.rescore={evaluator.rescore}"
+  if evaluator.rescore < 1:
+    raise ConfigError(f"{flag}: expected a multiplier of at least 1 (0: no rescoring)")
+  if encode is not None:
+    raise ConfigError(f"{flag}: task {evaluator.NAME} scores another vector than the "
+                      "encoder's own (a layer's), which has no quantized geometry to rescore")
+  if not isinstance(ctx.encoder, Encoder) or ctx.encoder.quantized is None:
+    raise ConfigError(f"{flag}: rescoring needs a vmx encoder's own vectors, quantized "
+                      "(--precision=int8 or binary)")
+  return (ctx.encode_with(ctx.encoder.float_encoder()),
+          knn.Rescoring(ctx.encoder.to_geometry, evaluator.rescore))
+
+
 def _record_tatoeba(files: common.DataFiles, langs):
   """Resolves (and records) the Tatoeba files of `langs`: a missing one fails here, named."""
   for l in langs:
@@ -135,7 +173,7 @@ class Tatoeba(Evaluator):
   # with a quantized encoder (--precision=int8|binary): search the quantized vectors for
   # rescore x k candidates and rescore them with the float vectors (knn.rescored_topk);
   # 0: score the quantized vectors alone
-  rescore: int = 0
+  rescore: int = setting(0, int, RESCORE_EXPECTED)
 
   def run(self, ctx: Context, encode: Optional[Callable] = None) -> dict:
     langs = list(self.languages or ctx.languages or [])
@@ -149,7 +187,7 @@ class Tatoeba(Evaluator):
     own = ctx.languages
     rescoring = None
     if self.rescore:
-      encode, rescoring = self._rescoring(ctx, encode)
+      encode, rescoring = rescoring_of(ctx, self, encode)
     res = tatoeba.evaluate(encode or ctx.encode, langs, ctx.data_dir, english=self.english,
                            progress=ctx.progress, own_languages=own, rescoring=rescoring)
     # `seen`: whether the model trained on the language (VMSST A.3's Table 8), where the
@@ -162,19 +200,6 @@ class Tatoeba(Evaluator):
                for l, r in res["languages"].items()]
     return {"scores": {"test": subsets}, "main_score": res["mean"]["mean"],
             "mean": res["mean"], "groups": res["groups"]}
-
-  def _rescoring(self, ctx: Context, encode: Optional[Callable]):
-    """(the float encode function, knn.Rescoring) of the run's quantized encoder; a
-    ConfigError naming the setting for an encoder that has no quantized geometry."""
-    if self.rescore < 1:
-      raise ConfigError(f"--{self.NAME}.rescore={self.rescore}: expected a multiplier of "
-                        "at least 1 (0: no rescoring)")
-    if (encode is not None or not isinstance(ctx.encoder, Encoder)
-        or ctx.encoder.quantized is None):
-      raise ConfigError(f"--{self.NAME}.rescore={self.rescore}: rescoring needs a vmx "
-                        "encoder's own vectors, quantized (--precision=int8 or binary)")
-    return (ctx.encode_with(ctx.encoder.float_encoder()),
-            knn.Rescoring(ctx.encoder.to_geometry, self.rescore))
 
 
 @dataclasses.dataclass
@@ -244,10 +269,14 @@ class Bucc(Evaluator):
   NAME: ClassVar[str] = "bucc"
   pairs: Optional[Sequence[str]] = setting(None, comma_list, "pairs, e.g. de-en,fr-en",
                                            optional=True)
+  rescore: int = setting(0, int, RESCORE_EXPECTED)   # as Tatoeba's
 
   def run(self, ctx: Context) -> dict:
-    return bucc.evaluate(ctx.encode, self.pairs, ctx.data_dir, progress=ctx.progress,
-                         files=ctx.files)
+    encode, rescoring = ctx.encode, None
+    if self.rescore:
+      encode, rescoring = rescoring_of(ctx, self)
+    return bucc.evaluate(encode, self.pairs, ctx.data_dir, progress=ctx.progress,
+                         files=ctx.files, rescoring=rescoring)
 
 
 @dataclasses.dataclass

@@ -277,9 +277,13 @@ def rescored_topk(x_NxD, y_MxD, rescoring: Rescoring, k: int = 4, **kw) -> TopK:
   return TopK(rv, ri, cv, ci)
 
 
-def _rescored(q_NxD, base_MxD, cand_NxC, k: int, rows: int = 4096):
+def _rescored(q_NxD, base_MxD, cand_NxC, k: int, floats: int = 1 << 24):
   """(values, indices) [N, k]: each query's candidates scored against `base`, best first
-  (a stable sort: ties keep the search's order); `rows` queries at a time."""
+  (a stable sort: ties keep the search's order); as many queries at a time as gather
+  `floats` candidate values (64 MiB)."""
+  if not len(q_NxD):
+    return np.zeros((0, k), np.float32), np.zeros((0, k), cand_NxC.dtype)
+  rows = max(1, floats // max(1, cand_NxC.shape[1] * base_MxD.shape[1]))
   vals, idx = [], []
   for i in range(0, len(q_NxD), rows):
     c = cand_NxC[i:i + rows]

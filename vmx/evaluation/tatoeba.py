@@ -72,7 +72,9 @@ def load_tatoeba(lang: str, data_dir: Optional[str] = None):
 def score_language(src_NxD, eng_NxD, margin: str = "ratio", k: int = 4,
                    rescoring: Optional[knn.Rescoring] = None) -> dict:
   """Top-1 accuracy both ways and xSIM, from one kNN search of the aligned rows (with
-  `rescoring`: of float vectors, searched quantized and rescored, `knn.rescored_topk`)."""
+  `rescoring`: of float vectors, searched quantized and rescored, `knn.rescored_topk`;
+  xSIM's margin then mixes the two directions' scores, each a float query against the
+  other side's quantized vectors)."""
   src, eng, k = mining.normalize(src_NxD), mining.normalize(eng_NxD), min(k, len(src_NxD))
   nn = knn.rescored_topk(src, eng, rescoring, k) if rescoring else knn.topk(src, eng, k=k)
   gold = np.arange(len(src_NxD))

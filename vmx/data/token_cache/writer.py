@@ -35,9 +35,11 @@ def examples(task: seqio.Task, split: str, lengths: Mapping[str, int], converter
   if isinstance(source, NwayGroups):   # N-way groups: views are drawn when read
     return source.stored_examples(task, split, lengths, start, end)
   if use_cached:
-    # SeqIO's own offline cache (the replaying reader's world) holds tokenized records,
-    # so skipping after its post-cache preprocessors costs little: SeqIO's public reader
-    # (in file order with shuffle=False; not held in memory, which a range never reuses)
+    # SeqIO's own offline cache (the replaying reader's world), through SeqIO's public
+    # reader (shuffle=False: the cached files' order; not held in memory, which a range
+    # never reuses). Its records are tokenized already; the post-cache preprocessors run
+    # on the skipped records too (a teacher task's lookup each), the price of not using
+    # SeqIO's private cached source.
     ds = task.get_dataset(dict(lengths), split=split, use_cached=True, shuffle=False,
                           seed=None, num_epochs=1, try_in_mem_cache=False)
     ds = ds.skip(start).take(end - start)
