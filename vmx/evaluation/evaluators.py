@@ -131,27 +131,19 @@ def check_rescoring(evaluators: Sequence[Evaluator], quantized: Optional[str]):
         raise ConfigError(f"{flag}: task {ev.NAME} scores a layer's vector, which has no "
                           "quantized geometry to rescore")
       if quantized is None:
-        raise ConfigError(f"{flag}: rescoring needs quantized vectors (--precision=int8 or "
-                          "binary)")
+        raise ConfigError(f"{flag}: rescoring needs quantized vectors (a vmx encoder's own, "
+                          "quantized with --precision=int8 or binary)")
 
 
-def rescoring_of(ctx: Context, evaluator: Evaluator, encode: Optional[Callable] = None):
+def rescoring_of(ctx: Context, evaluator: Evaluator):
   """(the float encode function, knn.Rescoring) of the run's quantized encoder for an
   evaluator's `rescore` multiplier: its searches run on the quantized vectors and their
-  candidates are rescored with the float ones (knn.rescored_topk). ConfigError naming the
-  setting for a multiplier below 1, an encoder without a quantized geometry, or a task
-  that scores another vector than the encoder's own (`encode` given)."""
-  flag = f"--{evaluator.NAME}.rescore={evaluator.rescore}"
-  if evaluator.rescore < 1:
-    raise ConfigError(f"{flag}: expected a multiplier of at least 1 (0: no rescoring)")
-  if encode is not None:
-    raise ConfigError(f"{flag}: task {evaluator.NAME} scores another vector than the "
-                      "encoder's own (a layer's), which has no quantized geometry to rescore")
-  if not isinstance(ctx.encoder, Encoder) or ctx.encoder.quantized is None:
-    raise ConfigError(f"{flag}: rescoring needs a vmx encoder's own vectors, quantized "
-                      "(--precision=int8 or binary)")
-  return (ctx.encode_with(ctx.encoder.float_encoder()),
-          knn.Rescoring(ctx.encoder.to_geometry, evaluator.rescore))
+  candidates are rescored with the float ones (knn.rescored_topk); the settings checked
+  by `check_rescoring` against the run's encoder (ConfigError naming the setting)."""
+  encoder = ctx.encoder if isinstance(ctx.encoder, Encoder) else None
+  check_rescoring([evaluator], encoder.quantized if encoder else None)
+  return (ctx.encode_with(encoder.float_encoder()),
+          knn.Rescoring(encoder.to_geometry, evaluator.rescore))
 
 
 def _record_tatoeba(files: common.DataFiles, langs):
@@ -187,7 +179,7 @@ class Tatoeba(Evaluator):
     own = ctx.languages
     rescoring = None
     if self.rescore:
-      encode, rescoring = rescoring_of(ctx, self, encode)
+      encode, rescoring = rescoring_of(ctx, self)
     res = tatoeba.evaluate(encode or ctx.encode, langs, ctx.data_dir, english=self.english,
                            progress=ctx.progress, own_languages=own, rescoring=rescoring)
     # `seen`: whether the model trained on the language (VMSST A.3's Table 8), where the
