@@ -12,9 +12,9 @@ cost is the encoder's and the search's, not the data's. The job runs in this pro
 with faiss both ways (two searches, as LASER's mine_bitexts): `IndexFlatIP` (exact; top-1
 agreement with the job's) and `IndexIVFFlat` (approximate; its top-1 recall against the
 exact neighbours). `--faiss_queries` searches a sample of the queries and scales the time
-(a 10^6 x 10^6 flat search would take faiss as long as the job). The estimate scales the measured stages: scan, embed and
-score linearly in N, the search as N^2. Prints one JSON line. Figures:
-docs/performance.md, "Mining".
+(a 10^6 x 10^6 flat search would take faiss as long as the job). The estimate scales the
+measured stages: scan, embed and score linearly in N, the search as N^2. Prints one JSON
+line. Figures: docs/performance.md, "Mining".
 """
 import argparse
 import json
@@ -48,11 +48,12 @@ def main(argv):
   p.add_argument("--ivf_probe", type=int, default=16, help="lists an IVF search visits")
   p.add_argument("--estimate", type=int, nargs="*", default=[1_000_000, 10_000_000])
   args = p.parse_args(argv)
-  sampling = {"--faiss_queries": args.faiss_queries, "--ivf_lists": args.ivf_lists}
+  sampling = {"--faiss_queries": args.faiss_queries, "--ivf_lists": args.ivf_lists,
+              "--ivf_probe": args.ivf_probe}
   for flag, value in sampling.items():
     if value is not None and value < 1:
       p.error(f"{flag}={value}: expected at least 1")
-  if not args.faiss and any(v is not None for v in sampling.values()):
+  if not args.faiss and (args.faiss_queries or args.ivf_lists):
     p.error("--faiss_queries / --ivf_lists: set --faiss too")
   import numpy as np
   from vmx import bitext
