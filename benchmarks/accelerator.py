@@ -187,7 +187,7 @@ class Bench:
     return model, trainer, shapes
 
   def measure(self, gin_file: str, bindings: list, batch: int, steps: int,
-              vocab: int) -> dict:
+              vocab: int, label: str = "step") -> dict:
     jax, np = self.jax, self.np
     t0 = time.time()
     model, trainer, shapes = self.build(gin_file, bindings, batch)
@@ -249,6 +249,16 @@ class Bench:
            "loss": scalar(metrics["loss"]) if "loss" in metrics else None}
     if out["peak_bytes"] and estimate:
       out["peak_over_estimate"] = out["peak_bytes"] / estimate
+    if self.args.profile:                   # where the step's device time goes
+      from benchmarks import trace_summary
+      holder = [state]
+
+      def one():
+        holder[0], _ = run(holder[0], placed)
+        jax.block_until_ready(holder[0])
+      out_dir = os.environ.get("OUT")
+      out["profile"] = trace_summary.profile(
+          one, 3, keep=out_dir and os.path.join(out_dir, f"trace_{label}.json.gz"))
     return out
 
   def guarded(self, name: str, fn, batch: int, min_batch: int = 1) -> dict:
@@ -433,6 +443,7 @@ def isolated(name: str, args, left: float) -> dict:
   cmd += ["--smoke"] if args.smoke else []
   cmd += ["--steps", str(args.steps)] if args.steps else []
   cmd += ["--batch", str(args.batch)] if args.batch else []
+  cmd += ["--profile"] if args.profile else []
   for b in args.gin:
     cmd += ["--gin", b]
   env = {k: v for k, v in os.environ.items() if k != "OUT"}
@@ -469,6 +480,9 @@ def main(argv):
                       "(--gin 'SCAN_LAYERS = False')")
   p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                  help="each family in a process of its own (default: on unless --smoke)")
+  p.add_argument("--profile", action="store_true",
+                 help="also 3 steps of each family under jax.profiler: device time by kernel "
+                      "and kind (benchmarks/trace_summary.py), the trace into $OUT")
   p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.isolate is None:
@@ -526,7 +540,8 @@ def main(argv):
                                   else {"skipped": f"deadline ({args.timeout} s) reached"})
     else:
       result["families"][name] = bench.guarded(
-          name, lambda b, g=gin_file, x=bindings, v=vocab: bench.measure(g, x, b, steps, v),
+          name, lambda b, g=gin_file, x=bindings, v=vocab, n=name: bench.measure(
+              g, x, b, steps, v, label=n),
           batch)
     print(f"[accelerator] {name}: {json.dumps(result['families'][name])}", flush=True)
     save()

@@ -55,4 +55,4 @@ def main(argv):
 
 if __name__ == "__main__":
   from vmx.cli import run_main
-  run_main(main)
+  run_main(main, host_malloc="off")   # memory, not step speed (vmx/cli.py)

@@ -3,6 +3,7 @@ run in shards equal a brute-force NumPy reference from the same encoder's vector
 every margin and retrieval; a job killed in any stage continues and writes the same
 bytes; a rerun re-scores without encoding; bad input is one error naming the file."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -370,3 +371,44 @@ def test_mined_negatives_task_refuses_bad_files_naming_them(tmp_path):
   bad = write_lines(tmp_path / "bad.tsv", ["a\tb\tc", "", "a\tb"])
   with pytest.raises(DataError, match=r"bad.tsv:3: expected 'source<TAB>positive<TAB>"):
     call(bad)
+
+
+def test_output_written_in_pieces_appears_whole_or_not_at_all(tmp_path, gcs_emulator):
+  """storage.open_atomic (the mining job's OUTPUT, a chunk of pairs at a time): an error
+  while writing leaves the old file and no temporary one; a finished write replaces it.
+  Locally and in a bucket (the GCS emulator)."""
+  from vmx import storage
+  out = tmp_path / "out.tsv"
+  out.write_text("old\n")
+  with pytest.raises(RuntimeError, match="killed"):
+    with storage.open_atomic(out) as f:
+      f.write("new part\n")
+      raise RuntimeError("killed while writing")
+  assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["out.tsv"]
+  with storage.open_atomic(out) as f:
+    f.write("a\n")
+    f.write("b\n")
+  assert out.read_text() == "a\nb\n" and os.listdir(tmp_path) == ["out.tsv"]
+  url, env = gcs_emulator
+  script = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+from vmx import storage
+p = "gs://vmx-test/mined/out.tsv"
+storage.write_atomic(p, "old\\n")
+try:
+  with storage.open_atomic(p) as f:
+    f.write("new part\\n")
+    raise RuntimeError("killed")
+except RuntimeError:
+  pass
+assert storage.path(p).read_text() == "old\\n"
+with storage.open_atomic(p) as f:
+  f.write("a\\n")
+  f.write("b\\n")
+assert storage.path(p).read_text() == "a\\nb\\n"
+print("ok")
+"""
+  r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                     env={**os.environ, **env}, timeout=120)
+  assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

@@ -62,3 +62,17 @@ def test_auto_policy_only_tunes_single_device_cpu_hosts(monkeypatch):
                                   "--xla_force_host_platform_device_count=8")
   assert host_memory.simulated_host_devices() == 8
   assert not host_memory._wants_tuning("auto")
+
+
+@pytest.mark.parametrize("env,expected", [(None, "default (VMX_HOST_MALLOC=off)"),
+                                          ("on", "tuned")])
+def test_a_launcher_policy_applies_where_the_variable_is_unset(env, expected):
+  """run_main(main, host_malloc="off") (the mining launchers: their bar is memory, and the
+  tuned allocator keeps a process's peak); VMX_HOST_MALLOC still decides when set."""
+  probe = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+           "from vmx import cli, host_memory\n"
+           "cli.run_main(lambda argv: print(host_memory.configure()), [], host_malloc='off')\n")
+  environ = {"PATH": "/usr/bin:/bin", **({"VMX_HOST_MALLOC": env} if env else {})}
+  out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       check=True, env=environ).stdout.strip()
+  assert out == expected

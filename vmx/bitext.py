@@ -120,6 +120,8 @@ class Corpus:
     want = set(int(i) for i in wanted)
     out, i = {}, 0
     for _, line in readers.iter_lines(self.path):
+      if len(out) == len(want):
+        break
       if line.strip():
         if i in want:
           out[i] = line
@@ -326,6 +328,13 @@ def select(nn: knn_lib.TopK, settings: Settings):
   return src, tgt, score
 
 
+def _lines(corpora: dict, src: np.ndarray, tgt: np.ndarray, score: np.ndarray) -> str:
+  """OUTPUT's `score<TAB>source<TAB>target` lines for these pairs, in their order."""
+  texts = {side: corpora[side].texts(idx) for side, idx in (("source", src), ("target", tgt))}
+  return "".join(f"{s:.6f}\t{texts['source'][a]}\t{texts['target'][b]}\n"
+                 for s, a, b in zip(score.tolist(), src.tolist(), tgt.tolist()))
+
+
 def check_output(output: str, overwrite: bool):
   """OUTPUT's path; an existing OUTPUT is refused unless `overwrite`."""
   out = storage.path(output)
@@ -371,14 +380,10 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
   if job.process != 0:                 # process 0 scores and writes
     _barrier("vmx.mine.done")
     return None
-  with signals.activity("scoring and writing the pairs"):
+  with signals.activity("scoring the pairs"):
     src, tgt, score = select(job.lists(), settings)
-    texts = {side: corpora[side].texts(idx) for side, idx in (("source", src),
-                                                               ("target", tgt))}
-    lines = [f"{s:.6f}\t{texts['source'][a]}\t{texts['target'][b]}\n"
-             for s, a, b in zip(score.tolist(), src.tolist(), tgt.tolist())]
     truncated = {side: job.truncated(side) for side in SIDES}
-  summary = {"output": str(out), "pairs": len(lines), "work_dir": str(job.dir),
+  summary = {"output": str(out), "pairs": len(score), "work_dir": str(job.dir),
              **{f"{side}_sentences": c.kept for side, c in corpora.items()},
              **{f"{side}_empty_lines_skipped": c.empty for side, c in corpora.items()},
              **{f"{side}_truncated": n for side, n in truncated.items()},
@@ -389,6 +394,11 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
              "seconds": round(time.time() - t0, 1),
              "stage_seconds": {k: round(v, 2) for k, v in stages.items()}}
   storage.write_atomic(str(out) + ".json", json.dumps(summary, indent=1))
-  storage.write_atomic(out, "".join(lines))
+  # OUTPUT last (a job is done once it exists), a shard's worth of pairs at a time: memory
+  # holds one chunk's texts, not both corpora's (each chunk reads the corpora once)
+  with signals.activity("writing the pairs"), storage.open_atomic(out) as f:
+    for a in range(0, len(score), settings.shard_size):
+      part = slice(a, a + settings.shard_size)
+      f.write(_lines(corpora, src[part], tgt[part], score[part]))
   _barrier("vmx.mine.done")
   return summary

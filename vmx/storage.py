@@ -10,11 +10,12 @@ its checkpoints through the same epath and tensorstore (`TENSORSTORE_GCS_HTTP_UR
 
 Object stores have neither rename nor append. `write_atomic` writes a local file through a
 temporary sibling and a rename, and a remote object in one upload (an object appears whole
-or not at all); `move_tree` copies and then deletes. `local_copy` gives libraries that
+or not at all); `open_atomic` does the same for a file written in pieces; `move_tree` copies and then deletes. `local_copy` gives libraries that
 read only local files (sentencepiece, tokenizers' WordPiece) a cached local copy.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -22,6 +23,7 @@ import os
 import posixpath
 import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path as LocalPath
 from typing import Optional, Union
@@ -159,6 +161,31 @@ def write_atomic(p: PathLike, data: Union[str, bytes]) -> epath.Path:
       os.remove(tmp)
     raise
   return p
+
+
+@contextlib.contextmanager
+def open_atomic(p: PathLike):
+  """A text file to write `p` through in pieces, with `write_atomic`'s promise: readers
+  see the old content or the new, never a part, and an error leaves `p` as it was. Local:
+  a temporary sibling renamed at the end; remote: a local temporary file uploaded in one
+  piece at the end (read into memory for the upload)."""
+  p = path(p)
+  local = not is_remote(p)
+  if local:
+    tmp = tmp_name(p)
+  else:
+    fd, tmp = tempfile.mkstemp(prefix="vmx-upload-")
+    os.close(fd)
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      yield f
+    if local:
+      os.replace(tmp, os.fspath(p))
+    else:
+      write_atomic(p, LocalPath(tmp).read_bytes())
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,7 +25,7 @@ across devices at the end.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 NEG = -jnp.inf
+# float32 products at full precision: a GPU's default takes TF32 and a TPU's bf16 passes,
+# and either can change which neighbours an exact search returns
+EXACT = jax.lax.Precision.HIGHEST
 
 
 class TopK(NamedTuple):
@@ -81,7 +84,7 @@ def _block_pass(k, group):
     row_ok = row_gids * group < n_valid
 
     def tile(_, y_c):
-      s = jnp.dot(x_blk, y_c.T, preferred_element_type=jnp.float32)
+      s = jnp.dot(x_blk, y_c.T, preferred_element_type=jnp.float32, precision=EXACT)
       return None, (s.reshape(br, bc // group, group).max(axis=2),       # [br, bc/g]
                     s.reshape(br // group, group, bc).max(axis=1))       # [br/g, bc]
 
@@ -131,7 +134,8 @@ def _rescore_fn(mesh: Mesh, k: int, group: int, chunk: int):
       q_c, g_c = args                                                   # [c, D], [c, k]
       cand = groups[g_c].reshape(g_c.shape[0], k * group, -1)          # [c, k*g, D]
       idx = (g_c[:, :, None] * group + jnp.arange(group)).reshape(g_c.shape[0], -1)
-      s = jnp.einsum("cd,cjd->cj", q_c, cand, preferred_element_type=jnp.float32)
+      s = jnp.einsum("cd,cjd->cj", q_c, cand, preferred_element_type=jnp.float32,
+                     precision=EXACT)
       s = jnp.where(idx < n_base, s, NEG)
       v, pos = jax.lax.top_k(s, k)
       return v, jnp.take_along_axis(idx, pos, axis=1)
@@ -163,12 +167,15 @@ def _rescore(mesh, q, base, gid, n_base, k, group, chunk=128):
   return np.asarray(v)[:Q], np.asarray(i)[:Q]
 
 
-def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int = 1024,
+def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: Optional[int] = None,
                        block_cols: int = 2048, group: int = 16, chunk_tiles: int = 32,
                        devices=None, progress: bool = False) -> TopK:
   """The k nearest neighbours by inner product, x→y and y→x, from one blocked pass.
 
-  `block_rows` is per device; block sizes are rounded to multiples of `group`;
+  `block_rows` is per device (default: 1,024 on CPU, 8,192 on an accelerator, where a
+  block of 1,024 rows leaves the device a third idle: benchmarks/knn_blocks.py, 0.46 s
+  against 0.32 s for 10^5 x 10^5 on an H200, the same lists); block sizes are rounded to
+  multiples of `group`;
   group maxima are merged every `chunk_tiles` column tiles (memory bound).
   Vectors are used as given (normalize rows for cosine similarity). Ties between
   equal similarities are broken arbitrarily.
@@ -185,6 +192,8 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int = 1024,
     group //= 2
   mesh = _mesh(devices)
   ndev = mesh.devices.size
+  if block_rows is None:
+    block_rows = 1024 if mesh.devices.flat[0].platform == "cpu" else 8192
   br = _round_up(min(block_rows, -(-N // ndev)), group)
   bc = _round_up(min(block_cols, M), group)
   nc = -(-M // bc)                                   # tiles
