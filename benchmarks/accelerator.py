@@ -25,6 +25,10 @@ carries what the device image lacks):
   against vmx's einsum attention with padding and segment masks, speed and numerics;
 - last, VMSST 24L at the largest batch that fits (halved from 512 until it runs).
 
+--profile adds where each family's step spends its device time: 3 steps under
+jax.profiler, summed by kernel and by kind (matmuls, elementwise fusions, reductions,
+copies; benchmarks/trace_summary.py).
+
 Each family runs in a process of its own (--no-isolate: in this one), so its peak memory
 and compilation are its own. Layers are scanned (SCAN_LAYERS = True) as in the production
 experiment files; --gin adds bindings to every family's (--gin 'SCAN_LAYERS = False').
@@ -257,8 +261,11 @@ class Bench:
         holder[0], _ = run(holder[0], placed)
         jax.block_until_ready(holder[0])
       out_dir = os.environ.get("OUT")
-      out["profile"] = trace_summary.profile(
-          one, 3, keep=out_dir and os.path.join(out_dir, f"trace_{label}.json.gz"))
+      try:                                  # a profiler failure loses only the profile
+        out["profile"] = trace_summary.profile(
+            one, 3, keep=out_dir and os.path.join(out_dir, f"trace_{label}.json.gz"))
+      except Exception as e:  # noqa: BLE001
+        out["profile"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return out
 
   def guarded(self, name: str, fn, batch: int, min_batch: int = 1) -> dict:
@@ -482,7 +489,8 @@ def main(argv):
                  help="each family in a process of its own (default: on unless --smoke)")
   p.add_argument("--profile", action="store_true",
                  help="also 3 steps of each family under jax.profiler: device time by kernel "
-                      "and kind (benchmarks/trace_summary.py), the trace into $OUT")
+                      "and kind in the JSON (benchmarks/trace_summary.py); with --no-isolate "
+                      "the trace itself into $OUT when under 15 MiB")
   p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   if args.isolate is None:

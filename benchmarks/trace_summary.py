@@ -22,9 +22,9 @@ from typing import Callable, Optional
 
 # (kind, substrings of a kernel's name, lower case), first match wins
 KINDS = (
+    ("attention", ("flash", "fmha", "cudnn")),     # (before matmul: cuDNN's use wgmma too)
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "dot", "wgmma",
                 "ynn_fusion")),
-    ("attention", ("flash", "fmha", "cudnn", "softmax")),
     ("collective", ("nccl", "all-reduce", "all_reduce", "all-gather", "reduce-scatter")),
     ("copy", ("memcpy", "memset", "copy", "transpose")),
     ("reduction", ("reduce", "reduction")),
@@ -44,7 +44,9 @@ def kind_of(name: str) -> str:
 def summarize(trace_path: str, steps: int, top: int = 20) -> dict:
   """Device busy time per step, its share by kind, and the `top` kernels, from a Perfetto
   JSON trace (.json.gz). Device processes are those named /device:*; without one (CPU),
-  the host's XLA thunks are read instead."""
+  the host's XLA events are read instead, where enclosing events (an executor's) and
+  their thunks are both summed: a CPU's shares are indicative only. Busy time sums the
+  lines read, so overlapping streams count twice."""
   with gzip.open(trace_path, "rt") as f:
     t = json.load(f)
   events = t["traceEvents"] if isinstance(t, dict) else t
@@ -53,9 +55,11 @@ def summarize(trace_path: str, steps: int, top: int = 20) -> dict:
   threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "")
              for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
   device = {p for p, n in names.items() if n.startswith("/device:")}
-  # a device's kernels are on its "Stream #..." lines; its "XLA Ops" / "XLA Modules" lines
-  # (where the profiler adds them) repeat the same time at another level
+  # a GPU's kernels are on its "Stream #..." lines; its "XLA Ops" / "XLA Modules" lines
+  # (where the profiler adds them) repeat the same time at another level. Without Stream
+  # lines (a TPU) the "XLA Ops" line is read.
   streams = {k for k, n in threads.items() if k[0] in device and n.startswith("Stream")}
+  streams = streams or {k for k, n in threads.items() if k[0] in device and n == "XLA Ops"}
   per_thread = collections.Counter()
   by_name = collections.Counter()
   count = collections.Counter()

@@ -109,10 +109,40 @@ def test_accelerator_benchmark_isolates_a_family_in_its_own_process(tmp_path):
   env.pop("XLA_FLAGS", None)
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "accelerator.py"),
                         "--smoke", "--isolate", "--families=contrastive", "--parts=families",
-                        "--gin", "NUM_LAYERS = 2"],
+                        "--gin", "NUM_LAYERS = 2", "--profile"],
                        capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
   fam = json.loads(out.stdout.strip().splitlines()[-1])["families"]["contrastive"]
   assert fam["steps_per_s"] > 0, fam
   # two layers: twice the one-layer smoke's encoder FLOPs
   assert fam["analytic_encoder_flops_per_step"] == pytest.approx(2 * 10321920.0)
+  prof = fam["profile"]     # --profile reached the child: the host's XLA thunks on CPU
+  assert prof["busy_ms_per_step"] > 0 and prof["share_by_kind"].get("matmul", 0) > 0, prof
+
+
+def test_trace_summary_reads_a_devices_streams_by_kind(tmp_path):
+  """benchmarks/trace_summary.py on a Perfetto trace with a GPU's lines: kernels are read
+  from its "Stream" lines only (its "XLA Ops" line repeats the same time), summed per
+  step, by name and by kind; the host's events are left out."""
+  import gzip
+  from benchmarks import trace_summary
+  meta = lambda pid, name, tid=None: {"ph": "M", "pid": pid, **({"tid": tid} if tid else {}),
+                                      "name": "thread_name" if tid else "process_name",
+                                      "args": {"name": name}}
+  x = lambda pid, tid, name, dur: {"ph": "X", "pid": pid, "tid": tid, "name": name,
+                                   "ts": 0, "dur": dur}
+  events = [meta(1, "/device:GPU:0"), meta(1, "Stream #14(Compute)", 7),
+            meta(1, "XLA Ops", 8), meta(2, "/host:CPU"),
+            x(1, 7, "nvjet_sm90_tst_128x128", 600.0), x(1, 7, "loop_add_fusion", 300.0),
+            x(1, 7, "memcpy128", 100.0), x(1, 7, "nvjet_sm90_tst_128x128", 600.0),
+            x(1, 8, "fusion.3", 1600.0), x(2, 1, "ThunkExecutor::Execute", 5000.0)]
+  path = tmp_path / "perfetto_trace.json.gz"
+  with gzip.open(path, "wt") as f:
+    json.dump({"traceEvents": events}, f)
+  r = trace_summary.summarize(str(path), steps=2)
+  assert r["device_processes"] == ["/device:GPU:0"]
+  assert r["busy_ms_per_step"] == pytest.approx(0.8)          # 1,600 us over 2 steps
+  assert r["share_by_kind"] == {"matmul": 0.75, "fusion": 0.1875, "copy": 0.0625}
+  top = r["top_kernels"][0]
+  assert (top["name"], top["kind"], top["calls"], top["ms_per_step"]) == (
+      "nvjet_sm90_tst_128x128", "matmul", 1, 0.6)

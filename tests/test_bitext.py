@@ -4,6 +4,7 @@ every margin and retrieval; a job killed in any stage continues and writes the s
 bytes; a rerun re-scores without encoding; bad input is one error naming the file."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -373,10 +374,10 @@ def test_mined_negatives_task_refuses_bad_files_naming_them(tmp_path):
     call(bad)
 
 
-def test_output_written_in_pieces_appears_whole_or_not_at_all(tmp_path, gcs_emulator):
+def test_output_written_in_pieces_appears_whole_or_not_at_all(tmp_path):
   """storage.open_atomic (the mining job's OUTPUT, a chunk of pairs at a time): an error
-  while writing leaves the old file and no temporary one; a finished write replaces it.
-  Locally and in a bucket (the GCS emulator)."""
+  while writing leaves the old file and no temporary one; a finished write replaces it
+  and removes what a killed writer left."""
   from vmx import storage
   out = tmp_path / "out.tsv"
   out.write_text("old\n")
@@ -385,10 +386,17 @@ def test_output_written_in_pieces_appears_whole_or_not_at_all(tmp_path, gcs_emul
       f.write("new part\n")
       raise RuntimeError("killed while writing")
   assert out.read_text() == "old\n" and os.listdir(tmp_path) == ["out.tsv"]
+  killed = tmp_path / f"out.tsv{storage.TMP_MARK}{socket.gethostname()}-{2**22 + 1}"
+  killed.write_text("a writer killed before its rename\n")   # (pid above Linux's max)
   with storage.open_atomic(out) as f:
     f.write("a\n")
     f.write("b\n")
   assert out.read_text() == "a\nb\n" and os.listdir(tmp_path) == ["out.tsv"]
+
+
+def test_output_written_in_pieces_to_a_bucket(tmp_path, gcs_emulator):
+  """The same in a bucket (the GCS emulator): the pieces are staged locally and the
+  object appears in one upload, or not at all."""
   url, env = gcs_emulator
   script = f"""
 import sys
@@ -407,8 +415,27 @@ with storage.open_atomic(p) as f:
   f.write("a\\n")
   f.write("b\\n")
 assert storage.path(p).read_text() == "a\\nb\\n"
+import os
+assert os.listdir(storage.cache_dir().parent / "uploads") == []
 print("ok")
 """
   r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                     env={**os.environ, **env}, timeout=120)
+                     env={**os.environ, **env, "VMX_CACHE_DIR": str(tmp_path / "data")},
+                     timeout=120)
   assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_texts_of_chosen_lines_come_from_one_pass(tmp_path):
+  """bitext.Texts: the chosen kept lines (any order, repeats) by kept-line index, blank
+  lines not counted, non-ASCII intact, in chunks; none chosen is empty."""
+  from vmx import bitext
+  path = tmp_path / "c.txt"
+  path.write_text("a\n\n  \nb é\nc\nd\n", encoding="utf-8")
+  corpus = bitext.Corpus(str(path), 2)
+  texts = bitext.Texts(corpus, np.array([3, 0, 3, 1]), str(tmp_path / "spill"))
+  assert texts.chunk(0, 4) == ["d", "a", "d", "b é"]
+  assert texts.chunk(1, 3) == ["a", "d"]
+  texts.close()
+  none = bitext.Texts(corpus, np.array([], np.int64), str(tmp_path / "spill2"))
+  assert none.chunk(0, 10) == []
+  none.close()

@@ -22,8 +22,9 @@ its last finished file and its output equals an uninterrupted run's, byte for by
 4. **score**: LASER's margin over the k neighbours' mean similarities
    (`mining.score_candidates`), the retrieval (`mining.best_pairs`: forward, backward,
    intersect, or max's greedy one-to-one merge), then the threshold and / or the top N;
-   the pairs' texts read back from the corpora; OUTPUT written as
-   `score<TAB>source<TAB>target` lines, the best first, and OUTPUT.json the summary.
+   the pairs' texts read back in one pass over each corpus into a local temporary file
+   (`Texts`); OUTPUT.json the summary, then OUTPUT written a shard's worth of pairs at a
+   time (`storage.open_atomic`) as `score<TAB>source<TAB>target` lines, the best first.
 
 Several processes (`jax.distributed`: launch/mine.py's --multihost or --coordinator_address,
 one WORK_DIR all of them reach, e.g. gs://) share stages 2 and 3: shard i is process
@@ -35,14 +36,18 @@ records them and a rerun with others is refused); stage 4's settings may change 
 to run on the same WORK_DIR (another threshold re-scores in seconds). Duplicate lines are
 kept as they are (LASER's `--unify` is a corpus step before mining: a duplicate target
 counts twice among a source's k neighbours). The [N, k] and [M, k] neighbour lists
-(12 bytes an entry) are held in memory by the score stage.
+(12 bytes an entry) and the pairs' text offsets are held in memory by the score stage.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import io
 import json
+import mmap
+import os
+import tempfile
 import time
 from typing import Callable, Optional
 
@@ -115,18 +120,47 @@ class Corpus:
     if lines:
       yield shard, lines
 
-  def texts(self, wanted: np.ndarray) -> dict:
-    """{kept-line index: text} for the indices in `wanted`."""
-    want = set(int(i) for i in wanted)
-    out, i = {}, 0
-    for _, line in readers.iter_lines(self.path):
-      if len(out) == len(want):
-        break
-      if line.strip():
-        if i in want:
-          out[i] = line
+
+
+class Texts:
+  """The texts of chosen kept lines of a corpus (`wanted`: kept-line indices, any order,
+  repeats allowed), found in one pass over the corpus and spilled to a local file: memory
+  holds offsets (about 24 bytes a chosen line), not texts. `chunk(a, b)` gives the texts
+  of wanted[a:b], in that order."""
+
+  def __init__(self, corpus: Corpus, wanted: np.ndarray, spill: str):
+    uniq, self._inv = np.unique(np.asarray(wanted, np.int64), return_inverse=True)
+    self._start = np.zeros(len(uniq), np.int64)
+    self._len = np.zeros(len(uniq), np.int64)
+    j, i, pos = 0, 0, 0
+    nxt = int(uniq[0]) if len(uniq) else -1
+    with open(spill, "wb") as f:
+      for _, line in readers.iter_lines(corpus.path):
+        if j == len(uniq):
+          break
+        if not line.strip():
+          continue
+        if i == nxt:
+          b = line.encode("utf-8")
+          self._start[j], self._len[j] = pos, len(b)
+          f.write(b)
+          pos += len(b)
+          j += 1
+          nxt = int(uniq[j]) if j < len(uniq) else -1
         i += 1
-    return out
+    self._file = open(spill, "rb")
+    self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if pos else None
+
+  def chunk(self, a: int, b: int) -> list:
+    idx = self._inv[a:b]
+    mm = self._mm if self._mm is not None else b""
+    return [mm[s:s + n].decode("utf-8")
+            for s, n in zip(self._start[idx].tolist(), self._len[idx].tolist())]
+
+  def close(self):
+    if self._mm is not None:
+      self._mm.close()
+    self._file.close()
 
 
 def _digest(lines) -> str:
@@ -328,13 +362,6 @@ def select(nn: knn_lib.TopK, settings: Settings):
   return src, tgt, score
 
 
-def _lines(corpora: dict, src: np.ndarray, tgt: np.ndarray, score: np.ndarray) -> str:
-  """OUTPUT's `score<TAB>source<TAB>target` lines for these pairs, in their order."""
-  texts = {side: corpora[side].texts(idx) for side, idx in (("source", src), ("target", tgt))}
-  return "".join(f"{s:.6f}\t{texts['source'][a]}\t{texts['target'][b]}\n"
-                 for s, a, b in zip(score.tolist(), src.tolist(), tgt.tolist()))
-
-
 def check_output(output: str, overwrite: bool):
   """OUTPUT's path; an existing OUTPUT is refused unless `overwrite`."""
   out = storage.path(output)
@@ -380,25 +407,32 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
   if job.process != 0:                 # process 0 scores and writes
     _barrier("vmx.mine.done")
     return None
-  with signals.activity("scoring the pairs"):
-    src, tgt, score = select(job.lists(), settings)
-    truncated = {side: job.truncated(side) for side in SIDES}
-  summary = {"output": str(out), "pairs": len(score), "work_dir": str(job.dir),
-             **{f"{side}_sentences": c.kept for side, c in corpora.items()},
-             **{f"{side}_empty_lines_skipped": c.empty for side, c in corpora.items()},
-             **{f"{side}_truncated": n for side, n in truncated.items()},
-             "checkpoint": checkpoint, "revision": encoder.revision,
-             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "batch_size"},
-             "score_quantiles": ({q: float(np.quantile(score, float(q))) for q in
-                                  ("0.0", "0.1", "0.5", "0.9", "1.0")} if len(score) else {}),
-             "seconds": round(time.time() - t0, 1),
-             "stage_seconds": {k: round(v, 2) for k, v in stages.items()}}
-  storage.write_atomic(str(out) + ".json", json.dumps(summary, indent=1))
-  # OUTPUT last (a job is done once it exists), a shard's worth of pairs at a time: memory
-  # holds one chunk's texts, not both corpora's (each chunk reads the corpora once)
-  with signals.activity("writing the pairs"), storage.open_atomic(out) as f:
-    for a in range(0, len(score), settings.shard_size):
-      part = slice(a, a + settings.shard_size)
-      f.write(_lines(corpora, src[part], tgt[part], score[part]))
+  with contextlib.ExitStack() as stack:
+    with signals.activity("scoring the pairs"):
+      src, tgt, score = select(job.lists(), settings)
+      truncated = {side: job.truncated(side) for side in SIDES}
+      spill = stack.enter_context(tempfile.TemporaryDirectory(prefix="vmx-mine-"))
+      texts = {}
+      for side, idx in (("source", src), ("target", tgt)):   # one pass over each corpus
+        texts[side] = Texts(corpora[side], idx, os.path.join(spill, side))
+        stack.callback(texts[side].close)
+    summary = {"output": str(out), "pairs": len(score), "work_dir": str(job.dir),
+               **{f"{side}_sentences": c.kept for side, c in corpora.items()},
+               **{f"{side}_empty_lines_skipped": c.empty for side, c in corpora.items()},
+               **{f"{side}_truncated": n for side, n in truncated.items()},
+               "checkpoint": checkpoint, "revision": encoder.revision,
+               **{k: v for k, v in dataclasses.asdict(settings).items() if k != "batch_size"},
+               "score_quantiles": ({q: float(np.quantile(score, float(q))) for q in
+                                    ("0.0", "0.1", "0.5", "0.9", "1.0")} if len(score) else {}),
+               "seconds": round(time.time() - t0, 1),
+               "stage_seconds": {k: round(v, 2) for k, v in stages.items()}}
+    storage.write_atomic(str(out) + ".json", json.dumps(summary, indent=1))
+    # OUTPUT last (a job is done once it exists), a shard's worth of pairs at a time; a
+    # signal while writing stops before the rename (the activity is inside the file's)
+    with storage.open_atomic(out) as f, signals.activity("writing the pairs"):
+      for a in range(0, len(score), settings.shard_size):
+        b = a + settings.shard_size
+        f.write("".join(f"{v:.6f}\t{x}\t{y}\n" for v, x, y in zip(
+            score[a:b].tolist(), texts["source"].chunk(a, b), texts["target"].chunk(a, b))))
   _barrier("vmx.mine.done")
   return summary

@@ -10,9 +10,10 @@ Errors that are not vmx's own are bugs and keep their traceback.
 
 `run_main` is where the host allocator is set up (vmx/host_memory.py), which must
 precede the runtime's threads (the mining launchers keep glibc's default: the tuned
-allocator keeps a process's peak, and their bar is memory), and the quiet start (vmx/quiet.py: each Python warning
-kind printed once; not with --verbose): this module imports neither jax nor TensorFlow, and a
-launcher imports what needs them (vmx.experiment, the trainer) inside `main`.
+allocator keeps a process's peak, and their bar is memory), and the quiet start
+(vmx/quiet.py: each Python warning kind printed once; not with --verbose): this module
+imports neither jax nor TensorFlow, and a launcher imports what needs them
+(vmx.experiment, the trainer) inside `main`.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class ArgumentParser(argparse.ArgumentParser):
 def run_main(main, argv=None, host_malloc: str | None = None):
   """Runs main(argv); a vmx error is one `error:` line on stderr and its exit code.
   `host_malloc` is the launcher's allocator policy where VMX_HOST_MALLOC is unset (None:
-  "auto"): a job whose bar is memory, not step speed, passes "off"."""
+  "auto"), set as VMX_HOST_MALLOC for what the process starts: a job whose bar is
+  memory, not step speed, passes "off"."""
   argv = list(sys.argv[1:] if argv is None else argv)
   verbose = "--verbose" in argv or os.environ.get("VMX_VERBOSE") == "1"
   if verbose:   # for what reads it later, worker processes included (Beam's output)
@@ -47,7 +49,9 @@ def run_main(main, argv=None, host_malloc: str | None = None):
   quiet.install(verbose)   # each Python warning kind once (TensorFlow's lines: import vmx)
   try:
     try:
-      host_memory.configure(os.environ.get("VMX_HOST_MALLOC") or host_malloc)
+      if host_malloc and not os.environ.get("VMX_HOST_MALLOC"):
+        os.environ["VMX_HOST_MALLOC"] = host_malloc
+      host_memory.configure()
     except ValueError as e:  # a bad VMX_HOST_MALLOC
       raise ConfigError(str(e)) from None
     return main(argv)

@@ -10,8 +10,9 @@ its checkpoints through the same epath and tensorstore (`TENSORSTORE_GCS_HTTP_UR
 
 Object stores have neither rename nor append. `write_atomic` writes a local file through a
 temporary sibling and a rename, and a remote object in one upload (an object appears whole
-or not at all); `open_atomic` does the same for a file written in pieces; `move_tree` copies and then deletes. `local_copy` gives libraries that
-read only local files (sentencepiece, tokenizers' WordPiece) a cached local copy.
+or not at all); `open_atomic` does the same for a file written in pieces; `move_tree`
+copies and then deletes. `local_copy` gives libraries that read only local files
+(sentencepiece, tokenizers' WordPiece) a cached local copy.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ import os
 import posixpath
 import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path as LocalPath
 from typing import Optional, Union
@@ -115,15 +115,16 @@ def disk_full(directory: PathLike, error: BaseException) -> bool:
     return False
 
 
-def remove_leftovers(directory: PathLike) -> list[str]:
+def remove_leftovers(directory: PathLike, prefix: str = "") -> list[str]:
   """Removes the temporary files and directories (`tmp_name`) in a local `directory`
-  whose writer is gone (`writer_gone`, by their host, pid and time); returns their names."""
+  whose writer is gone (`writer_gone`, by their host, pid and time), of the names that
+  start with `prefix`; returns their names."""
   d = os.fspath(path(directory))
   if is_remote(d) or not os.path.isdir(d):
     return []
   gone = []
   for entry in os.scandir(d):
-    if TMP_MARK not in entry.name:
+    if TMP_MARK not in entry.name or not entry.name.startswith(prefix):
       continue
     host, _, pid = entry.name.rsplit(TMP_MARK, 1)[1].rpartition("-")
     try:
@@ -167,22 +168,26 @@ def write_atomic(p: PathLike, data: Union[str, bytes]) -> epath.Path:
 def open_atomic(p: PathLike):
   """A text file to write `p` through in pieces, with `write_atomic`'s promise: readers
   see the old content or the new, never a part, and an error leaves `p` as it was. Local:
-  a temporary sibling renamed at the end; remote: a local temporary file uploaded in one
-  piece at the end (read into memory for the upload)."""
+  a temporary sibling renamed at the end; remote: a local temporary file (under
+  VMX_CACHE_DIR's `uploads/`) streamed to one object at the end. What a writer killed
+  before that left behind (`tmp_name`) is removed by the next `open_atomic` of `p`."""
   p = path(p)
-  local = not is_remote(p)
-  if local:
-    tmp = tmp_name(p)
+  if is_remote(p):
+    staging = cache_dir().parent / "uploads"
+    staging.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(staging / p.name)
   else:
-    fd, tmp = tempfile.mkstemp(prefix="vmx-upload-")
-    os.close(fd)
+    tmp = tmp_name(p)
+  remove_leftovers(os.path.dirname(tmp), prefix=os.path.basename(tmp).split(TMP_MARK)[0]
+                   + TMP_MARK)
   try:
     with open(tmp, "w", encoding="utf-8") as f:
       yield f
-    if local:
-      os.replace(tmp, os.fspath(p))
+    if is_remote(p):     # one upload, committed when it is closed whole
+      with open(tmp, "rb") as src, p.open("wb") as dst:
+        shutil.copyfileobj(src, dst, 16 << 20)
     else:
-      write_atomic(p, LocalPath(tmp).read_bytes())
+      os.replace(tmp, os.fspath(p))
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)

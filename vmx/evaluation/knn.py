@@ -25,7 +25,7 @@ across devices at the end.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +34,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 NEG = -jnp.inf
-# float32 products at full precision: a GPU's default takes TF32 and a TPU's bf16 passes,
-# and either can change which neighbours an exact search returns
+# float32 products at full precision: a GPU's default may take TF32 and a TPU's bf16
+# passes, and either can change which neighbours an exact search returns (the cost of
+# HIGHEST on a TPU is not measured; on CPU it is nothing)
 EXACT = jax.lax.Precision.HIGHEST
 
 
@@ -167,15 +168,15 @@ def _rescore(mesh, q, base, gid, n_base, k, group, chunk=128):
   return np.asarray(v)[:Q], np.asarray(i)[:Q]
 
 
-def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: Optional[int] = None,
+def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
                        block_cols: int = 2048, group: int = 16, chunk_tiles: int = 32,
                        devices=None, progress: bool = False) -> TopK:
   """The k nearest neighbours by inner product, x→y and y→x, from one blocked pass.
 
-  `block_rows` is per device (default: 1,024 on CPU, 8,192 on an accelerator, where a
-  block of 1,024 rows leaves the device a third idle: benchmarks/knn_blocks.py, 0.46 s
-  against 0.32 s for 10^5 x 10^5 on an H200, the same lists); block sizes are rounded to
-  multiples of `group`;
+  `block_rows` is per device (default: 1,024 on CPU; 8,192 on an accelerator, where on an
+  H200 a block of 1,024 rows left the device a third idle: benchmarks/knn_blocks.py,
+  0.46 s against 0.32 s for 10^5 x 10^5, the same lists; a TPU's best is not measured);
+  block sizes are rounded to multiples of `group`;
   group maxima are merged every `chunk_tiles` column tiles (memory bound).
   Vectors are used as given (normalize rows for cosine similarity). Ties between
   equal similarities are broken arbitrarily.
