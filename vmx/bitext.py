@@ -121,7 +121,6 @@ class Corpus:
       yield shard, lines
 
 
-
 class Texts:
   """The texts of chosen kept lines of a corpus (`wanted`: kept-line indices, any order,
   repeats allowed), found in one pass over the corpus and spilled to a local file: memory
