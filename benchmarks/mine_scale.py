@@ -20,6 +20,7 @@ linearly in N, the search as N^2. Prints one JSON line. Figures: docs/performanc
 "Mining".
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _rss_gb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6   # (KiB on Linux)
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9   # (KiB on Linux)
 
 
 def main(argv):
@@ -57,6 +58,11 @@ def main(argv):
   p.add_argument("--exact_sample", type=int, default=None,
                  help="check the job's forward top-1 of the first Q sources against NumPy's "
                       "exact search over every target (no faiss needed)")
+  p.add_argument("--work_dir", default=None,
+                 help="keep the corpora (DIR/source, DIR/target), the job's files (DIR/work) "
+                      "and DIR/out.tsv there: a stopped run continues when rerun with the "
+                      "same flags (its stage times are then the rerun's); default a "
+                      "temporary directory")
   p.add_argument("--estimate", type=int, nargs="*", default=[1_000_000, 10_000_000])
   args = p.parse_args(argv)
   sampling = {"--faiss_queries": args.faiss_queries, "--ivf_lists": args.ivf_lists,
@@ -79,17 +85,22 @@ def main(argv):
   lang = {"source": None, "target": None}
   if enc.languages:
     lang = {"source": enc.languages[0], "target": enc.languages[-1]}
-  with tempfile.TemporaryDirectory() as d:
-    for side, n in (("source", args.n_source), ("target", args.n)):
-      with open(os.path.join(d, side), "w") as f:
-        for i in range(n):
-          f.write(" ".join(rng.choice(words, rng.integers(6, 21))) + f" {side[0]}{i}\n")
+  with (contextlib.nullcontext(args.work_dir) if args.work_dir
+        else tempfile.TemporaryDirectory()) as d:
+    os.makedirs(d, exist_ok=True)
+    sides = (("source", args.n_source), ("target", args.n))
+    if not all(os.path.exists(os.path.join(d, side)) for side, _ in sides):
+      for side, n in sides:       # (kept ones are reused: the job checks its shards' lines)
+        with open(os.path.join(d, side), "w") as f:
+          for i in range(n):
+            f.write(" ".join(rng.choice(words, rng.integers(6, 21))) + f" {side[0]}{i}\n")
     t0 = time.time()
     s = bitext.mine(enc, args.checkpoint_dir, os.path.join(d, "source"),
                     os.path.join(d, "target"), os.path.join(d, "out.tsv"),
                     os.path.join(d, "work"), bitext.Settings(
                         retrieval="forward", shard_size=args.shard_size,
-                        source_lang=lang["source"], target_lang=lang["target"]))
+                        source_lang=lang["source"], target_lang=lang["target"]),
+                    overwrite=True)
     wall = time.time() - t0
     job_rss = _rss_gb()
     stages = dict(s["stage_seconds"])
