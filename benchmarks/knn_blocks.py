@@ -39,11 +39,10 @@ def main(argv):
     settings.append((s, dict(block_rows=br, block_cols=bc, group=g, chunk_tiles=ct)))
   import jax
   import numpy as np
-  from vmx.evaluation import knn
+  from vmx.evaluation import knn, mining
   rng = np.random.default_rng(0)
-  x, y = (rng.standard_normal((args.n, args.dim)).astype(np.float32) for _ in range(2))
-  x /= np.linalg.norm(x, axis=1, keepdims=True)
-  y /= np.linalg.norm(y, axis=1, keepdims=True)
+  x, y = (mining.normalize(rng.standard_normal((args.n, args.dim), dtype=np.float32))
+          for _ in range(2))
   out = {"backend": f"{jax.default_backend()} ({jax.devices()[0].device_kind})",
          "n": args.n, "dim": args.dim, "k": args.k, "settings": {}}
   first = None

@@ -45,7 +45,7 @@ def main():
   x = mining.normalize(rng.standard_normal((args.n, args.dim), dtype=np.float32))
   y = mining.normalize(rng.standard_normal((m, args.dim), dtype=np.float32))
   kw = dict(k=args.k, block_rows=args.block_rows, block_cols=args.block_cols)
-  rows = args.block_rows or (1024 if jax.default_backend() == "cpu" else 8192)
+  rows = args.block_rows or knn.default_block_rows()
 
   def run_vmx():
     t = time.perf_counter()

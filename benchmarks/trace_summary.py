@@ -94,10 +94,12 @@ def summarize(trace_path: str, steps: int, top: int = 20) -> dict:
                           for n, us in by_name.most_common(top)]}
 
 
-def profile(step: Callable[[], None], steps: int = 3, keep: Optional[str] = None,
-            keep_limit: int = 15 << 20) -> dict:
+KEEP_LIMIT = 15 << 20     # a trace bigger than this is not kept (the device tool's 16 MiB)
+
+
+def profile(step: Callable[[], None], steps: int = 3, keep: Optional[str] = None) -> dict:
   """Runs `step` (which blocks until its work is done) `steps` times under the profiler
-  and summarizes the trace; `keep` copies the trace there when under `keep_limit` bytes."""
+  and summarizes the trace; `keep` copies the trace there when under KEEP_LIMIT bytes."""
   import jax
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d, create_perfetto_trace=True):
@@ -107,7 +109,7 @@ def profile(step: Callable[[], None], steps: int = 3, keep: Optional[str] = None
     if not found:
       return {"error": f"no perfetto_trace.json.gz under the profiler's {d}"}
     out = summarize(found[0], steps)
-    if keep and os.path.getsize(found[0]) <= keep_limit:
+    if keep and os.path.getsize(found[0]) <= KEEP_LIMIT:
       shutil.copyfile(found[0], keep)
       out["trace"] = os.path.basename(keep)
   return out

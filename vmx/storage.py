@@ -178,8 +178,7 @@ def open_atomic(p: PathLike):
     tmp = tmp_name(staging / p.name)
   else:
     tmp = tmp_name(p)
-  remove_leftovers(os.path.dirname(tmp), prefix=os.path.basename(tmp).split(TMP_MARK)[0]
-                   + TMP_MARK)
+  remove_leftovers(os.path.dirname(tmp), prefix=p.name + TMP_MARK)
   try:
     with open(tmp, "w", encoding="utf-8") as f:
       yield f

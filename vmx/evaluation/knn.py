@@ -53,6 +53,15 @@ def _mesh(devices=None) -> Mesh:
   return Mesh(np.array(devices), ("rows",), axis_types=(AxisType.Auto,))
 
 
+def default_block_rows(devices=None) -> int:
+  """`bidirectional_topk`'s rows a block a device: 1,024 on CPU; 8,192 on an accelerator,
+  where on an H200 a block of 1,024 rows left the device a third idle
+  (benchmarks/knn_blocks.py: 0.46 s against 0.32 s for 10^5 x 10^5, the same lists; a
+  TPU's best is not measured)."""
+  platform = (list(devices) if devices is not None else jax.devices())[0].platform
+  return 1024 if platform == "cpu" else 8192
+
+
 def _round_up(n, m):
   return -(-n // m) * m
 
@@ -173,10 +182,8 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
                        devices=None, progress: bool = False) -> TopK:
   """The k nearest neighbours by inner product, x→y and y→x, from one blocked pass.
 
-  `block_rows` is per device (default: 1,024 on CPU; 8,192 on an accelerator, where on an
-  H200 a block of 1,024 rows left the device a third idle: benchmarks/knn_blocks.py,
-  0.46 s against 0.32 s for 10^5 x 10^5, the same lists; a TPU's best is not measured);
-  block sizes are rounded to multiples of `group`;
+  `block_rows` is per device (default: `default_block_rows`); block sizes are rounded to
+  multiples of `group`;
   group maxima are merged every `chunk_tiles` column tiles (memory bound).
   Vectors are used as given (normalize rows for cosine similarity). Ties between
   equal similarities are broken arbitrarily.
@@ -193,8 +200,7 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
     group //= 2
   mesh = _mesh(devices)
   ndev = mesh.devices.size
-  if block_rows is None:
-    block_rows = 1024 if mesh.devices.flat[0].platform == "cpu" else 8192
+  block_rows = block_rows or default_block_rows(mesh.devices.flat)
   br = _round_up(min(block_rows, -(-N // ndev)), group)
   bc = _round_up(min(block_cols, M), group)
   nc = -(-M // bc)                                   # tiles
