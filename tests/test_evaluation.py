@@ -31,16 +31,19 @@ def _ref_topk(x, y, k):
 
 # ----------------------------------------------------------------------------- kNN
 
-@pytest.mark.parametrize("n,m,k,ndev", [(1000, 777, 4, 1), (1000, 777, 4, 8), (37, 301, 1, 8),
-                                        (300, 64, 20, 1)])
-def test_blocked_topk_equals_brute_force(n, m, k, ndev):
+@pytest.mark.parametrize("n,m,k,ndev,rows,chunk", [
+    (1000, 777, 4, 1, 64, 1), (1000, 777, 4, 8, 64, 2), (37, 301, 1, 8, 64, 1),
+    (300, 64, 20, 1, 64, 2), (500, 900, 5, 1, 48, 3), (400, 333, 3, 2, 80, 1)])
+def test_blocked_topk_equals_brute_force(n, m, k, ndev, rows, chunk):
+  """k not a power of two, odd numbers of row groups a block (48 / 16, 80 / 16) and of
+  tiles a chunk: the tournament's padded rounds; merges every tile and every few."""
   if jax.device_count() < ndev:
     pytest.skip("needs 8 (simulated) devices")
   rng = np.random.default_rng(n + m)
   x, y = _unit(rng, n, 24), _unit(rng, m, 24)
   s, ri, ci = _ref_topk(x, y, k)
-  nn = knn.bidirectional_topk(x, y, k=k, block_rows=64, block_cols=128, group=16, chunk_tiles=2,
-                              devices=jax.devices()[:ndev])
+  nn = knn.bidirectional_topk(x, y, k=k, block_rows=rows, block_cols=128, group=16,
+                              chunk_tiles=chunk, devices=jax.devices()[:ndev])
   np.testing.assert_array_equal(nn.row_idx, ri)
   np.testing.assert_array_equal(nn.col_idx, ci)
   np.testing.assert_allclose(nn.row_vals, np.take_along_axis(s, ri, 1), atol=1e-5)
@@ -48,6 +51,25 @@ def test_blocked_topk_equals_brute_force(n, m, k, ndev):
   dense = knn.dense_topk(x, y, k)
   np.testing.assert_array_equal(dense.row_idx, ri)
   np.testing.assert_array_equal(dense.col_idx, ci)
+
+
+@pytest.mark.parametrize("n,kk", [(1, 1), (5, 4), (64, 4), (7, 8), (128, 32)])
+def test_top_lists_equals_sort(n, kk):
+  """The tournament keeps each column's best kk of n candidates, best first, with their ids
+  (fewer than kk candidates: padded with -inf); ties included (repeated values)."""
+  rng = np.random.default_rng(n + kk)
+  v = rng.integers(0, 6, (n, 33)).astype(np.float32)        # many ties
+  ids = rng.permutation(n * 33).reshape(n, 33).astype(np.int32)
+  tv, ti = (np.asarray(a) for a in knn._top_lists(v, ids, kk))
+  ref = -np.sort(-v, axis=0)[:kk]
+  want = np.concatenate([ref, np.full((kk - len(ref), 33), -np.inf, np.float32)])
+  np.testing.assert_array_equal(tv, want)
+  real = np.isfinite(tv)
+  for j in range(v.shape[1]):                     # the ids name those values, each once
+    value_of = dict(zip(ids[:, j].tolist(), v[:, j].tolist()))
+    got = ti[real[:, j], j].tolist()
+    assert len(set(got)) == len(got)
+    assert [value_of[i] for i in got] == tv[real[:, j], j].tolist()
 
 
 def test_topk_rejects_bad_shapes():

@@ -10,17 +10,23 @@ CPU, so each tile is reduced to GROUP MAXIMA only (the max over `group`
 consecutive columns, and over `group` consecutive rows; one cheap reduction
 each). The exact k nearest neighbours of a row lie inside the k groups with the
 largest maxima (any top-k entry's group has a maximum >= the k-th best value,
-and at most k groups can), so after the pass we keep, per row, the top-k groups
-of y and, per column, the top-k groups of x, and rescore only those k * group
+and at most k groups can), so the pass keeps, per row, the top-k groups of y and,
+per column, the top-k groups of x, and rescores only those k * group
 candidates with exact dot products.
+
+The top-k groups are kept as running lists, merged every `chunk_tiles` tiles: the
+chunk's group maxima are reduced to their best pow2(k) both ways by a tournament of
+bitonic merges (`_top_lists`), elementwise over the long axis, so it vectorizes. On CPU
+a chunk is one tile, whose candidates merge while they are in cache: the pass is 8-11 %
+faster than with XLA:CPU's `lax.top_k` merging 32 tiles' candidates, and ~25 % faster
+than the same tournament over 32 tiles (docs/performance.md, "The kernel's merges").
 
 Sharding: x is split by rows over a 1-D mesh of all devices (`shard_map`); y is
 replicated and scanned in column tiles of `block_cols`, grouped in chunks of
-`chunk_tiles` tiles. Each device's row block is `block_rows` rows. Per-device
-memory beyond the inputs: one [block_rows, block_cols] tile, the group maxima of
-one chunk (2 x block_rows x chunk_tiles x block_cols / group floats) and the
-[M, k] running column states (the output's size). Column states are merged
-across devices at the end.
+`chunk_tiles` tiles. Each device's row block is `block_rows` rows. Per-device memory
+beyond the inputs: one [block_rows, block_cols] tile, the group maxima of one chunk
+(2 x block_rows x chunk_tiles x block_cols / group floats) and the [M, pow2(k)] running
+column lists (the output's size). Column lists are merged across devices at the end.
 """
 from __future__ import annotations
 
@@ -62,59 +68,118 @@ def default_block_rows(devices=None) -> int:
   return 1024 if platform == "cpu" else 8192
 
 
+def default_chunk_tiles(devices=None) -> int:
+  """`bidirectional_topk`'s tiles a merge: 1 on CPU, where a tile's candidates merge while
+  they are in cache (measured); 32 on an accelerator, where each merge is a few kernel
+  launches, the cadence measured there with `lax.top_k` (the tournament is not measured
+  on an accelerator yet: benchmarks/knn_blocks.py)."""
+  platform = (list(devices) if devices is not None else jax.devices())[0].platform
+  return 1 if platform == "cpu" else 32
+
+
 def _round_up(n, m):
   return -(-n // m) * m
 
 
-def _merge(v1, i1, v2, i2, k):
-  """Top-k of the union of two candidate sets along the last axis."""
-  v, pos = jax.lax.top_k(jnp.concatenate([v1, v2], axis=-1), k)
-  return v, jnp.take_along_axis(jnp.concatenate([i1, i2], axis=-1), pos, axis=-1)
+def _pow2(n: int) -> int:
+  return 1 << max(0, n - 1).bit_length()
+
+
+def _exchange(v, i, d):
+  """Compare-exchange along axis 1 of [p, m, w] lists at distance d: in every block of 2d
+  positions, position j gets the larger of (j, j + d) and j + d the smaller. Elementwise
+  over w, the long minor axis, so it vectorizes."""
+  p, m, w = v.shape
+  v = v.reshape(p, m // (2 * d), 2, d, w)
+  i = i.reshape(p, m // (2 * d), 2, d, w)
+  a, b, ia, ib = v[:, :, 0], v[:, :, 1], i[:, :, 0], i[:, :, 1]
+  c = a >= b
+  v = jnp.stack([jnp.where(c, a, b), jnp.where(c, b, a)], 2).reshape(p, m, w)
+  i = jnp.stack([jnp.where(c, ia, ib), jnp.where(c, ib, ia)], 2).reshape(p, m, w)
+  return v, i
+
+
+def _merge_sorted(va, ia, vb, ib, keep):
+  """The best `keep` of two lists sorted best first along axis 1 ([p, m, w] each, m a power
+  of two; keep is m or 2m), sorted: a bitonic merge."""
+  vb, ib = vb[:, ::-1], ib[:, ::-1]
+  if keep == 2 * va.shape[1]:
+    v, i = jnp.concatenate([va, vb], 1), jnp.concatenate([ia, ib], 1)
+  else:   # a's j-th best against b's (m-1-j)-th: the best m of the union, bitonic
+    c = va >= vb
+    v, i = jnp.where(c, va, vb), jnp.where(c, ia, ib)
+  d = v.shape[1] // 2
+  while d:
+    v, i = _exchange(v, i, d)
+    d //= 2
+  return v, i
+
+
+def _top_lists(v_NxW, i_NxW, kk):
+  """The best kk (a power of two) of N candidates for each of W columns, sorted best
+  first: [kk, W] values and ids. A tournament of merges, each elementwise over W."""
+  v, i = v_NxW[:, None], i_NxW[:, None]
+  while v.shape[0] > 1:
+    if v.shape[0] % 2:
+      v = jnp.concatenate([v, jnp.full_like(v[:1], NEG)])
+      i = jnp.concatenate([i, jnp.zeros_like(i[:1])])
+    n, m = v.shape[:2]
+    v, i = v.reshape(n // 2, 2, m, -1), i.reshape(n // 2, 2, m, -1)
+    v, i = _merge_sorted(v[:, 0], i[:, 0], v[:, 1], i[:, 1], min(2 * m, kk))
+  if v.shape[1] < kk:
+    pad = kk - v.shape[1]
+    v = jnp.concatenate([v, jnp.full((1, pad, v.shape[2]), NEG, v.dtype)], 1)
+    i = jnp.concatenate([i, jnp.zeros((1, pad, i.shape[2]), i.dtype)], 1)
+  return v[0], i[0]
 
 
 def _block_pass(k, group):
   """One device's row block against all of y: group-level top-k both ways.
 
-  y comes as chunks of tiles; per chunk the tiles' group maxima ([br, chunk/g] for
-  rows, [chunk, br/g] for columns) are merged into the running top-k states, so
-  the buffers are bounded by the chunk size, not by M.
+  y comes as chunks of tiles. Per chunk, the tiles' group maxima are reduced to their
+  best kk = pow2(k) both ways (`_top_lists`) and merged into the running lists: the row
+  block's [kk, br] (carried through the scan) and the chunk's columns' [kk, T * bc]
+  (scanned in and out). Buffers are bounded by the chunk, not by M.
 
   Padding rows/columns are copies of the last real row/column, so a group that
   mixes real and padding entries has a legitimate maximum (its padding repeats a
   value of its own last real entry); groups made only of padding are masked.
-  No per-tile masking is needed.
   """
+  kk = _pow2(k)
+
   def f(x_blk, r0, n_valid, y_chunks, c_valid, col_v, col_g):
-    # x_blk [br, D]; y_chunks [nch, T, bc, D]; col_v/col_g [nch, T*bc, k]: running
-    # per-column top-k row-group maxima and their (global) row-group ids.
+    # x_blk [br, D]; y_chunks [nch, T, bc, D]; col_v/col_g [nch, kk, T*bc]: running
+    # per-column best row-group maxima and their (global) row-group ids.
     br = x_blk.shape[0]
     nch, T, bc = y_chunks.shape[:3]
     width = T * bc
     row_gids = r0 // group + jnp.arange(br // group, dtype=jnp.int32)
-    row_ok = row_gids * group < n_valid
+    row_ok = (row_gids * group < n_valid)[:, None]
 
     def tile(_, y_c):
       s = jnp.dot(x_blk, y_c.T, preferred_element_type=jnp.float32, precision=EXACT)
-      return None, (s.reshape(br, bc // group, group).max(axis=2),       # [br, bc/g]
-                    s.reshape(br // group, group, bc).max(axis=1))       # [br/g, bc]
+      return None, (s.reshape(br, bc // group, group).max(axis=2).T,   # [bc/g, br]
+                    s.reshape(br // group, group, bc).max(axis=1))     # [br/g, bc]
 
     def chunk(carry, inp):
       rv, rg = carry
-      y_ch, c_idx, cv, cg = inp
+      y_ch, c, cv, cg = inp
       _, (row_gm, col_gm) = jax.lax.scan(tile, None, y_ch)
-      col_gids = c_idx * (width // group) + jnp.arange(width // group, dtype=jnp.int32)
-      row_gm = jnp.moveaxis(row_gm, 0, 1).reshape(br, width // group)
-      row_gm = jnp.where(col_gids * group < c_valid, row_gm, NEG)
-      rv, rg = _merge(rv, rg, row_gm, jnp.broadcast_to(col_gids, row_gm.shape), k)
-      col_gm = jnp.moveaxis(col_gm, 0, 1).reshape(br // group, width).T  # [width, br/g]
+      col_gids = c * (width // group) + jnp.arange(width // group, dtype=jnp.int32)
+      row_gm = row_gm.reshape(width // group, br)
+      row_gm = jnp.where((col_gids * group < c_valid)[:, None], row_gm, NEG)
+      tv, tg = _top_lists(row_gm, jnp.broadcast_to(col_gids[:, None], row_gm.shape), kk)
+      rv, rg = _merge_sorted(rv[None], rg[None], tv[None], tg[None], kk)
+      col_gm = jnp.moveaxis(col_gm, 0, 1).reshape(br // group, width)
       col_gm = jnp.where(row_ok, col_gm, NEG)
-      cv, cg = _merge(cv, cg, col_gm, jnp.broadcast_to(row_gids, col_gm.shape), k)
-      return (rv, rg), (cv, cg)
+      tv, tg = _top_lists(col_gm, jnp.broadcast_to(row_gids[:, None], col_gm.shape), kk)
+      cv, cg = _merge_sorted(cv[None], cg[None], tv[None], tg[None], kk)
+      return (rv[0], rg[0]), (cv[0], cg[0])
 
-    init = (jnp.full((br, k), NEG, jnp.float32), jnp.zeros((br, k), jnp.int32))
+    init = (jnp.full((kk, br), NEG, jnp.float32), jnp.zeros((kk, br), jnp.int32))
     (_, row_g), (col_v, col_g) = jax.lax.scan(
         chunk, init, (y_chunks, jnp.arange(nch, dtype=jnp.int32), col_v, col_g))
-    return row_g, col_v, col_g
+    return row_g[:k].T, col_v, col_g
   return f
 
 
@@ -178,13 +243,14 @@ def _rescore(mesh, q, base, gid, n_base, k, group, chunk=128):
 
 
 def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
-                       block_cols: int = 2048, group: int = 16, chunk_tiles: int = 32,
+                       block_cols: int = 2048, group: int = 16,
+                       chunk_tiles: int | None = None,
                        devices=None, progress: bool = False) -> TopK:
   """The k nearest neighbours by inner product, x→y and y→x, from one blocked pass.
 
   `block_rows` is per device (default: `default_block_rows`); block sizes are rounded to
-  multiples of `group`;
-  group maxima are merged every `chunk_tiles` column tiles (memory bound).
+  multiples of `group`; the running lists merge every `chunk_tiles` column tiles
+  (default: `default_chunk_tiles`).
   Vectors are used as given (normalize rows for cosine similarity). Ties between
   equal similarities are broken arbitrarily.
   """
@@ -204,16 +270,18 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
   br = _round_up(min(block_rows, -(-N // ndev)), group)
   bc = _round_up(min(block_cols, M), group)
   nc = -(-M // bc)                                   # tiles
+  chunk_tiles = chunk_tiles or default_chunk_tiles(mesh.devices.flat)
   nch = -(-nc // chunk_tiles)                        # chunks of about equal size
   T = -(-nc // nch)
   Mp = nch * T * bc
+  kk = _pow2(k)
   y_pad = np.empty((Mp, x.shape[1]), np.float32)
   y_pad[:M] = y
   y_pad[M:] = y[-1]
   rep, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("rows"))
   y_chunks = jax.device_put(y_pad.reshape(nch, T, bc, -1), rep)
-  col_v = jax.device_put(np.full((ndev, nch, T * bc, k), -np.inf, np.float32), rows)
-  col_g = jax.device_put(np.zeros((ndev, nch, T * bc, k), np.int32), rows)
+  col_v = jax.device_put(np.full((ndev, nch, kk, T * bc), -np.inf, np.float32), rows)
+  col_g = jax.device_put(np.zeros((ndev, nch, kk, T * bc), np.int32), rows)
   step = _pass_fn(mesh, k, group)
   step_rows = br * ndev
   scalar = lambda v: jax.device_put(np.int32(v), rep)
@@ -232,8 +300,8 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
     jax.block_until_ready(col_v)  # one block at a time: concurrent blocks fight for cores
   row_g = np.concatenate([np.asarray(g) for g in row_g])[:N]
   # column states: merge the devices' partial top-k groups
-  cv = np.asarray(col_v).reshape(ndev, Mp, k).transpose(1, 0, 2).reshape(Mp, ndev * k)[:M]
-  cg = np.asarray(col_g).reshape(ndev, Mp, k).transpose(1, 0, 2).reshape(Mp, ndev * k)[:M]
+  cv = np.asarray(col_v)[:, :, :k].transpose(1, 3, 0, 2).reshape(Mp, ndev * k)[:M]
+  cg = np.asarray(col_g)[:, :, :k].transpose(1, 3, 0, 2).reshape(Mp, ndev * k)[:M]
   order = np.argsort(-cv, axis=1, kind="stable")[:, :k]
   col_g = np.take_along_axis(cg, order, axis=1)
   rv, ri = _rescore(mesh, x, y, row_g, M, k, group)
