@@ -59,13 +59,16 @@ def _mesh(devices=None) -> Mesh:
   return Mesh(np.array(devices), ("rows",), axis_types=(AxisType.Auto,))
 
 
+def _on_cpu(devices=None) -> bool:
+  return (list(devices) if devices is not None else jax.devices())[0].platform == "cpu"
+
+
 def default_block_rows(devices=None) -> int:
   """`bidirectional_topk`'s rows a block a device: 1,024 on CPU; 8,192 on an accelerator,
   where on an H200 a block of 1,024 rows left the device a third idle
   (benchmarks/knn_blocks.py: 0.46 s against 0.32 s for 10^5 x 10^5, the same lists; a
   TPU's best is not measured)."""
-  platform = (list(devices) if devices is not None else jax.devices())[0].platform
-  return 1024 if platform == "cpu" else 8192
+  return 1024 if _on_cpu(devices) else 8192
 
 
 def default_chunk_tiles(devices=None) -> int:
@@ -73,8 +76,7 @@ def default_chunk_tiles(devices=None) -> int:
   they are in cache (measured); 32 on an accelerator, where each merge is a few kernel
   launches, the cadence measured there with `lax.top_k` (the tournament is not measured
   on an accelerator yet: benchmarks/knn_blocks.py)."""
-  platform = (list(devices) if devices is not None else jax.devices())[0].platform
-  return 1 if platform == "cpu" else 32
+  return 1 if _on_cpu(devices) else 32
 
 
 def _round_up(n, m):
