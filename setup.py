@@ -1,7 +1,7 @@
 """vmx: multilingual sentence embeddings (VMSST, EMS, InfoXLM, EMMA-X, MPCL) in JAX/Flax."""
 import re
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 # the one place the version is written: vmx/__init__.py (read, not imported: no jax needed)
 VERSION = re.search(r'^__version__ = "([^"]+)"', open("vmx/__init__.py", encoding="utf-8").read(),
@@ -35,6 +35,11 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vmx", "vmx.*", "tasks", "tasks.*"]),
     package_data={"vmx.data": ["registry.tsv"]},
+    # the fused CPU kNN kernel (vmx/evaluation/knn_cpu.py loads it with ctypes: no Python
+    # API). Optional: without a C compiler the install goes on
+    # and knn.py's XLA kernel serves; on a CPU without AVX2/FMA the library says so at load.
+    ext_modules=[Extension("vmx.evaluation._knn_cpu", ["vmx/evaluation/_knn_cpu.c"],
+                           extra_compile_args=["-O3"], optional=True)],
     # Ranges tested on CPU (see README, "Tested versions"): Python 3.11 with jax 0.10.2 (the
     # whole suite), Python 3.12 with jax 0.11.2 and flax 0.12.12 (the accelerator image's
     # jax: benchmarks/accelerator.py --smoke and a recorded-cache run, docs/performance.md).

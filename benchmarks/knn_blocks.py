@@ -4,11 +4,12 @@ vectors (a mining job's shard pair) timed for each setting, its neighbours check
 the first setting's.
 
   python benchmarks/knn_blocks.py --n=100000 --dim=128 \
-      --settings 8192x2048x16x32 8192x2048x16x1 1024x2048x16x1
+      --settings 8192x2048x16x32 8192x2048x16x1 1024x2048x16x1 fused
 
-A setting is block_rows x block_cols x group x chunk_tiles (vmx/evaluation/knn.py's
-`bidirectional_topk`; the defaults: the accelerators' blocks merging every 32 tiles and
-every tile, and CPU's). Prints one JSON line: per setting the best of --reps searches
+A setting is block_rows x block_cols x group x chunk_tiles of the XLA pass
+(vmx/evaluation/knn.py's `bidirectional_topk`, kernel="xla"; the defaults: the
+accelerators' blocks merging every 32 tiles and every tile, and CPU's), or `fused`: the
+fused C kernel (vmx/evaluation/knn_cpu.py; a CPU with AVX2, where it is the default). Prints one JSON line: per setting the best of --reps searches
 (the first call compiles and is not timed) and whether its lists equal the first's.
 Figures: docs/performance.md, "Mining at scale".
 """
@@ -33,11 +34,15 @@ def main(argv):
   args = p.parse_args(argv)
   settings = []
   for s in args.settings:
+    if s == "fused":
+      settings.append((s, dict(kernel="fused")))
+      continue
     try:
       br, bc, g, ct = (int(v) for v in s.split("x"))
     except ValueError:
       p.error(f"--settings {s!r}: expected ROWSxCOLSxGROUPxCHUNK, e.g. 1024x2048x16x32")
-    settings.append((s, dict(block_rows=br, block_cols=bc, group=g, chunk_tiles=ct)))
+    settings.append((s, dict(block_rows=br, block_cols=bc, group=g, chunk_tiles=ct,
+                             kernel="xla")))
   import jax
   import numpy as np
   from vmx.evaluation import knn, mining

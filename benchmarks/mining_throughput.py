@@ -8,7 +8,8 @@ Both sides get the same random L2-normalized vectors (x: n, y: n) and compute
 the k nearest neighbours in both directions plus ratio-margin scores of every
 candidate (`vmx.evaluation.mining.score_candidates`). faiss: two exact
 `IndexFlatIP` searches (x in y, y in x). vmx: `knn.bidirectional_topk` (one pass
-over similarity tiles, all devices). vmx is timed warm (after one run of the same
+over similarity tiles; `--kernel`, default `knn.default_kernel()`: the fused C kernel on a
+CPU with AVX2, else the XLA pass over all devices). vmx is timed warm (after one run of the same
 shape) and cold (including compilation). Prints one JSON line; `ratio` is faiss
 time / vmx warm time. Results must agree (index agreement is printed).
 """
@@ -33,6 +34,8 @@ def main():
                  help="rows a block a device (default: the kernel's, 1,024 on CPU, 8,192 on "
                       "an accelerator)")
   p.add_argument("--block_cols", type=int, default=2048)
+  p.add_argument("--kernel", choices=["xla", "fused"], default=None,
+                 help="knn.bidirectional_topk's kernel (default: knn.default_kernel())")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--skip_faiss", action="store_true")
   args = p.parse_args()
@@ -44,7 +47,8 @@ def main():
   m = args.m or args.n
   x = mining.normalize(rng.standard_normal((args.n, args.dim), dtype=np.float32))
   y = mining.normalize(rng.standard_normal((m, args.dim), dtype=np.float32))
-  kw = dict(k=args.k, block_rows=args.block_rows, block_cols=args.block_cols)
+  kernel = args.kernel or knn.default_kernel()
+  kw = dict(k=args.k, block_rows=args.block_rows, block_cols=args.block_cols, kernel=kernel)
   rows = args.block_rows or knn.default_block_rows()
 
   def run_vmx():
@@ -56,9 +60,10 @@ def main():
   vmx_cold, _ = run_vmx()
   vmx_warm, nn = run_vmx()
   out = {"n": args.n, "m": m, "dim": args.dim, "k": args.k, "devices": jax.device_count(),
-         "backend": jax.default_backend(), "vmx_s": round(vmx_warm, 3),
-         "vmx_cold_s": round(vmx_cold, 3),
-         "tile_mib": round(rows * args.block_cols * 4 / 2**20, 1)}
+         "backend": jax.default_backend(), "kernel": kernel, "vmx_s": round(vmx_warm, 3),
+         "vmx_cold_s": round(vmx_cold, 3)}
+  if kernel == "xla":
+    out["tile_mib"] = round(rows * args.block_cols * 4 / 2**20, 1)
   if not args.skip_faiss:
     import faiss
     t = time.perf_counter()

@@ -14,8 +14,8 @@ from scipy import stats
 from conftest import write_lines
 from vmx.data.languages import iso3
 from vmx.errors import DataError
-from vmx.evaluation import (bucc, common, geometry, harness, knn, mining, retrieval, sts,
-                            tatoeba, transfer)
+from vmx.evaluation import (bucc, common, geometry, harness, knn, knn_cpu, mining,
+                            retrieval, sts, tatoeba, transfer)
 
 
 def _unit(rng, n, d):
@@ -43,7 +43,7 @@ def test_blocked_topk_equals_brute_force(n, m, k, ndev, rows, chunk):
   x, y = _unit(rng, n, 24), _unit(rng, m, 24)
   s, ri, ci = _ref_topk(x, y, k)
   nn = knn.bidirectional_topk(x, y, k=k, block_rows=rows, block_cols=128, group=16,
-                              chunk_tiles=chunk, devices=jax.devices()[:ndev])
+                              chunk_tiles=chunk, devices=jax.devices()[:ndev], kernel="xla")
   np.testing.assert_array_equal(nn.row_idx, ri)
   np.testing.assert_array_equal(nn.col_idx, ci)
   np.testing.assert_allclose(nn.row_vals, np.take_along_axis(s, ri, 1), atol=1e-5)
@@ -51,6 +51,50 @@ def test_blocked_topk_equals_brute_force(n, m, k, ndev, rows, chunk):
   dense = knn.dense_topk(x, y, k)
   np.testing.assert_array_equal(dense.row_idx, ri)
   np.testing.assert_array_equal(dense.col_idx, ci)
+
+
+needs_fused = pytest.mark.skipif(not knn_cpu.available(),
+                                 reason="the fused kernel was not built (no C compiler) or "
+                                        "this CPU lacks AVX2/FMA")
+
+
+@needs_fused
+@pytest.mark.parametrize("n,m,k,d,threads,chunk", [
+    (1000, 777, 4, 24, 2, 240), (37, 301, 1, 24, 1, 960), (300, 64, 20, 24, 3, 7),
+    (500, 900, 5, 128, 2, 960), (241, 17, 1, 5, 2, 13), (6, 16, 6, 3, 1, 960)])
+def test_fused_topk_equals_brute_force(n, m, k, d, threads, chunk, monkeypatch):
+  """The fused kernel: D not a multiple of 8, M not of 16 (padded columns), N not of 6 or
+  240 (padded rows), chunks split over threads, k up to N; exact scores."""
+  monkeypatch.setattr(knn_cpu, "CHUNK_ROWS", chunk)
+  rng = np.random.default_rng(n + m + d)
+  x, y = _unit(rng, n, d), _unit(rng, m, d)
+  s, ri, ci = _ref_topk(x, y, k)
+  rv, got_ri, cv, got_ci = knn_cpu.bidirectional_topk(x, y, k, threads=threads)
+  np.testing.assert_array_equal(got_ri, ri)
+  np.testing.assert_array_equal(got_ci, ci)
+  np.testing.assert_allclose(rv, np.take_along_axis(s, ri, 1), atol=1e-5)
+  np.testing.assert_allclose(cv, np.take_along_axis(s.T, ci, 1), atol=1e-5)
+  auto = knn.bidirectional_topk(x, y, k, devices=jax.devices("cpu"))   # the CPU default
+  np.testing.assert_array_equal(auto.row_idx, ri)
+
+
+@needs_fused
+@pytest.mark.parametrize("threads,chunk", [(1, 960), (2, 5), (3, 11)])
+def test_fused_topk_ties_go_to_the_lower_index(threads, chunk, monkeypatch):
+  """Small integer vectors: exact scores, many ties, duplicate rows. Every split of the
+  rows over threads gives (score desc, index asc): a resumed mining job's bytes."""
+  monkeypatch.setattr(knn_cpu, "CHUNK_ROWS", chunk)
+  rng = np.random.default_rng(7)
+  x = rng.integers(-2, 3, (90, 8)).astype(np.float32)
+  y = rng.integers(-2, 3, (70, 8)).astype(np.float32)
+  x[50:60] = x[:10]
+  y[40:] = y[:30]
+  s, ri, ci = _ref_topk(x, y, 6)
+  rv, got_ri, cv, got_ci = knn_cpu.bidirectional_topk(x, y, 6, threads=threads)
+  np.testing.assert_array_equal(got_ri, ri)
+  np.testing.assert_array_equal(got_ci, ci)
+  np.testing.assert_array_equal(rv, np.take_along_axis(s, ri, 1))
+  np.testing.assert_array_equal(cv, np.take_along_axis(s.T, ci, 1))
 
 
 @pytest.mark.parametrize("n,kk", [(1, 1), (5, 4), (64, 4), (7, 8), (128, 32)])
@@ -77,6 +121,8 @@ def test_topk_rejects_bad_shapes():
     knn.topk(np.ones((3, 2)), np.ones((4, 2)), k=5)
   with pytest.raises(ValueError, match=r"\[N, D\]"):
     knn.bidirectional_topk(np.ones((3, 2)), np.ones((4, 3)), k=1)
+  with pytest.raises(ValueError, match="kernel='gpu'"):
+    knn.bidirectional_topk(np.ones((3, 2)), np.ones((4, 2)), k=1, kernel="gpu")
 
 
 # ----------------------------------------------------------------------------- mining

@@ -13,8 +13,9 @@ its last finished file and its output equals an uninterrupted run's, byte for by
    shard's lines, its size and the encoder's revision. A shard whose record matches is not
    encoded again; one whose record does not (another corpus, another checkpoint) is an
    error naming the shard and the WORK_DIR.
-3. **knn**: the exact k nearest neighbours both ways (vmx/evaluation/knn.py's blocked kernel
-   over every local device, or NumPy for small tiles), one source shard against every
+3. **knn**: the exact k nearest neighbours both ways (vmx/evaluation/knn.py: on CPU the
+   fused kernel over this process's cores, else the blocked XLA pass over every local
+   device; NumPy for small tiles), one source shard against every
    target shard at a time: WORK_DIR/knn/fwd_NNNNN.npz holds the source shard's lists, and
    WORK_DIR/knn/bwd_P_of_N.npz every target's lists over the source shards process P has
    done, and which. Memory: one source and one target shard of vectors and the target's

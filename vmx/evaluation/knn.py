@@ -21,6 +21,10 @@ a chunk is one tile, whose candidates merge while they are in cache: the pass is
 faster than with XLA:CPU's `lax.top_k` merging 32 tiles' candidates, and ~25 % faster
 than the same tournament over 32 tiles (docs/performance.md, "The kernel's merges").
 
+On a CPU with AVX2, `default_kernel` is instead knn_cpu's fused C kernel, which checks
+every score against the k-th best of its row and column while it is still in registers:
+no group maxima, no rescoring (docs/performance.md, "A fused kernel on CPU").
+
 Sharding: x is split by rows over a 1-D mesh of all devices (`shard_map`); y is
 replicated and scanned in column tiles of `block_cols`, grouped in chunks of
 `chunk_tiles` tiles. Each device's row block is `block_rows` rows. Per-device memory
@@ -38,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
+
+from vmx.evaluation import knn_cpu
 
 NEG = -jnp.inf
 # float32 products at full precision: a GPU's default may take TF32 and a TPU's bf16
@@ -244,18 +250,33 @@ def _rescore(mesh, q, base, gid, n_base, k, group, chunk=128):
   return np.asarray(v)[:Q], np.asarray(i)[:Q]
 
 
+def default_kernel(devices=None) -> str:
+  """The kernel `bidirectional_topk` uses: "fused" (knn_cpu's, on all of this process's
+  CPU cores) when the devices are CPUs and it was built for this CPU; else "xla" (this
+  module's blocked pass, sharded over the devices)."""
+  return "fused" if _on_cpu(devices) and knn_cpu.available() else "xla"
+
+
 def bidirectional_topk(x_NxD, y_MxD, k: int = 4, block_rows: int | None = None,
                        block_cols: int = 2048, group: int = 16,
                        chunk_tiles: int | None = None,
-                       devices=None, progress: bool = False) -> TopK:
+                       devices=None, progress: bool = False,
+                       kernel: str | None = None) -> TopK:
   """The k nearest neighbours by inner product, x→y and y→x, from one blocked pass.
 
-  `block_rows` is per device (default: `default_block_rows`); block sizes are rounded to
-  multiples of `group`; the running lists merge every `chunk_tiles` column tiles
-  (default: `default_chunk_tiles`).
-  Vectors are used as given (normalize rows for cosine similarity). Ties between
-  equal similarities are broken arbitrarily.
+  `kernel`: "xla" (this module's pass, sharded over `devices`) or "fused" (knn_cpu: a
+  C kernel on this process's CPU cores, exact, ties to the lower index); default
+  `default_kernel(devices)`. The rest are the XLA pass's: `block_rows` is per device
+  (default: `default_block_rows`); block sizes are rounded to multiples of `group`; the
+  running lists merge every `chunk_tiles` column tiles (default: `default_chunk_tiles`).
+  Vectors are used as given (normalize rows for cosine similarity). The XLA pass breaks
+  ties between equal similarities arbitrarily.
   """
+  kernel = kernel or default_kernel(devices)
+  if kernel == "fused":
+    return TopK(*knn_cpu.bidirectional_topk(x_NxD, y_MxD, k, progress=progress))
+  if kernel != "xla":
+    raise ValueError(f"kernel={kernel!r}: expected 'xla' or 'fused'")
   x = np.ascontiguousarray(x_NxD, np.float32)
   y = np.ascontiguousarray(y_MxD, np.float32)
   if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
