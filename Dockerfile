@@ -20,9 +20,12 @@ WORKDIR /opt/vmx
 COPY setup.py README.md ./
 COPY vmx ./vmx
 COPY tasks ./tasks
-# hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[train,ems]" \
-    && if [ -n "$JAX_EXTRA" ]; then pip install --no-cache-dir "jax[$JAX_EXTRA]>=0.10,<0.11"; fi
+# gcc only while installing: it builds the fused CPU kNN kernel (vmx/evaluation/_knn_cpu.c)
+# hadolint ignore=DL3008,DL3013
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir ".[train,ems]" \
+    && if [ -n "$JAX_EXTRA" ]; then pip install --no-cache-dir "jax[$JAX_EXTRA]>=0.10,<0.11"; fi \
+    && apt-get purge -y --auto-remove gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY gin_configs ./gin_configs
 COPY launch ./launch
 ENTRYPOINT ["python", "launch/train.py"]

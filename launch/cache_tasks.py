@@ -46,14 +46,7 @@ def main(argv):
                  help="with --gin_file: where to write (default: the run's "
                       "DatasetConfig.token_cache_dir, else ~/.cache/vmx/arrays)")
   p.add_argument("--array_cache_dir", default=None, help=argparse.SUPPRESS)   # earlier name
-  p.add_argument("--beam_runner", default=None,
-                 help="build on Apache Beam with this runner (DirectRunner, DataflowRunner, "
-                      "FlinkRunner, SparkRunner, ...); default: in this process")
-  p.add_argument("--beam_workers", type=int, default=2,
-                 help="DirectRunner: worker processes (default 2)")
-  p.add_argument("--beam_options", default="",
-                 help="more Beam pipeline options, one string (e.g. \"--project=P "
-                      "--region=R --temp_location=gs://b/tmp\")")
+  cli.add_beam_flags(p, "build")
   p.add_argument("--shard_rows", type=int, default=None,
                  help="input examples per shard (a multiple of 256; default 1,048,576)")
   p.add_argument("--tasks", default="", help="comma-separated task or mixture names")
@@ -100,13 +93,13 @@ def cache_experiment(args, bindings):
   import hashlib
   import time
   from collections.abc import Mapping
-  from vmx import experiment, signals  # lazy: jax, seqio
+  from vmx import beam_runs, experiment, signals  # lazy: jax, seqio
   from vmx.data import pipeline  # lazy
   from vmx.data.token_cache import beam, build, disk_format, lookup  # lazy
   from vmx.data.token_cache.table import Table  # lazy
   from vmx.errors import ConfigError, Interrupted
   if args.beam_runner:
-    beam.require_beam()
+    beam_runs.require_beam()
   shard_rows = args.shard_rows or disk_format.SHARD_ROWS
   if shard_rows <= 0 or shard_rows % disk_format.BLOCK_ROWS:
     raise ConfigError(f"--shard_rows={shard_rows}: a positive multiple of {disk_format.BLOCK_ROWS}")
@@ -145,7 +138,8 @@ def cache_experiment(args, bindings):
                                c.use_cached) for job in todo]
         pending.append((directory, digest, parts, plan, [job[0] for job in todo]))
   if args.beam_runner:
-    beam.check_shared_storage(args.beam_runner, shared)
+    beam_runs.check_shared_storage(args.beam_runner, shared, "the data, the vocabulary and "
+                                   "--token_cache_dir")
     print(f"[vmx] {len(jobs)} shard(s) of {len(pending)} task(s) to write on Beam "
           f"({args.beam_runner}"
           + (f", {args.beam_workers} workers" if args.beam_runner == "DirectRunner" else "")

@@ -11,7 +11,15 @@ sentence gets its best target and its score. The vectors and neighbour lists are
 --work_dir (default OUTPUT.work/): a killed job continues where it stopped when rerun
 (exit 75 on SIGTERM), and a rerun with another --threshold, --top_n, --margin or
 --retrieval re-scores without encoding again. Several processes (--multihost, or
---coordinator_address / --num_processes / --process_id on each) share the shards.
+--coordinator_address / --num_processes / --process_id on each) share the shards; or
+Beam workers embed and search them (--beam_runner, the `beam` extra; with
+--beam_runner=DataflowRunner every path on gs://, vmx/bitext_beam.py says what runs where):
+
+  python launch/mine.py ... --beam_runner=DirectRunner --beam_workers=2
+  python launch/mine.py --checkpoint_dir=gs://b/model --source=gs://b/de.txt \
+      --target=gs://b/en.txt --output=gs://b/mined.tsv --beam_runner=DataflowRunner \
+      --beam_options="--project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py"
+
 docs/mining.md has the stages and figures.
 """
 import argparse
@@ -55,9 +63,15 @@ def main(argv):
                  help="sentences a shard of vectors (memory: two shards at a time)")
   p.add_argument("--batch_size", type=int, default=256, help="sentences an encoder batch")
   cli.add_process_flags(p, "several processes share the shards")
+  cli.add_beam_flags(p, "embed and search the shards")
   args = p.parse_args(argv)
-  from vmx import bitext, signals
+  if args.beam_runner and (args.multihost or args.coordinator_address):
+    p.error("--beam_runner: Beam's workers share the shards; leave out --multihost and "
+            "--coordinator_address")
+  from vmx import bitext, bitext_beam, signals
   from vmx.inference import Encoder   # lazy: jax, after cli.run_main's host set-up
+  encoder_options = dict(step=args.step, batch_size=args.batch_size, **cli.vector_options(args))
+  engine = bitext_beam.engine_from_flags(args, encoder_options)
   if args.multihost or args.coordinator_address:
     from vmx.training import distributed   # lazy: jax
     # (several processes: JAX's preemption service owns SIGTERM, vmx/signals.py)
@@ -72,10 +86,10 @@ def main(argv):
   settings.check()
   bitext.check_output(args.output, args.overwrite)
   with signals.activity("loading the checkpoint"):
-    enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
-                                  batch_size=args.batch_size, **cli.vector_options(args))
+    enc = Encoder.from_checkpoint(args.checkpoint_dir, **encoder_options)
   s = bitext.mine(enc, args.checkpoint_dir, args.source, args.target, args.output,
-                  args.work_dir or args.output + ".work", settings, overwrite=args.overwrite)
+                  args.work_dir or args.output + ".work", settings, overwrite=args.overwrite,
+                  engine=engine)
   if s is None:   # a process other than 0: its shards are done, process 0 writes
     return
   print(f"mined {s['pairs']:,} pairs from {s['source_sentences']:,} x "

@@ -276,6 +276,49 @@ def test_two_processes_share_the_shards_and_write_the_same_bytes(ckpt, corpora, 
   assert (tmp_path / "two.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()
 
 
+@pytest.mark.slow   # ~90 s: Beam's worker processes start jax (the token cache's Beam tests too)
+def test_beam_workers_write_the_local_jobs_bytes_and_a_rerun_does_only_what_is_missing(
+    ckpt, corpora, tmp_path):
+  """--beam_runner=DirectRunner with 2 worker processes (vmx/bitext_beam.py): the workers
+  embed and search the shards, the driver merges and scores; OUTPUT equals one local
+  process's byte for byte. A rerun after losing a target shard's vectors, a source
+  shard's forward lists and the merged backward lists redoes just those."""
+  pytest.importorskip("apache_beam", reason="apache-beam (the beam extra) is not installed")
+  src_file, tgt_file, *_ = corpora
+  cmd = lambda out, *extra: [sys.executable, str(REPO / "launch" / "mine.py"),
+                             f"--checkpoint_dir={ckpt}", f"--source={src_file}",
+                             f"--target={tgt_file}", f"--output={tmp_path / out}",
+                             "--shard_size=10", *extra]
+  r = subprocess.run(cmd("one.tsv"), capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr
+  beam = ("--beam_runner=DirectRunner", "--beam_workers=2")
+  r = subprocess.run(cmd("beam.tsv", *beam), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "[mine] 11 shard(s) to embed on Beam (DirectRunner, 2 workers)" in r.stdout
+  assert "[mine] 6 shard(s) to search on Beam" in r.stdout
+  assert (tmp_path / "beam.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()
+  work = tmp_path / "beam.tsv.work"
+  assert not list((work / "knn" / "beam").iterdir())     # merged into bwd_0_of_1.npz
+  for f in ("target/00002.npy", "knn/fwd_00003.npz", "knn/bwd_0_of_1.npz"):
+    (work / f).unlink()
+  r = subprocess.run(cmd("beam.tsv", *beam, "--overwrite"), capture_output=True, text=True,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "[mine] 1 shard(s) to embed on Beam" in r.stdout
+  assert "[mine] 6 shard(s) to search on Beam" in r.stdout   # (the lists were merged away)
+  assert (tmp_path / "beam.tsv").read_bytes() == (tmp_path / "one.tsv").read_bytes()
+  r = subprocess.run(cmd("x.tsv", *beam, "--multihost"), capture_output=True, text=True,
+                     timeout=60)
+  assert r.returncode == 2 and "--beam_runner: Beam's workers share the shards" in r.stderr
+  r = subprocess.run(cmd("x.tsv", "--beam_runner=DataflowRunner"), capture_output=True,
+                     text=True, timeout=120)        # workers elsewhere: local paths refused
+  assert r.returncode != 0 and r.stderr.strip().splitlines() == [
+      f"error: --beam_runner=DataflowRunner: its workers run on other machines, so the "
+      f"checkpoint, the corpora, --work_dir and --output must be on storage they all read "
+      f"(gs://...); local: {ckpt}"], r.stderr
+  assert not (tmp_path / "x.tsv.work").exists()
+
+
 # --- hard negatives mined by the model (vmx/negatives.py, launch/mine_negatives.py) ---
 
 def test_negative_filter_holds_for_negative_scores():

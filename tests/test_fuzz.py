@@ -161,7 +161,7 @@ def test_fuzz_padded_and_ragged_rows_are_the_loop_they_replaced(rows, max_length
   """vmx.data.token_rows (vectorized) against the per-row loop: each row's first
   max_length ids then zeros, and the count of rows cut; the ragged ids (what a static model
   sums) are the same ids end to end, each with its row."""
-  from vmx.data.token_rows import ragged_rows
+  from vmx.data.token_rows import in_chunks, ragged_rows
   want = np.zeros((len(rows), max_length), np.int32)
   for i, row in enumerate(rows):
     want[i, :min(len(row), max_length)] = row[:max_length]
@@ -172,3 +172,8 @@ def test_fuzz_padded_and_ragged_rows_are_the_loop_they_replaced(rows, max_length
   np.testing.assert_array_equal(ragged.ids, want[want != 0])
   np.testing.assert_array_equal(ragged.row_of_each_id(), np.nonzero(want)[0])
   np.testing.assert_array_equal(np.diff(ragged.offsets()), (want != 0).sum(axis=1))
+  for chunk in (1, 2, 4):               # in chunks (what tokenizers do): the same rows
+    parts = in_chunks(rows, lambda c: ragged_rows(c, max_length), chunk)
+    np.testing.assert_array_equal(parts.ids, ragged.ids)
+    np.testing.assert_array_equal(parts.lengths, ragged.lengths)
+    assert parts.truncated == ragged.truncated

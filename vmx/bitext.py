@@ -27,9 +27,11 @@ its last finished file and its output equals an uninterrupted run's, byte for by
    (`Texts`); OUTPUT.json the summary, then OUTPUT written a shard's worth of pairs at a
    time (`storage.open_atomic`) as `score<TAB>source<TAB>target` lines, the best first.
 
-Several processes (`jax.distributed`: launch/mine.py's --multihost or --coordinator_address,
-one WORK_DIR all of them reach, e.g. gs://) share stages 2 and 3: shard i is process
-i % N's; they wait for each other between stages, and process 0 scores and writes.
+Stages 2 and 3 run on an `Engine`: `LocalEngine` here, where several processes
+(`jax.distributed`: launch/mine.py's --multihost or --coordinator_address, one WORK_DIR all
+of them reach, e.g. gs://) share them: shard i is process i % N's; they wait for each other
+between stages, and process 0 scores and writes. Or vmx/bitext_beam.py's `BeamEngine`:
+Beam workers run the same shard functions (`Job.embed_shard`, `Job.search_shard`).
 
 Stages 1-3 depend on the corpora, the checkpoint (its revision, prefix size and
 precision), the languages, k and the shard size (WORK_DIR/job.json
@@ -50,7 +52,7 @@ import mmap
 import os
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
@@ -94,9 +96,13 @@ class Settings:
 class Corpus:
   """A text file's kept lines: their count, their shards and the lines skipped."""
 
-  def __init__(self, path: str, shard_size: int):
+  def __init__(self, path: str, shard_size: int, counts: Optional[tuple] = None):
+    """Scans the file, or takes (kept, empty) from a scan made elsewhere (`counts`: a Beam
+    worker gets the driver's)."""
     self.path, self.shard_size = str(path), shard_size
-    self.kept = self.empty = 0
+    self.kept, self.empty = counts or (0, 0)
+    if counts is not None:
+      return
     for _, line in readers.iter_lines(path):   # invalid UTF-8: DataError naming path:line
       if line.strip():
         self.kept += 1
@@ -171,18 +177,18 @@ def _digest(lines) -> str:
   return h.hexdigest()
 
 
-def _save_arrays(path, **arrays):
+def save_arrays(path, **arrays):
   buf = io.BytesIO()
   np.savez(buf, **arrays)
   storage.write_atomic(path, buf.getvalue())
 
 
-def _load_arrays(path) -> dict:
+def load_arrays(path) -> dict:
   with np.load(io.BytesIO(storage.path(path).read_bytes())) as z:
     return {k: z[k] for k in z.files}
 
 
-def _log(msg: str):
+def log(msg: str):
   print(f"[mine] {msg}", flush=True)
 
 
@@ -216,7 +222,11 @@ class Job:
       if not f.exists():
         storage.write_atomic(f, json.dumps(self.record, indent=1))
     _barrier("vmx.mine.open")
-    old = json.loads(f.read_text())
+    self.check()
+
+  def check(self):
+    """WORK_DIR's record is this job's, or an error saying what differs."""
+    old = json.loads((self.dir / JOB_FILE).read_text())
     diff = sorted(k for k in self.record if old.get(k) != self.record[k])
     if diff:
       what = ", ".join(f"{k}: {old.get(k)!r} there, {self.record[k]!r} now" for k in diff)
@@ -235,27 +245,36 @@ class Job:
     storage.remove_leftovers(self.dir / side)
     done, t0 = 0, time.time()
     for i, lines in corpus.shard_lines():
-      if not self.mine(i):
-        continue
-      rec = {"sentences": len(lines), "sha256": _digest(lines), "revision": self.encoder.revision}
-      meta = self.shard_path(side, i).with_suffix(".json")
-      if meta.exists() and self.shard_path(side, i).exists():
-        old = json.loads(meta.read_text())
-        if old.get("sha256") != rec["sha256"] or old.get("sentences") != rec["sentences"]:
-          raise InputError(f"{self.shard_path(side, i)} holds other sentences than shard {i} "
-                           f"of {corpus.path} (the corpus changed?): pass another --work_dir")
-        continue
-      with signals.activity(f"embedding {side} shard {i + 1}/{corpus.shards}"):
-        emb, cut = self.encoder.encode_counting(lines, lang=lang, progress=False,
-                                                batch_size=self.settings.batch_size)
-        buf = io.BytesIO()
-        np.save(buf, np.ascontiguousarray(emb, np.float32))
-        storage.write_atomic(self.shard_path(side, i), buf.getvalue())
-        storage.write_atomic(meta, json.dumps({**rec, "truncated": int(cut),
-                                               "dim": int(emb.shape[1])}))
-      done += len(lines)
-      _log(f"embedded {side} shard {i + 1}/{corpus.shards} ({len(lines):,} sentences; "
-           f"{done / max(time.time() - t0, 1e-9):,.0f}/s)")
+      if self.mine(i) and self.embed_shard(side, i, lines, lang):
+        done += len(lines)
+        log(f"embedded {side} shard {i + 1}/{corpus.shards} ({len(lines):,} sentences; "
+            f"{done / max(time.time() - t0, 1e-9):,.0f}/s)")
+
+  def embedded(self, side: str, i: int) -> bool:
+    return (self.shard_path(side, i).with_suffix(".json").exists()
+            and self.shard_path(side, i).exists())
+
+  def embed_shard(self, side: str, i: int, lines: list, lang: Optional[str]) -> bool:
+    """Encodes shard i of the side (its kept `lines`) unless it is on disk; True if it
+    encoded. A shard on disk with other lines is an error naming it."""
+    corpus = self.corpora[side]
+    rec = {"sentences": len(lines), "sha256": _digest(lines), "revision": self.encoder.revision}
+    meta = self.shard_path(side, i).with_suffix(".json")
+    if self.embedded(side, i):
+      old = json.loads(meta.read_text())
+      if old.get("sha256") != rec["sha256"] or old.get("sentences") != rec["sentences"]:
+        raise InputError(f"{self.shard_path(side, i)} holds other sentences than shard {i} "
+                         f"of {corpus.path} (the corpus changed?): pass another --work_dir")
+      return False
+    with signals.activity(f"embedding {side} shard {i + 1}/{corpus.shards}"):
+      emb, cut = self.encoder.encode_counting(lines, lang=lang, progress=False,
+                                              batch_size=self.settings.batch_size)
+      buf = io.BytesIO()
+      np.save(buf, np.ascontiguousarray(emb, np.float32))
+      storage.write_atomic(self.shard_path(side, i), buf.getvalue())
+      storage.write_atomic(meta, json.dumps({**rec, "truncated": int(cut),
+                                             "dim": int(emb.shape[1])}))
+    return True
 
   def truncated(self, side: str) -> int:
     """Sentences of the side truncated to the model's max_length (the shards' records)."""
@@ -273,6 +292,30 @@ class Job:
     tile_topk = tile_topk or _tile_topk
     k, src, tgt = self.settings.k, self.corpora["source"], self.corpora["target"]
     d = self.dir / "knn"
+    state, done, bwd_v, bwd_i = self.backward_state()
+    mine = [i for i in range(src.shards) if self.mine(i)]
+    if done:
+      log(f"knn: {len(done)}/{len(mine)} source shards done before, continuing")
+    t0, n = time.time(), 0
+    for i in (i for i in mine if i not in done):
+      with signals.activity(f"finding neighbours of source shard {i + 1}/{src.shards}"):
+
+        def backward(rows, col_v, col_i):     # target rows' lists over source shard i
+          bwd_v[rows], bwd_i[rows] = merge_lists(bwd_v[rows], bwd_i[rows], col_v, col_i, k)
+
+        fwd_v, fwd_i = self.search_shard(i, backward, tile_topk)
+        save_arrays(d / f"fwd_{i:05d}.npz", vals=fwd_v, idx=fwd_i)
+        done.add(i)
+        save_arrays(state, shards=np.array(sorted(done), np.int64), vals=bwd_v, idx=bwd_i)
+      n += len(fwd_v)
+      log(f"knn: source shard {i + 1}/{src.shards} against {tgt.shards} target shard(s) "
+          f"({n / max(time.time() - t0, 1e-9):,.0f} source sentences/s)")
+
+  def backward_state(self):
+    """(its file, the source shards done, vals, idx): this process's running backward
+    lists (knn/bwd_P_of_N.npz), empty when none was saved. Lists of another number of
+    processes are an error."""
+    d = self.dir / "knn"
     d.mkdir(parents=True, exist_ok=True)
     storage.remove_leftovers(d)
     others = sorted(f.name for f in d.glob("bwd_*.npz")
@@ -283,48 +326,66 @@ class Job:
                        "--work_dir")
     state = d / f"bwd_{self.process}_of_{self.processes}.npz"
     if state.exists():
-      z = _load_arrays(state)
-      done, bwd_v, bwd_i = set(z["shards"].tolist()), z["vals"], z["idx"]
-    else:
-      done = set()
-      bwd_v = np.full((tgt.kept, k), -np.inf, np.float32)
-      bwd_i = np.full((tgt.kept, k), -1, np.int64)
-    mine = [i for i in range(src.shards) if self.mine(i)]
-    if done:
-      _log(f"knn: {len(done)}/{len(mine)} source shards done before, continuing")
-    t0, n = time.time(), 0
-    for i in (i for i in mine if i not in done):
-      with signals.activity(f"finding neighbours of source shard {i + 1}/{src.shards}"):
-        x = self.vectors("source", i)
-        x0 = i * self.settings.shard_size
-        fwd_v = np.full((len(x), k), -np.inf, np.float32)
-        fwd_i = np.full((len(x), k), -1, np.int64)
-        for j in range(tgt.shards):
-          y = self.vectors("target", j)
-          y0 = j * self.settings.shard_size
-          nn = tile_topk(x, y, min(k, len(x), len(y)))
-          fwd_v, fwd_i = _merge(fwd_v, fwd_i, nn.row_vals, nn.row_idx + y0, k)
-          rows = slice(y0, y0 + len(y))
-          bwd_v[rows], bwd_i[rows] = _merge(bwd_v[rows], bwd_i[rows], nn.col_vals,
-                                            nn.col_idx + x0, k)
-        _save_arrays(d / f"fwd_{i:05d}.npz", vals=fwd_v, idx=fwd_i)
-        done.add(i)
-        _save_arrays(state, shards=np.array(sorted(done), np.int64), vals=bwd_v, idx=bwd_i)
-      n += len(x)
-      _log(f"knn: source shard {i + 1}/{src.shards} against {tgt.shards} target shard(s) "
-           f"({n / max(time.time() - t0, 1e-9):,.0f} source sentences/s)")
+      z = load_arrays(state)
+      return state, set(z["shards"].tolist()), z["vals"], z["idx"]
+    n, k = self.corpora["target"].kept, self.settings.k
+    return (state, set(), np.full((n, k), -np.inf, np.float32),
+            np.full((n, k), -1, np.int64))
+
+  def search_shard(self, i: int, backward: Callable, tile_topk: Optional[Callable] = None):
+    """Source shard i against every target shard, in order: returns its forward lists
+    (global target ids) and gives each target shard's lists over shard i to
+    `backward(rows, vals, idx)` (a slice of the targets; global source ids)."""
+    tile_topk = tile_topk or _tile_topk
+    k = self.settings.k
+    x = self.vectors("source", i)
+    x0 = i * self.settings.shard_size
+    fwd_v = np.full((len(x), k), -np.inf, np.float32)
+    fwd_i = np.full((len(x), k), -1, np.int64)
+    for j in range(self.corpora["target"].shards):
+      y = self.vectors("target", j)
+      y0 = j * self.settings.shard_size
+      nn = tile_topk(x, y, min(k, len(x), len(y)))
+      fwd_v, fwd_i = merge_lists(fwd_v, fwd_i, nn.row_vals, nn.row_idx + y0, k)
+      backward(slice(y0, y0 + len(y)), nn.col_vals, nn.col_idx + x0)
+    return fwd_v, fwd_i
 
   def lists(self) -> knn_lib.TopK:
     """Every process's lists as one TopK (the backward lists merged in process order)."""
     d = self.dir / "knn"
-    fwd = [_load_arrays(d / f"fwd_{i:05d}.npz") for i in range(self.corpora["source"].shards)]
+    fwd = [load_arrays(d / f"fwd_{i:05d}.npz") for i in range(self.corpora["source"].shards)]
     bwd_v = bwd_i = None
     for p in range(self.processes):
-      z = _load_arrays(d / f"bwd_{p}_of_{self.processes}.npz")
+      z = load_arrays(d / f"bwd_{p}_of_{self.processes}.npz")
       bwd_v, bwd_i = ((z["vals"], z["idx"]) if bwd_v is None else
-                      _merge(bwd_v, bwd_i, z["vals"], z["idx"], self.settings.k))
+                      merge_lists(bwd_v, bwd_i, z["vals"], z["idx"], self.settings.k))
     return knn_lib.TopK(np.concatenate([f["vals"] for f in fwd]),
                         np.concatenate([f["idx"] for f in fwd]), bwd_v, bwd_i)
+
+
+class Engine(Protocol):
+  """Where stages 2 and 3 run: `LocalEngine` (this process and its jax.distributed peers)
+  or vmx/bitext_beam.py's `BeamEngine` (Beam workers). Either leaves the same files."""
+
+  def embed(self, job: Job) -> None: ...
+
+  def knn(self, job: Job) -> None: ...
+
+
+class LocalEngine:
+  """Stages 2 and 3 here: each process its shards (i % processes), then a barrier."""
+
+  def embed(self, job: Job):
+    for side, lang in (("source", job.settings.source_lang),
+                       ("target", job.settings.target_lang)):
+      with signals.activity(f"embedding the {side} corpus"):   # (between shards)
+        job.embed(side, lang)
+    _barrier("vmx.mine.embedded")
+
+  def knn(self, job: Job):
+    with signals.activity("finding neighbours"):
+      job.knn()
+    _barrier("vmx.mine.searched")
 
 
 def _barrier(name: str):
@@ -340,7 +401,7 @@ def _tile_topk(x, y, k) -> knn_lib.TopK:
   return knn_lib.topk(x, y, k=k, devices=jax.local_devices())
 
 
-def _merge(v1, i1, v2, i2, k):
+def merge_lists(v1, i1, v2, i2, k):
   """The k best of two [R, *] candidate lists per row, best first (the first list wins
   ties: the merge order is the shards' order)."""
   v = np.concatenate([v1, v2], axis=1)
@@ -371,11 +432,13 @@ def check_output(output: str, overwrite: bool):
 
 
 def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_dir: str,
-         settings: Settings, overwrite: bool = False) -> dict:
+         settings: Settings, overwrite: bool = False, engine: Optional[Engine] = None) -> dict:
   """Runs (or continues) a mining job with `encoder` (`checkpoint` names it in the job's
   record); returns its summary (also OUTPUT.json, written before OUTPUT: a job is done
-  once OUTPUT exists). Several processes (jax.distributed) share the shards of stages 2
-  and 3; process 0 scores and writes, and returns the summary (the others None)."""
+  once OUTPUT exists). Stages 2 and 3 run on `engine` (default `LocalEngine`: several
+  processes, jax.distributed, share the shards); process 0 scores and writes, and
+  returns the summary (the others None)."""
+  engine = engine or LocalEngine()
   settings.check()
   out = check_output(output, overwrite)
   t0 = time.time()
@@ -384,8 +447,8 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
     corpora = {"source": Corpus(source, settings.shard_size),
                "target": Corpus(target, settings.shard_size)}
   for side, c in corpora.items():
-    _log(f"{side}: {c.path}: {c.kept:,} sentences in {c.shards} shard(s)"
-         + (f", {c.empty:,} empty line(s) skipped" if c.empty else ""))
+    log(f"{side}: {c.path}: {c.kept:,} sentences in {c.shards} shard(s)"
+        + (f", {c.empty:,} empty line(s) skipped" if c.empty else ""))
   smaller = min(c.kept for c in corpora.values())
   if settings.k > smaller:
     raise InputError(f"k={settings.k} is more than the {smaller} sentences of the smaller "
@@ -395,14 +458,9 @@ def mine(encoder, checkpoint: str, source: str, target: str, output: str, work_d
   signals.saved(f"finished shards and neighbour lists are kept in {job.dir}; rerun the "
                 "same command to continue")
   stages["scan"] = time.time() - t0
-  for side, lang in (("source", settings.source_lang), ("target", settings.target_lang)):
-    with signals.activity(f"embedding the {side} corpus"):   # (between shards)
-      job.embed(side, lang)
-  _barrier("vmx.mine.embedded")
+  engine.embed(job)
   stages["embed"] = time.time() - t0 - sum(stages.values())
-  with signals.activity("finding neighbours"):
-    job.knn()
-  _barrier("vmx.mine.searched")
+  engine.knn(job)
   stages["knn"] = time.time() - t0 - sum(stages.values())
   if job.process != 0:                 # process 0 scores and writes
     _barrier("vmx.mine.done")

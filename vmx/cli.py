@@ -117,6 +117,18 @@ def add_process_flags(p: argparse.ArgumentParser, what: str):
   p.add_argument("--process_id", type=int, default=None)
 
 
+def add_beam_flags(p: argparse.ArgumentParser, what: str):
+  """--beam_runner, --beam_workers, --beam_options (vmx/beam_runs.py): `what` runs on Beam."""
+  p.add_argument("--beam_runner", default=None,
+                 help=f"{what} on Apache Beam with this runner (DirectRunner, DataflowRunner, "
+                      "FlinkRunner, SparkRunner, ...); default: in this process")
+  p.add_argument("--beam_workers", type=int, default=2,
+                 help="DirectRunner: worker processes (default 2)")
+  p.add_argument("--beam_options", default="",
+                 help="more Beam pipeline options, one string (e.g. \"--project=P "
+                      "--region=R --temp_location=gs://b/tmp\")")
+
+
 # jax versions the suite or the accelerator benchmark ran on (README, "Tested versions").
 TESTED_JAX = ("0.10.2", "0.11.2")
 

@@ -162,6 +162,6 @@ def install(verbose: bool):
   # its traceback, at ERROR): vmx retries them itself and names the store's failure in one
   # line (vmx/data/token_cache/table.py), which must not drown among them. Beam's runner
   # relays its workers' logs and tracebacks the same way; a failed build is one line too
-  # (vmx/data/token_cache/beam.py `worker_error`).
+  # (vmx/beam_runs.py `worker_error`).
   for name in ("gcsfs", "fsspec", "apache_beam"):
     logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -22,7 +22,7 @@ import tokenizers
 from tokenizers import BertWordPieceTokenizer
 
 from vmx import storage
-from vmx.data.token_rows import RaggedIds, ragged_rows
+from vmx.data.token_rows import RaggedIds, in_chunks, ragged_rows
 from vmx.errors import CheckpointError, ConfigError
 
 TOKENIZER_SPEC = "vmx_tokenizer.json"
@@ -167,9 +167,12 @@ class HfTokenizer:
     return ragged.padded(max_length), ragged.truncated
 
   def encode_ragged(self, texts: Iterable[str], max_length: int, lang=None) -> RaggedIds:
-    """vmx ids of each text, truncated as `truncate` does, end to end with no padding.
-    `lang` is not used: an imported tokenizer normalizes text its own way."""
+    """vmx ids of each text, truncated as `truncate` does, end to end with no padding
+    (`in_chunks`). `lang` is not used: an imported tokenizer normalizes text its own way."""
     del lang
+    return in_chunks(list(texts), lambda chunk: self._ragged(chunk, max_length))
+
+  def _ragged(self, texts: list, max_length: int) -> RaggedIds:
     rows = self.hf_ids(texts)
     cut = sum(len(row) > max_length for row in rows)
     if cut:

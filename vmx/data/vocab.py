@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import io
-import itertools
 import random
 import warnings
 from pathlib import Path
@@ -38,7 +37,7 @@ from vmx.data.hf_tokenizer import (TOKENIZER_SPEC, HfTokenizer, join_pairs, read
                                    sentencepiece_spans, word_spans)
 from vmx.data.normalize import JAPANESE_MODES, Pretokenizer, file_language
 from vmx.data.readers import iter_lines, stamp
-from vmx.data.token_rows import RaggedIds, ragged_rows
+from vmx.data.token_rows import RaggedIds, in_chunks, ragged_rows
 from vmx.errors import CheckpointError, ConfigError, DataError
 from vmx.gin_utils import binding_source, check_range
 from vmx.storage import cache_dir
@@ -374,8 +373,9 @@ class Tokenizer:
 
   def encode_ragged(self, texts: Iterable[str], max_length: int,
                     lang=None) -> RaggedIds:
-    """Each text's first max_length ids, end to end with no padding."""
-    return ragged_rows(self.sp.encode(self.pretokenize(texts, lang)), max_length)
+    """Each text's first max_length ids, end to end with no padding (`in_chunks`)."""
+    return in_chunks(list(texts), lambda chunk: ragged_rows(
+        self.sp.encode(self.pretokenize(chunk, lang)), max_length))
 
 
 def copy_vocabulary(src: str, model_dir: str) -> str:

@@ -80,6 +80,8 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, threads: int | None = None,
   (N, D), M = x.shape, len(y)
   if k < 1 or k > min(N, M):
     raise ValueError(f"k={k} must be in [1, min(N, M)] for {N} x {M} vectors")
+  if max(N, M) >= 2**31:
+    raise ValueError(f"{N} x {M} vectors: the kernel's ids are int32 (search in shards)")
   panels = -(-M // NR)
   yp = _aligned(panels * D * NR)
   lib.vmx_knn_pack_cols(y.ctypes.data, M, D, yp.ctypes.data)
