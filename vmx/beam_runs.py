@@ -30,7 +30,6 @@ def require_beam():
                       "'.[train,beam]')") from None
 
 
-
 def pipeline_options(runner: str, workers: int, extra: str):
   from apache_beam.options.pipeline_options import PipelineOptions  # lazy: beam extra
   args = [f"--runner={runner}", *shlex.split(extra or "")]

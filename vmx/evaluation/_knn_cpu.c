@@ -32,6 +32,9 @@ int vmx_knn_supported(void) {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+/* Rows packed at a time: the caller's scratch is vmx_knn_block_rows() * D floats. */
+int vmx_knn_block_rows(void) { return MC; }
+
 /* y [M, D] row-major -> panels [ceil(M / 16)][D][16]; columns past M are zeros. */
 void vmx_knn_pack_cols(const float *y, int64_t M, int64_t D, float *yp) {
   int64_t panels = (M + NR - 1) / NR;

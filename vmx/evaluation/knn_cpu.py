@@ -26,9 +26,8 @@ import threading
 import numpy as np
 from tqdm.auto import tqdm
 
-MC = 240            # rows the kernel packs at a time (_knn_cpu.c's MC)
-NR = 16             # columns a micro-kernel block
-CHUNK_ROWS = 4 * MC  # rows a worker takes at a time: small enough to share work evenly
+NR = 16             # columns a micro-kernel block (_knn_cpu.c's NR: its packed layout)
+CHUNK_ROWS = 960    # rows a worker takes at a time: small enough to share work evenly
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,6 +45,7 @@ def _lib():
   lib.vmx_knn_pack_cols.restype = None
   lib.vmx_knn_rows.argtypes = [p, i64, i64, i64, p, i64, ctypes.c_int, p, p, p, p, p, p]
   lib.vmx_knn_rows.restype = None
+  lib.block_rows = lib.vmx_knn_block_rows()   # the scratch's rows (the C file's MC)
   return lib
 
 
@@ -95,7 +95,7 @@ def bidirectional_topk(x_NxD, y_MxD, k: int = 4, threads: int | None = None,
       local.col_i = np.zeros((M, k), np.int32)
       local.thr = np.full(panels * NR, np.inf, np.float32)
       local.thr[:M] = -np.inf
-      local.apack = _aligned(MC * D)
+      local.apack = _aligned(lib.block_rows * D)
       states.append((local.col_v, local.col_i))
     r1 = min(N, r0 + CHUNK_ROWS)
     lib.vmx_knn_rows(x.ctypes.data, r0, r1, D, yp.ctypes.data, M, k,
