@@ -23,7 +23,8 @@ bible-verses (see tasks/nway.py); MPCL's own (`tasks.mpcl_mixture`: XNLI-MT 1.0'
 in six languages when the user sets its directory, else those corpora) and with hard
 negatives (`tasks.xnli_mt_task`): XNLI-MT 1.0's translated MultiNLI files (see
 tasks/xnli_mt.py), or pairs with negatives the model mined itself
-(`tasks.mined_negatives_task`, launch/mine_negatives.py).
+(`tasks.mined_negatives_task`, `tasks.mined_negatives_mixture`: tasks/mined.py,
+launch/mine_negatives.py).
 """
 from tasks.parallel import (CORPORA, ParallelCorpus, corpora_text_files, corpus_files,
                             corpus_languages, corpus_text_files, languages_key,
@@ -32,15 +33,16 @@ from tasks.parallel import (CORPORA, ParallelCorpus, corpora_text_files, corpus_
 from tasks.teacher import pivot_sentences, teacher_embeddings
 from tasks.nway import (NWAY_CORPORA, nway_groups, nway_mixture, nway_mixture_text_files,
                         nway_task, nway_text_files)
-from tasks.xnli_mt import (MPCL_LANGUAGES, XNLI_LANGUAGES, mined_negatives_task,
-                           mpcl_mixture, mpcl_mixture_text_files, read_xnli_mt, xnli_mt_files,
-                           xnli_mt_groups, xnli_mt_task, xnli_mt_text_files)
+from tasks.mined import mined_negatives_mixture, mined_negatives_task
+from tasks.xnli_mt import (MPCL_LANGUAGES, XNLI_LANGUAGES, mpcl_mixture, mpcl_mixture_text_files,
+                           read_xnli_mt, xnli_mt_files, xnli_mt_groups, xnli_mt_task,
+                           xnli_mt_text_files)
 from tasks.defaults import default_languages, register_defaults, register_from_environment
 from vmx.data import deferred
 
 for _fn in (parallel_mixture, parallel_corpora_mixture, moses_task, tsv_task,
             monolingual_mixture, nway_task, nway_mixture, xnli_mt_task, mpcl_mixture,
-            mined_negatives_task):
+            mined_negatives_task, mined_negatives_mixture):
   deferred.configurable(_fn)
 
 DEFAULT_MIXTURES = register_from_environment()

@@ -395,16 +395,81 @@ def test_mine_negatives_launcher_and_its_task(ckpt, tmp_path):
   assert r.returncode == 2 and r.stderr.strip().splitlines() == [
       f"error: {bad}:1: expected 'source<TAB>target', got 'only one column'"]
   pairs = write_lines(tmp_path / "p.tsv", [f"{a}\t{b}" for a, b in
-                                           zip(_sentences(9, 30), _sentences(10, 30))])
+                                           zip(_sentences(9, 30), _sentences(10, 30))]
+                      + ["\tan empty source"])
   r = subprocess.run(cmd + [f"--pairs={pairs}", "--negatives=2"], capture_output=True,
                      text=True, timeout=300)
+  assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+      f"error: {pairs}:31: expected 'source<TAB>target', got '\\tan empty source'"]
+  r = subprocess.run(cmd + [f"--pairs={pairs}", "--negatives=2", "--empty_sides=skip"],
+                     capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr
   assert " of 30 pairs with 2 hard negative(s)" in r.stdout
+  assert ", 1 with an empty side;" in r.stdout
   assert all(len(l.split("\t")) == 4 for l in (tmp_path / "h.tsv").read_text().splitlines())
 
 
+def test_a_directory_of_pair_files_is_mined_once_each_and_trains_contrastive(encoder, ckpt,
+                                                                            tmp_path):
+  """--pairs=DIR: each <source>-<target>.tsv mined as a file of its own would be (a file
+  already mined is kept: a killed run resumes); tasks.mined_negatives_mixture over the
+  output, read by CONTRASTIVE's hard-negative variant: each example's two views are one
+  mined row's pair (either order) and its negative that row's."""
+  from tasks.mined import mined_negatives_mixture
+  from vmx import encoders, negatives
+  from vmx.data import pipeline, vocab
+  from vmx.errors import InputError
+  from vmx.models import DualEncoder, DualEncoderModel
+  pairs = tmp_path / "pairs"
+  pairs.mkdir()
+  for name, seed in (("deu-eng", 11), ("fra-eng", 13)):
+    write_lines(pairs / f"{name}.tsv", [f"{a}\t{b}" for a, b in
+                                        zip(_sentences(seed, 30), _sentences(seed + 1, 30))])
+  f = negatives.Filter(1, 10, 0.0, 0.0)
+  logged = []
+  s = negatives.mine_directory(encoder, str(pairs), str(tmp_path / "out"), f, log=logged.append)
+  for name in ("deu-eng", "fra-eng"):
+    negatives.mine(encoder, str(pairs / f"{name}.tsv"), str(tmp_path / f"{name}.one"), f)
+    assert (tmp_path / "out" / f"{name}.tsv").read_text() == (
+        tmp_path / f"{name}.one").read_text()
+  assert s["files"] == 2 and s["kept"] == 0 and s["written"] > 0
+  (tmp_path / "out" / "fra-eng.tsv").unlink()             # as if killed before that file
+  before = (tmp_path / "out" / "deu-eng.tsv").stat().st_mtime_ns
+  again = negatives.mine_directory(encoder, str(pairs), str(tmp_path / "out"), f,
+                                   log=logged.append)
+  assert again["kept"] == 1 and list(again["per_file"]) == ["fra-eng.tsv"]
+  assert (tmp_path / "out" / "deu-eng.tsv").stat().st_mtime_ns == before
+  assert (tmp_path / "out" / "fra-eng.tsv").read_text() == (tmp_path / "fra-eng.one").read_text()
+  write_lines(pairs / "nolanguages.tsv", ["a\tb"])
+  with pytest.raises(InputError, match=r"nolanguages.tsv: expected a file named "
+                                       r"<source>-<target>.tsv"):
+    negatives.pair_files(str(pairs))
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(InputError, match="empty: no <source>-<target>.tsv file"):
+    mined_negatives_mixture(str(tmp_path / "empty"), "unused.model")
+
+  rows = {}
+  for p in (tmp_path / "out").glob("*.tsv"):
+    for line in p.read_text().splitlines():
+      a, b, n = line.split("\t")
+      rows[frozenset((a, b))] = n
+  vp = str(ckpt.parent / "v.model")
+  name = mined_negatives_mixture(str(tmp_path / "out"), vp, alpha=0.5, validation_percent=0)
+  enc = encoders.TransformerEncoder(vocab_size=80, num_layers=1, emb_dim=16, num_heads=2,
+                                    mlp_dim=32, max_length=32)
+  model = DualEncoderModel(DualEncoder(enc), hard_negatives=True)
+  it = pipeline.train_iterator(pipeline.DatasetConfig(name, {"views": 32}, batch_size=8),
+                               model.FEATURE_CONVERTER_CLS, seed=0, progress=False)
+  tok = vocab.Tokenizer(vp)
+  text = lambda ids: tok.sp.decode([int(t) for t in ids if t])  # noqa: E731
+  batch = next(it)
+  for views, neg in zip(batch["views"].reshape(-1, 2, 32), batch["hard_negative"]):
+    pair = frozenset(text(v) for v in views)
+    assert pair in rows and text(neg) == rows[pair]
+
+
 def test_mined_negatives_task_refuses_bad_files_naming_them(tmp_path):
-  from tasks.xnli_mt import mined_negatives_task
+  from tasks.mined import mined_negatives_task
   from vmx.errors import ConfigError, DataError
   call = lambda f, langs=("de", "en"): mined_negatives_task(f, langs, "unused.model")
   with pytest.raises(ConfigError, match="MINED_NEGATIVES_FILE"):

@@ -231,7 +231,7 @@ def test_the_loss_reads_the_hard_negatives_and_its_gradients_are_finite():
   (loss, (m, _)), grads = jax.jit(jax.value_and_grad(
       lambda p: (lambda l, m, u: (l, (m, u)))(*model.compute_loss(p, batch, None, phase)),
       has_aux=True))(params)
-  emb = jax.jit(lambda p: model._encode_rows(p, model._rows(batch)))(params)
+  emb = jax.jit(lambda p: model._embed(p, batch))(params)
   ref, _ = losses.multi_positive_infonce(emb[:, :3], 0.05, True, hard_negatives_GxHxD=emb[:, 3:])
   assert float(loss) == pytest.approx(float(ref), rel=1e-6) and "hard_negative_accuracy" in m
   assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))

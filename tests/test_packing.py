@@ -183,6 +183,18 @@ def test_mpcl_packed_equals_unpacked(hard):
   _assert_equal(model, batch, LAYOUTS if hard else ((1, 1, 1),))
 
 
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (simulated) devices")
+def test_contrastive_with_hard_negatives_packed_equals_unpacked():
+  rng = np.random.default_rng(9)
+  b, length = 16, 10
+  batch = {"views": _rows(rng, b * 2, length).reshape(b, 2 * length),
+           "hard_negative": _rows(rng, b, length)}
+  batch["hard_negative"][3] = batch["views"][5, length:]   # a negative that is a positive
+  model = DualEncoderModel(DualEncoder(_encoder(length)), temperature=0.1,
+                           matryoshka_dims=(16,), hard_negatives=True)
+  _assert_equal(model, batch, LAYOUTS)
+
+
 def _vmsst(module_kw=None, model_kw=None, dec_kw=None, length=12):
   enc = _encoder(length, layers=1)
   dec = decoders.ConditionedDecoder(vocab_size=V, num_layers=1, emb_dim=32, num_heads=4,

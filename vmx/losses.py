@@ -51,7 +51,9 @@ def duplicate_mask(key_B: Array) -> Array:
 def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float = 0.05,
                           bidirectional: bool = True, normalize: bool = True,
                           left_key_B: Optional[Array] = None,
-                          right_key_B: Optional[Array] = None):
+                          right_key_B: Optional[Array] = None,
+                          hard_negatives_BxHxD: Optional[Array] = None,
+                          negative_key_BxH: Optional[Array] = None):
   """In-batch InfoNCE over the global batch (CONTRASTIVE baseline, VMSST §6.3).
 
   sim[i, j] = cos(left_i, right_j) / temperature (dot product if not `normalize`).
@@ -63,28 +65,62 @@ def in_batch_softmax_loss(left_BxD: Array, right_BxD: Array, temperature: float 
   (it is a translation of source i too); with `left_key_B`, a source i != j equal to
   row j's source is left out of column j's.
 
-  Returns (loss, metrics) with metrics: loss, accuracy (mean of row/column
-  top-1 hits on the diagonal).
+  `hard_negatives_BxHxD` (H a pair, e.g. mined: vmx/negatives.py): all B*H of the global
+  batch join EVERY anchor's softmax, both directions' (a mined task's pairs come in either
+  order), as supervised SimCSE counts every negative of the batch (Gao et al. 2021, Eq. 5).
+  With `negative_key_BxH`, one equal to either sentence of pair i (by key) is left out of
+  pair i's softmaxes. None (or H = 0): the loss above.
+
+  Returns (loss, metrics): loss, in_batch_accuracy (row/column top-1 hits on the diagonal
+  over every candidate); with hard negatives hard_negative_accuracy (the source's target
+  scores above each of the pair's own negatives).
   """
   if normalize:
     left_BxD, right_BxD = l2_normalize(left_BxD), l2_normalize(right_BxD)
   left_BxD = nnp.with_sharding_constraint(left_BxD.astype(jnp.float32), ("batch", "embed"))
   right_all_BxD = gather_global_batch(right_BxD.astype(jnp.float32))
   sim_BxB = jnp.einsum("id,jd->ij", left_BxD, right_all_BxD) / temperature
-  labels = jnp.arange(sim_BxB.shape[0])
+  B = sim_BxB.shape[0]
+  labels = jnp.arange(B)
   rows_BxB = (sim_BxB if right_key_B is None else
               jnp.where(duplicate_mask(right_key_B), _NEG, sim_BxB))
-  log_p_t_given_s = jax.nn.log_softmax(rows_BxB, axis=1)[labels, labels]
-  acc = (jnp.argmax(rows_BxB, axis=1) == labels).mean()
+  # hard negatives: B*H more candidates (pair-major); `none_BxN`: equal to an anchor's pair
+  H = 0 if hard_negatives_BxHxD is None else hard_negatives_BxHxD.shape[1]
+  if hard_negatives_BxHxD is not None:
+    if hard_negatives_BxHxD.ndim != 3 or hard_negatives_BxHxD.shape[::2] != left_BxD.shape:
+      raise ValueError(f"hard_negatives_BxHxD has shape {hard_negatives_BxHxD.shape}; the "
+                       f"pairs' vectors are {left_BxD.shape}: expected [B, H, D]")
+    neg_NxD = hard_negatives_BxHxD.astype(jnp.float32).reshape(B * H, left_BxD.shape[1])
+    neg_NxD = gather_global_batch(l2_normalize(neg_NxD) if normalize else neg_NxD)
+    none_BxN = jnp.zeros((B, B * H), bool)
+    if negative_key_BxH is not None:
+      for key_B in (k for k in (left_key_B, right_key_B) if k is not None):
+        none_BxN = none_BxN | (key_B[:, None] == negative_key_BxH.reshape(B * H)[None, :])
+    neg_sim = lambda a_BxD: jnp.where(  # noqa: E731
+        none_BxN, _NEG, jnp.einsum("id,nd->in", a_BxD, neg_NxD) / temperature)
+    rows_BxC = jnp.concatenate([rows_BxB, neg_sim(left_BxD)], axis=1)
+  else:
+    rows_BxC = rows_BxB
+  log_p_t_given_s = jax.nn.log_softmax(rows_BxC, axis=1)[labels, labels]
+  acc = (jnp.argmax(rows_BxC, axis=1) == labels).mean()
+  metrics = {}
+  if H:
+    own_BxN = (jnp.arange(B * H)[None, :] // H) == labels[:, None]
+    metrics["hard_negative_accuracy"] = jnp.mean(
+        rows_BxB[labels, labels] > jnp.max(jnp.where(own_BxN, rows_BxC[:, B:], _NEG), axis=1))
   if bidirectional:
     cols_BxB = (sim_BxB if left_key_B is None else
                 jnp.where(duplicate_mask(left_key_B), _NEG, sim_BxB))
-    log_p_s_given_t = jax.nn.log_softmax(cols_BxB, axis=0)[labels, labels]
+    if H:   # each target's column: the sources, then the hard negatives
+      cols_CxB = jnp.concatenate([cols_BxB, neg_sim(right_all_BxD).T], axis=0)
+    else:
+      cols_CxB = cols_BxB
+    log_p_s_given_t = jax.nn.log_softmax(cols_CxB, axis=0)[labels, labels]
     loss = -0.5 * (log_p_t_given_s.mean() + log_p_s_given_t.mean())
-    acc = 0.5 * (acc + (jnp.argmax(cols_BxB, axis=0) == labels).mean())
+    acc = 0.5 * (acc + (jnp.argmax(cols_CxB, axis=0) == labels).mean())
   else:
     loss = -log_p_t_given_s.mean()
-  return loss, {"loss": loss, "in_batch_accuracy": acc}
+  return loss, {"loss": loss, "in_batch_accuracy": acc, **metrics}
 
 
 def matryoshka(loss_fn: Callable, dims: Sequence[int], *embeddings_xD: Array):

@@ -17,7 +17,7 @@ from flax import linen as nn
 
 from vmx import encoders, losses, packing
 from vmx.errors import ConfigError
-from vmx.models.base import SentenceEncoderModel, SentenceVector
+from vmx.models.base import SentenceEncoderModel, SentenceVector, row_key
 
 
 class DualEncoder(nn.Module):
@@ -46,6 +46,56 @@ class DualEncoder(nn.Module):
                deterministic: bool = True):
     return (self.encode(left_tokens, left_lang, deterministic, "left"),
             self.encode(right_tokens, right_lang, deterministic, "right"))
+
+
+# N-way rows (MPCL; CONTRASTIVE on a mined task): `views` [B, V * L] and, with hard
+# negatives, `hard_negative` [B, L] (vmx.data.features.MultiView[HardNegative]Layout),
+# read by one shared encoder.
+
+def view_rows(batch, num_views: int, hard_negatives: bool, owner: str):
+  """[B, R, L] token rows: the V views, then (hard_negatives) the hard negative (R = V + 1).
+  `owner` names the model's binding in the error of a batch without a hard negative."""
+  b, n = batch["views"].shape
+  if n % num_views:
+    raise ValueError(f"views has length {n}, not a multiple of num_views={num_views}")
+  views = batch["views"].reshape(b, num_views, n // num_views)
+  if not hard_negatives:
+    return views
+  if "hard_negative" not in batch:
+    raise ConfigError(f"{owner}.hard_negatives=True but the batch has no 'hard_negative' "
+                      "feature: train on a hard-negative task (e.g. tasks.xnli_mt_task, "
+                      "tasks.mined_negatives_task)")
+  return jnp.concatenate([views, batch["hard_negative"][:, None]], axis=1)
+
+
+def embed_view_rows(module: DualEncoder, params, batch, num_views: int, hard_negatives: bool,
+                    owner: str, dropout_rng=None):
+  """[B, R, D]: the vectors of `view_rows`, from token rows or from the packed group
+  "views" (vmx/packing.py: the views and the hard negative share rows)."""
+  rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
+  members = ("views", "hard_negative") if hard_negatives else ("views",)
+  rows = packing.Packed.group(batch, "views", members)
+  if rows is None:
+    rows_BxRxL = view_rows(batch, num_views, hard_negatives, owner)
+    b, r, length = rows_BxRxL.shape
+    emb = module.apply({"params": params}, rows_BxRxL.reshape(b * r, length), None,
+                       dropout_rng is None, "left", method=DualEncoder.encode, rngs=rngs)
+    return emb.reshape(b, r, -1)
+  emb = module.apply({"params": params}, rows, None, dropout_rng is None, "left",
+                     method=DualEncoder.encode, rngs=rngs)    # [B V (+ B), D]
+  b = batch["views_starts"].shape[0]
+  views = emb[:b * num_views].reshape(b, num_views, -1)
+  if hard_negatives:
+    views = jnp.concatenate([views, emb[b * num_views:][:, None]], axis=1)
+  return views
+
+
+def view_keys(batch, num_views: int):
+  """[B, V] `losses.token_row_key` of every view (the unpacked views' keys in a packed
+  batch: vmx/data/packing.py)."""
+  if "views_key" in batch:
+    return batch["views_key"].astype(jnp.uint32)
+  return losses.token_row_key(view_rows(batch, num_views, False, ""))
 
 
 def dual_encoder_vector(module: DualEncoder) -> SentenceVector:
@@ -77,22 +127,45 @@ class DualEncoderModel(SentenceEncoderModel):
   away from itself (`duplicate_keys`, `losses.in_batch_softmax_loss`; docs/departures.md).
   `matryoshka_dims` (MATRYOSHKA_DIMS, e.g. (32, 64)): the loss is summed over those
   prefixes of the sentence vector and the whole (`losses.matryoshka`), so each prefix is
-  an embedding of its own (`Encoder.encode(..., dim=32)`); recorded in vmx_model.json."""
+  an embedding of its own (`Encoder.encode(..., dim=32)`); recorded in vmx_model.json.
+  `hard_negatives` (CONTRASTIVE's hard-negative variant; contrastive_mined_negatives_tiny.gin):
+  the model reads a task of pairs with a hard negative each (tasks.mined_negatives_task:
+  N-way rows of two views, either sentence first, and the negative: MultiViewHardNegative
+  FeatureConverter) and every hard negative of the batch joins every anchor's softmax
+  (`losses.in_batch_softmax_loss`). One shared encoder without language ids reads them."""
   FEATURE_CONVERTER = "PairFeatureConverter"
-  CONFIG_FIELDS = ("module", "temperature", "bidirectional", "matryoshka_dims")
+  CONFIG_FIELDS = ("module", "temperature", "bidirectional", "matryoshka_dims",
+                   "hard_negatives")
 
   def __init__(self, module: DualEncoder, temperature: float = 0.05,
                bidirectional: bool = True, normalize: bool = True,
-               mask_duplicates: bool = True, matryoshka_dims: Sequence[int] = ()):
+               mask_duplicates: bool = True, matryoshka_dims: Sequence[int] = (),
+               hard_negatives: bool = False):
     super().__init__(module)
     self.temperature = temperature
     self.bidirectional = bidirectional
     self.normalize = normalize
     self.mask_duplicates = mask_duplicates
     self.set_matryoshka_dims(matryoshka_dims)
+    self.hard_negatives = bool(hard_negatives)
+    if self.hard_negatives and (not module.share_encoders or module.encoder.num_languages):
+      raise ConfigError(f"{type(self).__name__}.hard_negatives=True reads a mined task's "
+                        "pairs in either order: it needs one shared encoder "
+                        "(DualEncoder.share_encoders=True) without language ids "
+                        "(TransformerEncoder.num_languages=0)")
+
+  def feature_converter(self):
+    if self.hard_negatives:   # two views (the pair) and the hard negative
+      return "MultiViewHardNegativeFeatureConverter", {"num_views": 2}
+    return super().feature_converter()
 
   def packed_features(self):
+    if self.hard_negatives:
+      return {"views": 0, "hard_negative": 0}
     return {"left_tokens": 0, "right_tokens": 0}
+
+  def sentences_per_example(self, feature: str) -> int:
+    return 2 if self.hard_negatives and feature == "views" else 1
 
   def sentence_vector(self) -> SentenceVector:
     return dual_encoder_vector(self.module)
@@ -106,9 +179,16 @@ class DualEncoderModel(SentenceEncoderModel):
 
   def packed_groups(self):
     # one encoder reads both sides: they share rows (one row count, full rows)
+    if self.hard_negatives:
+      return {"views": ("views", "hard_negative")}
     return {packing.PAIR: packing.PAIR_FEATURES} if self.module.share_encoders else {}
 
   def _apply(self, params, batch, dropout_rng):
+    """(left [B, D], right [B, D]), and with hard negatives their [B, 1, D]."""
+    if self.hard_negatives:
+      emb_BxRxD = embed_view_rows(self.module, params, batch, 2, True, type(self).__name__,
+                                  dropout_rng)
+      return emb_BxRxD[:, 0], emb_BxRxD[:, 1], emb_BxRxD[:, 2:]
     rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
     pair = packing.pair(batch)
     if pair is not None:   # both sides in one pass over their shared rows
@@ -133,13 +213,19 @@ class DualEncoderModel(SentenceEncoderModel):
     return self._apply(params, batch, dropout_rng)
 
   def grad_cache_loss(self, embeddings, batch, flax_mutables=None):
-    left, right = embeddings
     keys = self.duplicate_keys(batch)
-    loss_fn = lambda l, r: losses.in_batch_softmax_loss(l, r, self.temperature,
-                                                        self.bidirectional, self.normalize,
-                                                        **keys)
-    loss, metrics = self.matryoshka_loss(loss_fn, left, right)
+    loss_fn = lambda l, r, *neg: losses.in_batch_softmax_loss(  # noqa: E731
+        l, r, self.temperature, self.bidirectional, self.normalize,
+        hard_negatives_BxHxD=neg[0] if neg else None, **keys)
+    loss, metrics = self.matryoshka_loss(loss_fn, *embeddings)
     return loss, metrics, flax_mutables
+
+  def duplicate_keys(self, batch) -> dict:
+    if not (self.hard_negatives and self.mask_duplicates):
+      return super().duplicate_keys(batch)
+    keys_Bx2 = view_keys(batch, 2)
+    return {"left_key_B": keys_Bx2[:, 0], "right_key_B": keys_Bx2[:, 1],
+            "negative_key_BxH": row_key(batch, "hard_negative")[:, None]}
 
   def embed(self, params, tokens_BxL, lang_B=None, side: str = "left"):
     return self.module.apply({"params": params}, tokens_BxL, lang_B, True, side,
@@ -147,6 +233,9 @@ class DualEncoderModel(SentenceEncoderModel):
 
   def get_initial_variables(self, rng, input_shapes, input_types=None):
     input_types = input_types or {}
+    if "views" in input_shapes:   # hard negatives: two views of length L a row
+      b, n = input_shapes["views"]
+      input_shapes = {"left_tokens": (b, n // 2), "right_tokens": (b, n // 2)}
     dummy = {k: jnp.ones(s, input_types.get(k, jnp.int32)) for k, s in input_shapes.items()}
     return self.module.init({"params": rng}, dummy["left_tokens"], dummy["right_tokens"],
                             dummy.get("left_lang"), dummy.get("right_lang"),

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from vmx import losses, packing
+from vmx import losses
 from vmx.errors import ConfigError
 from vmx.models.base import SentenceEncoderModel, SentenceVector
-from vmx.models.dual_encoder import DualEncoder, dual_encoder_pooled, dual_encoder_vector
+from vmx.models.dual_encoder import (DualEncoder, dual_encoder_pooled, dual_encoder_vector,
+                                    embed_view_rows, view_keys)
 
 
 class MPCLModel(SentenceEncoderModel):
@@ -83,23 +84,6 @@ class MPCLModel(SentenceEncoderModel):
     return ("MultiViewHardNegativeFeatureConverter" if self.hard_negatives
             else "MultiViewFeatureConverter", {"num_views": self.num_views})
 
-  def _views(self, batch):
-    b, n = batch["views"].shape
-    if n % self.num_views:
-      raise ValueError(f"views has length {n}, not a multiple of num_views={self.num_views}")
-    return batch["views"].reshape(b, self.num_views, n // self.num_views)
-
-  def _rows(self, batch):
-    """[B, R, L] token rows the loss reads: the V views, then (hard_negatives) the hard
-    negative (R = V + 1)."""
-    views = self._views(batch)
-    if not self.hard_negatives:
-      return views
-    if "hard_negative" not in batch:
-      raise ConfigError("MPCLModel.hard_negatives=True but the batch has no 'hard_negative' "
-                        "feature: train on a hard-negative task (e.g. tasks.xnli_mt_task)")
-    return jnp.concatenate([views, batch["hard_negative"][:, None]], axis=1)
-
   def packed_features(self):
     return {"views": 0, **({"hard_negative": 0} if self.hard_negatives else {})}
 
@@ -111,25 +95,9 @@ class MPCLModel(SentenceEncoderModel):
     return self.num_views if feature == "views" else 1
 
   def _embed(self, params, batch, dropout_rng=None):
-    """[B, R, D]: the vectors of `_rows` (from token rows, or from packed features)."""
-    rows = packing.Packed.group(batch, "views", tuple(self.packed_features()))
-    if rows is None:
-      return self._encode_rows(params, self._rows(batch), dropout_rng)
-    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    emb = self.module.apply({"params": params}, rows, None, dropout_rng is None, "left",
-                            method=DualEncoder.encode, rngs=rngs)    # [B V (+ B), D]
-    b = batch["views_starts"].shape[0]
-    views = emb[:b * self.num_views].reshape(b, self.num_views, -1)
-    if self.hard_negatives:
-      views = jnp.concatenate([views, emb[b * self.num_views:][:, None]], axis=1)
-    return views
-
-  def _encode_rows(self, params, rows_BxRxL, dropout_rng=None):
-    b, r, length = rows_BxRxL.shape
-    rngs = {"dropout": dropout_rng} if dropout_rng is not None else None
-    emb = self.module.apply({"params": params}, rows_BxRxL.reshape(b * r, length), None,
-                            dropout_rng is None, "left", method=DualEncoder.encode, rngs=rngs)
-    return emb.reshape(b, r, -1)
+    """[B, R, D]: the views' vectors, then (hard_negatives) the hard negative's."""
+    return embed_view_rows(self.module, params, batch, self.num_views, self.hard_negatives,
+                           "MPCLModel", dropout_rng)
 
   def embed_views(self, params, batch, dropout_rng=None):
     """[B, V, D] sentence vectors of every view."""
@@ -137,11 +105,7 @@ class MPCLModel(SentenceEncoderModel):
 
   def view_keys(self, batch):
     """[B, V] `losses.token_row_key` of every view (None: duplicates not masked)."""
-    if not self.mask_duplicates:
-      return None
-    if "views_key" in batch:   # packed: the keys of the unpacked views (vmx/data/packing.py)
-      return batch["views_key"].astype(jnp.uint32)
-    return losses.token_row_key(self._views(batch))
+    return view_keys(batch, self.num_views) if self.mask_duplicates else None
 
   def objective(self, emb_BxRxD, multi, view_key_BxV=None):
     """`_objective`, with `matryoshka_dims` summed over the vectors' prefixes."""
