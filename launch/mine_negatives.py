@@ -9,7 +9,8 @@
 
 PAIRS: `source<TAB>target` lines; or a directory of `<source>-<target>.tsv` files (a
 mixture's tasks: each mined on its own, languages from its name, into OUT_DIR under the
-same name; a file already in OUT_DIR is kept, so a killed run resumes;
+same name; a file already in OUT_DIR is kept, so a killed run resumes, and
+OUT_DIR/mine_negatives.json refuses a rerun with other settings;
 tasks.mined_negatives_mixture trains on OUT_DIR). For each pair, the targets of the file nearest to its
 source (cosine, exact), best first, lose the pair's own target and any equal text, the
 other translations of the same source, and those scoring above the positive by either
@@ -56,8 +57,8 @@ def main(argv):
   f = negatives.Filter(args.negatives, args.candidates, args.absolute_margin,
                        args.relative_margin)
   f.check()
-  from vmx.inference import Encoder   # lazy: jax, after cli.run_main's host set-up
   from vmx import storage
+  from vmx.inference import Encoder   # lazy: jax, after cli.run_main's host set-up
   if storage.path(args.pairs).is_dir():
     if args.source_lang or args.target_lang:
       raise InputError("--source_lang/--target_lang: a --pairs directory takes each file's "
@@ -65,8 +66,11 @@ def main(argv):
     negatives.pair_files(args.pairs)   # a misnamed file refused before the model loads
     enc = Encoder.from_checkpoint(args.checkpoint_dir, step=args.step,
                                   batch_size=args.batch_size)
+    where = (args.checkpoint_dir if storage.is_remote(args.checkpoint_dir)
+             else os.path.abspath(args.checkpoint_dir))
+    model = {"checkpoint_dir": where, "revision": enc.revision}   # (the step resolved)
     s = negatives.mine_directory(enc, args.pairs, args.output, f, args.overwrite,
-                                 args.empty_sides)
+                                 args.empty_sides, model=model)
     print(f"{s['written']:,} of {s['pairs']:,} pairs in {s['files'] - s['kept']} file(s) "
           f"with {args.negatives} hard negative(s) -> {s['output']} ({s['kept']} file(s) "
           f"mined before kept; {s['left_out']:,} left out with too few, "

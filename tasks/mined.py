@@ -11,9 +11,12 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import gin
+from etils import epy
 
 from vmx import negatives
-from vmx.data import readers, registration, task_settings
+from vmx.data import readers, task_settings
+with epy.lazy_imports():   # SeqIO and TensorFlow: only when a task is registered
+  from vmx.data import registration
 from vmx.errors import ConfigError, DataError
 from tasks.parallel import held_out
 

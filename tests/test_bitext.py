@@ -440,10 +440,17 @@ def test_a_directory_of_pair_files_is_mined_once_each_and_trains_contrastive(enc
   assert again["kept"] == 1 and list(again["per_file"]) == ["fra-eng.tsv"]
   assert (tmp_path / "out" / "deu-eng.tsv").stat().st_mtime_ns == before
   assert (tmp_path / "out" / "fra-eng.tsv").read_text() == (tmp_path / "fra-eng.one").read_text()
+  other = negatives.Filter(1, 10, 0.0, 0.05)                # other settings: refused, naming both
+  with pytest.raises(InputError, match=r"mine_negatives.json holds files mined with .*"
+                                       r"\"relative_margin\": 0.0.*, not .*\"relative_margin\": 0.05"):
+    negatives.mine_directory(encoder, str(pairs), str(tmp_path / "out"), other)
+  assert negatives.mine_directory(encoder, str(pairs), str(tmp_path / "out"), other,
+                                  overwrite=True, log=logged.append)["kept"] == 0
   write_lines(pairs / "nolanguages.tsv", ["a\tb"])
   with pytest.raises(InputError, match=r"nolanguages.tsv: expected a file named "
                                        r"<source>-<target>.tsv"):
     negatives.pair_files(str(pairs))
+  (pairs / "nolanguages.tsv").unlink()
   (tmp_path / "empty").mkdir()
   with pytest.raises(InputError, match="empty: no <source>-<target>.tsv file"):
     mined_negatives_mixture(str(tmp_path / "empty"), "unused.model")

@@ -19,6 +19,7 @@ left out and counted.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Optional, Sequence
 
 import numpy as np
@@ -161,15 +162,32 @@ def pair_files(directory) -> list[tuple]:
   return out
 
 
+SETTINGS_FILE = "mine_negatives.json"
+
+
 def mine_directory(encoder, pairs_dir: str, output_dir: str, f: Filter,
-                   overwrite: bool = False, empty_sides: str = "error", log=print) -> dict:
+                   overwrite: bool = False, empty_sides: str = "error", log=print,
+                   model: Optional[dict] = None) -> dict:
   """`mine` for every `pair_files(pairs_dir)` file into OUTPUT_DIR/<the same name>, the
   file's languages from its name. A file already there is a finished one (each is written
   whole or not at all): kept, so a killed run resumes where it stopped; `overwrite` mines
-  every file again. Returns the counts summed, and each file's."""
+  every file again. OUTPUT_DIR/mine_negatives.json records the settings (the filter, and
+  `model`: e.g. the checkpoint and step); a rerun with others is refused naming both, so
+  files of two settings never mix (`overwrite` replaces them all). Returns the counts
+  summed, and each file's."""
   files = pair_files(pairs_dir)
   out_dir = storage.path(output_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
+  settings = {"filter": dataclasses.asdict(f), "empty_sides": empty_sides,
+              "model": dict(model or {})}
+  record = out_dir / SETTINGS_FILE
+  if record.exists() and not overwrite:
+    before = json.loads(record.read_text())
+    if before != settings:
+      raise InputError(f"{record} holds files mined with {json.dumps(before, sort_keys=True)}, "
+                       f"not {json.dumps(settings, sort_keys=True)}: pass --overwrite to mine "
+                       "them all again, or another --output")
+  storage.write_atomic(record, json.dumps(settings, indent=1, sort_keys=True) + "\n")
   total = {"files": len(files), "kept": 0, "pairs": 0, "written": 0, "left_out": 0,
            "skipped_empty": 0, "dropped": {}, "per_file": {}, "output": str(out_dir)}
   for n, (path, src, tgt) in enumerate(files, 1):
