@@ -59,7 +59,7 @@ def main(argv):
   from vmx.models.emmax import EmmaX, EmmaXModel
   from vmx.modeldir.checkpoints import read_only_manager
   from vmx.errors import InputError
-  from vmx import losses
+  from vmx import rank_losses
 
   steps = ([int(s) for s in args.steps.split(",") if s] or
            sorted(read_only_manager(args.model_dir).all_steps()))
@@ -96,8 +96,8 @@ def main(argv):
       cos_t, cos_r = np.sum(x * y, 1), np.sum(x * y[perm], 1)
       agg["translation"].append(np.asarray(jnp.argmax(logp_t, -1)))
       agg["random"].append(np.asarray(jnp.argmax(logp_r, -1)))
-      agg["m_t"].append(np.asarray(losses.nearest_rank(jnp.asarray(cos_t), rank_sims)))
-      agg["m_r"].append(np.asarray(losses.nearest_rank(jnp.asarray(cos_r), rank_sims)))
+      agg["m_t"].append(np.asarray(rank_losses.nearest_rank(jnp.asarray(cos_t), rank_sims)))
+      agg["m_r"].append(np.asarray(rank_losses.nearest_rank(jnp.asarray(cos_r), rank_sims)))
       agg["cos_t"].append(cos_t)
       agg["cos_r"].append(cos_r)
       agg["top1"].append(np.mean(np.argmax(x @ y.T, 1) == np.arange(m)))

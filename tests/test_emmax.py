@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import initial_variables
-from vmx import encoders, losses
+from vmx import encoders, losses, rank_losses
 from vmx.errors import ConfigError
 from vmx.models.emmax import EmmaX, EmmaXModel
 
@@ -37,7 +37,7 @@ def test_gmm_posterior_matches_numpy_and_stays_finite_far_away():
   rel = rng.normal(size=(5, d))
   rel[3] *= 1e4            # far from every mean: densities underflow in linear space
   rel[4] = mean[2]         # on a mean
-  got = np.asarray(losses.gmm_log_posterior(jnp.asarray(rel), jnp.asarray(prior),
+  got = np.asarray(rank_losses.gmm_log_posterior(jnp.asarray(rel), jnp.asarray(prior),
                                             jnp.asarray(mean), jnp.asarray(log_var)))
   want = np_gmm_log_posterior(rel, prior, mean, log_var)
   assert np.all(np.isfinite(got))
@@ -45,7 +45,7 @@ def test_gmm_posterior_matches_numpy_and_stays_finite_far_away():
   np.testing.assert_allclose(np.exp(got).sum(1), 1.0, rtol=1e-5)
   # The pairwise form (no [B, K, D] relations) equals the direct one.
   a, o = rng.normal(size=(3, d)), rng.normal(size=(4, d))
-  pair = np.asarray(losses.gmm_pairwise_log_posterior(
+  pair = np.asarray(rank_losses.gmm_pairwise_log_posterior(
       jnp.asarray(a), jnp.asarray(o), jnp.asarray(prior), jnp.asarray(mean), jnp.asarray(log_var)))
   direct = np_gmm_log_posterior((a[:, None] - o[None]).reshape(12, d), prior, mean, log_var)
   np.testing.assert_allclose(pair.reshape(12, r), direct, rtol=1e-4, atol=1e-3)
@@ -59,8 +59,8 @@ def test_mixup_ranks_follow_eq_3():
   paper_lambda = 1.0 - lam
   want = [math.ceil((1 - x) * 1 + x * 4) - 1 for x in paper_lambda]   # 0-based
   assert want == [0, 1, 1, 2, 2, 3, 3, 3]
-  assert list(np.asarray(losses.mixup_rank(jnp.asarray(lam), 4))) == want
-  shares = np.bincount(np.asarray(losses.mixup_rank(
+  assert list(np.asarray(rank_losses.mixup_rank(jnp.asarray(lam), 4))) == want
+  shares = np.bincount(np.asarray(rank_losses.mixup_rank(
       jnp.asarray(np.random.default_rng(0).uniform(size=30000), jnp.float32), 4)), minlength=4)
   np.testing.assert_allclose(shares / shares.sum(), [0, 1 / 3, 1 / 3, 1 / 3], atol=0.01)
 
@@ -83,11 +83,11 @@ def test_ranking_infonce_matches_numpy():
   ranks = rng.integers(0, 4, size=(5, 9))
   valid = rng.uniform(size=(5, 9)) > 0.2
   taus = np.asarray([0.04, 0.06, 0.08])
-  got, _ = losses.ranking_infonce_loss(jnp.asarray(sim), jnp.asarray(ranks), jnp.asarray(valid),
+  got, _ = rank_losses.ranking_infonce_loss(jnp.asarray(sim), jnp.asarray(ranks), jnp.asarray(valid),
                                        jnp.asarray(taus, jnp.float32))
   np.testing.assert_allclose(float(got), np_ranking_infonce(sim, ranks, valid, taus), rtol=1e-4)
   # Gradients flow only through the similarities and are finite with empty ranks.
-  g = jax.grad(lambda s: losses.ranking_infonce_loss(s, jnp.zeros((5, 9), jnp.int32),
+  g = jax.grad(lambda s: rank_losses.ranking_infonce_loss(s, jnp.zeros((5, 9), jnp.int32),
                                                      jnp.asarray(valid), jnp.asarray(taus))[0])(
       jnp.asarray(sim))
   assert np.all(np.isfinite(np.asarray(g)))
@@ -125,10 +125,10 @@ def test_rank_similarity_ema_and_nearest_rank():
   sims = jnp.asarray([0.9, 0.7, 0.2, 0.3, 0.1])
   ranks = jnp.asarray([0, 0, 3, 3, 2])
   valid = jnp.asarray([1.0, 1.0, 1.0, 1.0, 0.0])     # the last pair is dropped
-  new = np.asarray(losses.rank_similarity_ema(s, sims, ranks, valid, 0.1))
+  new = np.asarray(rank_losses.rank_similarity_ema(s, sims, ranks, valid, 0.1))
   np.testing.assert_allclose(new, [0.9 * 1.0 + 0.1 * 0.8, 0.75, 0.5, 0.9 * 0.25 + 0.1 * 0.25],
                              rtol=1e-6)
-  got = np.asarray(losses.nearest_rank(jnp.asarray([[0.95, 0.65, 0.3, -0.4]]), s))
+  got = np.asarray(rank_losses.nearest_rank(jnp.asarray([[0.95, 0.65, 0.3, -0.4]]), s))
   assert list(got[0]) == [0, 1, 3, 3]
 
 
@@ -169,7 +169,7 @@ def test_em_on_planted_ranks_recovers_them():
 
   @jax.jit
   def step(params, opt, s):
-    c_m = losses.nearest_rank(sim, s)
+    c_m = rank_losses.nearest_rank(sim, s)
     def loss(p):
       logp = g.apply({"params": p}, rel)
       return -jnp.mean(jnp.take_along_axis(logp, c_m[:, None], axis=1))
@@ -177,7 +177,7 @@ def test_em_on_planted_ranks_recovers_them():
     upd, opt = tx.update(grads, opt)
     params = optax.apply_updates(params, upd)
     c_g = jnp.argmax(g.apply({"params": params}, rel), axis=1)
-    s = losses.rank_similarity_ema(s, sim, c_g, jnp.ones_like(sim), 0.05)
+    s = rank_losses.rank_similarity_ema(s, sim, c_g, jnp.ones_like(sim), 0.05)
     return params, opt, s
   for _ in range(300):
     params, opt, s = step(params, opt, s)

@@ -8,7 +8,7 @@ Two models supervise each other:
      normalized; s(x, y) = gamma(x) . gamma(y) (a cosine).
   G  the semantic-rank classifier over the relation gamma(x) - gamma(y): a Gaussian
      mixture with N ranks, each a prior pi_r, a mean mu_r and a standard deviation sigma_r
-     of the model dimension (Eq. 5, vmx.losses.gmm_log_posterior; `classifier='fcn'` is
+     of the model dimension (Eq. 5, vmx.rank_losses.gmm_log_posterior; `classifier='fcn'` is
      Table 6's fully connected ablation). Rank 1 = translation ... rank N = unrelated
      (0-based indices in the code).
 The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
@@ -23,7 +23,7 @@ The training has two phases (vmx.training.trainer.Phase), this model's `stage`:
          translations (rank 1), a third random pairs (rank N), a third mixup virtual
          examples y~ = lam y + (1 - lam) y' (Eq. 3, lam ~ U(0, 1), y the translation, y'
          any other sentence of the batch, either side), rank ⌈1 + (N - 1)(1 - lam)⌉ as
-         Eq. 3 gives it with λ = 1 - lam (vmx.losses.mixup_rank: a mix is never rank 1);
+         Eq. 3 gives it with λ = 1 - lam (vmx.rank_losses.mixup_rank: a mix is never rank 1);
          gamma is not differentiated here (G learns, M does not).
       Both sides matter: with x -> y alone, M never separates sentences of one language
       and G never sees a same-language pair, which phase 2's text is full of (at CPU
@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from vmx import encoders, layers, losses, packing
+from vmx import encoders, layers, losses, packing, rank_losses
 from vmx.errors import ConfigError
 from vmx.models import momentum as moco
 from vmx.models.base import SentenceEncoderModel
@@ -102,11 +102,11 @@ class GmmClassifier(nn.Module):
 
   def __call__(self, relation_MxD):
     """[M, R] log posteriors of relations [M, D]."""
-    return losses.gmm_log_posterior(relation_MxD, self.prior_logits, self.mean, self.log_var)
+    return rank_losses.gmm_log_posterior(relation_MxD, self.prior_logits, self.mean, self.log_var)
 
   def pairwise(self, anchor_BxD, other_KxD):
     """[B, K, R] log posteriors of every anchor_b - other_k."""
-    return losses.gmm_pairwise_log_posterior(anchor_BxD, other_KxD, self.prior_logits,
+    return rank_losses.gmm_pairwise_log_posterior(anchor_BxD, other_KxD, self.prior_logits,
                                              self.mean, self.log_var)
 
 
@@ -305,14 +305,14 @@ class EmmaXModel(SentenceEncoderModel):
     kind = jnp.arange(g)
     lam = jnp.where(kind < g // 3, 1.0, jnp.where(kind < 2 * (g // 3), 0.0, lam))
     mixed = lam[:, None] * z[partner] + (1.0 - lam[:, None]) * z[other]
-    ranks = losses.mixup_rank(lam, n)
+    ranks = rank_losses.mixup_rank(lam, n)
     l_g, acc_g = self._classifier_term(params, z[anchor] - mixed, ranks)
     metrics = {"infonce_loss": l_m, "infonce_accuracy": mm["in_batch_accuracy"],
                "classifier_loss": l_g, "classifier_accuracy": acc_g}
     new = flax_mutables
     if flax_mutables is not None:
       sims = jnp.sum(z[anchor] * mixed, axis=-1)
-      rank_sims = losses.rank_similarity_ema(flax_mutables["rank_sims"], sims, ranks,
+      rank_sims = rank_losses.rank_similarity_ema(flax_mutables["rank_sims"], sims, ranks,
                                              jnp.ones_like(sims), self.rank_ema)
       keys = (jnp.split(self._keys(params, flax_mutables, pair), 2)[1] if pair is not None
               else self._keys(params, flax_mutables, packing.tokens(batch, "right_tokens")))
@@ -376,9 +376,9 @@ class EmmaXModel(SentenceEncoderModel):
     logp = self.module.apply({"params": jax.lax.stop_gradient(params)}, xs, others,
                              method=EmmaX.classify_pairwise)
     c_g = jnp.where(gold, 0, jnp.argmax(logp, axis=-1).astype(jnp.int32))
-    c_m = jnp.where(own | gold, 0, losses.nearest_rank(sim_t, rank_sims))
+    c_m = jnp.where(own | gold, 0, rank_losses.nearest_rank(sim_t, rank_sims))
     # M-step for M: ranking InfoNCE on c*_G (Eq. 7).
-    l_m, _ = losses.ranking_infonce_loss(sim, c_g, valid, self.rank_temperatures())
+    l_m, _ = rank_losses.ranking_infonce_loss(sim, c_g, valid, self.rank_temperatures())
     # M-step for G: cross-entropy on c*_M (Eq. 6), pairs drawn from the valid ones.
     # (The valid candidates are the first B + filled columns: the queue fills in order.)
     k_a, k_o = jax.random.split(rng)
@@ -399,7 +399,7 @@ class EmmaXModel(SentenceEncoderModel):
       # collapse of docs/emmax.md).
       known = (valid | own) & valid_k[None, :]
       new = {**flax_mutables,
-             "rank_sims": losses.rank_similarity_ema(
+             "rank_sims": rank_losses.rank_similarity_ema(
                  rank_sims, sim_t.reshape(-1), jnp.where(own, 0, c_g).reshape(-1),
                  known.astype(jnp.float32).reshape(-1), self.rank_ema),
              "queue": moco.enqueue(flax_mutables["queue"], keys)}
