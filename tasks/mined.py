@@ -70,13 +70,26 @@ def mined_negatives_mixture(directory: Optional[str] = gin.REQUIRED,
   """`mined_negatives_task` of every `<source>-<target>.tsv` file of `directory` (what
   `launch/mine_negatives.py --pairs=DIR` writes), the languages from its name, mixed with
   p ∝ n^alpha (n: a task's training examples, the pairs that kept a negative; the
-  one-hour recipe mixes its pair tasks with the same rule)."""
+  one-hour recipe mixes its pair tasks with the same rule). A file holding no mined pair
+  (a task of one pair has no other target to be its negative) is left out, named."""
   if directory is None:
     raise ConfigError("tasks.mined_negatives_mixture.directory is not set: pass "
                       "--gin.MINED_NEGATIVES_DIR=\"'DIR'\" (launch/mine_negatives.py "
                       "--pairs=PAIRS_DIR --output=DIR writes it)")
+  mined, empty = [], []
+  for p, src, tgt in negatives.pair_files(directory):
+    (mined if _has_a_line(p) else empty).append((p, src, tgt))
+  if empty:   # e.g. a 1-pair task: no other target of its file to be its negative
+    print(f"[vmx] tasks.mined_negatives_mixture: {len(empty)} file(s) of {directory} hold "
+          f"no mined pair, left out: {', '.join(p.name for p, _, _ in empty)}", flush=True)
+  if not mined:
+    raise DataError(f"{directory}: no file holds a mined pair")
   names = [mined_negatives_task(str(p), [src, tgt], vocabulary, num_views, data_dir,
                                 shuffle_buffer_size, validation_percent, holdout)
-           for p, src, tgt in negatives.pair_files(directory)]
+           for p, src, tgt in mined]
   key = registration.short_hash("|".join(names))
   return registration.register_mixture(f"mined_negatives.mix_{key}_a{alpha}", names, alpha)
+
+
+def _has_a_line(path) -> bool:
+  return any(line.strip() for _, line in readers.iter_lines(path))

@@ -410,21 +410,25 @@ def test_mine_negatives_launcher_and_its_task(ckpt, tmp_path):
 
 
 def test_a_directory_of_pair_files_is_mined_once_each_and_trains_contrastive(encoder, ckpt,
-                                                                            tmp_path):
+                                                                            tmp_path, capsys):
   """--pairs=DIR: each <source>-<target>.tsv mined as a file of its own would be (a file
-  already mined is kept: a killed run resumes); tasks.mined_negatives_mixture over the
-  output, read by CONTRASTIVE's hard-negative variant: each example's two views are one
+  already mined is kept: a killed run resumes; a 1-pair file, as the one-hour recipe's
+  nor-eng, mines to nothing and the mixture leaves it out); tasks.mined_negatives_mixture
+  over the output, read by CONTRASTIVE's hard-negative variant: each example's two views are one
   mined row's pair (either order) and its negative that row's."""
   from tasks.mined import mined_negatives_mixture
   from vmx import encoders, negatives
   from vmx.data import pipeline, vocab
-  from vmx.errors import InputError
+  from vmx.errors import DataError, InputError
   from vmx.models import DualEncoder, DualEncoderModel
   pairs = tmp_path / "pairs"
   pairs.mkdir()
   for name, seed in (("deu-eng", 11), ("fra-eng", 13)):
     write_lines(pairs / f"{name}.tsv", [f"{a}\t{b}" for a, b in
                                         zip(_sentences(seed, 30), _sentences(seed + 1, 30))])
+  write_lines(pairs / "nor-eng.tsv", ["en setning\ta sentence"])
+  with pytest.raises(DataError, match=r"none.tsv: no 'source<TAB>target' pair"):
+    negatives.read_pairs(write_lines(tmp_path / "none.tsv", ["", " "]))
   f = negatives.Filter(1, 10, 0.0, 0.0)
   logged = []
   s = negatives.mine_directory(encoder, str(pairs), str(tmp_path / "out"), f, log=logged.append)
@@ -432,12 +436,15 @@ def test_a_directory_of_pair_files_is_mined_once_each_and_trains_contrastive(enc
     negatives.mine(encoder, str(pairs / f"{name}.tsv"), str(tmp_path / f"{name}.one"), f)
     assert (tmp_path / "out" / f"{name}.tsv").read_text() == (
         tmp_path / f"{name}.one").read_text()
-  assert s["files"] == 2 and s["kept"] == 0 and s["written"] > 0
+  assert s["files"] == 3 and s["kept"] == 0 and s["written"] > 0
+  assert (tmp_path / "out" / "nor-eng.tsv").read_text() == ""
+  assert s["per_file"]["nor-eng.tsv"] == {"pairs": 1, "written": 0, "left_out": 1,
+                                          "skipped_empty": 0}
   (tmp_path / "out" / "fra-eng.tsv").unlink()             # as if killed before that file
   before = (tmp_path / "out" / "deu-eng.tsv").stat().st_mtime_ns
   again = negatives.mine_directory(encoder, str(pairs), str(tmp_path / "out"), f,
                                    log=logged.append)
-  assert again["kept"] == 1 and list(again["per_file"]) == ["fra-eng.tsv"]
+  assert again["kept"] == 2 and list(again["per_file"]) == ["fra-eng.tsv"]
   assert (tmp_path / "out" / "deu-eng.tsv").stat().st_mtime_ns == before
   assert (tmp_path / "out" / "fra-eng.tsv").read_text() == (tmp_path / "fra-eng.one").read_text()
   other = negatives.Filter(1, 10, 0.0, 0.05)                # other settings: refused, naming both
@@ -461,7 +468,9 @@ def test_a_directory_of_pair_files_is_mined_once_each_and_trains_contrastive(enc
       a, b, n = line.split("\t")
       rows[frozenset((a, b))] = n
   vp = str(ckpt.parent / "v.model")
+  capsys.readouterr()
   name = mined_negatives_mixture(str(tmp_path / "out"), vp, alpha=0.5, validation_percent=0)
+  assert "hold no mined pair, left out: nor-eng.tsv" in capsys.readouterr().out
   enc = encoders.TransformerEncoder(vocab_size=80, num_layers=1, emb_dim=16, num_heads=2,
                                     mlp_dim=32, max_length=32)
   model = DualEncoderModel(DualEncoder(enc), hard_negatives=True)

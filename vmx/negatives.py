@@ -118,8 +118,8 @@ def read_pairs(path, empty_sides: str = "error") -> tuple[list, list, int]:
       continue
     sources.append(parts[0])
     targets.append(parts[1])
-  if len(sources) < 2:
-    raise DataError(f"{path}: {len(sources)} pair(s); hard negatives need 2 or more")
+  if not sources:
+    raise DataError(f"{path}: no 'source<TAB>target' pair")
   return sources, targets, skipped
 
 
@@ -133,6 +133,10 @@ def mine(encoder, pairs_path: str, output: str, f: Filter, source_lang: Optional
     raise InputError(f"{output} exists: pass --overwrite to replace it")
   f.check()
   sources, targets, skipped = read_pairs(pairs_path, empty_sides)
+  if len(sources) < 2:   # no other target to be a negative (e.g. a mixture's 1-pair task)
+    storage.write_atomic(out, "")
+    return {"pairs": len(sources), "written": 0, "left_out": len(sources),
+            "skipped_empty": skipped, "dropped": {}, "output": str(out)}
   src = encoder.encode_counting(sources, lang=source_lang)[0]
   tgt = encoder.encode_counting(targets, lang=target_lang)[0]
   idx, dropped = select(sources, targets, src, tgt, f)
