@@ -65,8 +65,8 @@ def select(sources: Sequence[str], targets: Sequence[str], src_vecs, tgt_vecs, f
   from vmx.evaluation import knn   # jax: the mining job's, not the mined file's readers
   f.check()
   n = len(sources)
-  if n != len(targets) or n < 2:
-    raise InputError(f"{n} sources and {len(targets)} targets: expected as many, and 2 or more")
+  if n != len(targets) or n < 1:   # (one pair: its only candidate is its own target)
+    raise InputError(f"{n} sources and {len(targets)} targets: expected as many, and 1 or more")
   c = min(f.candidates, n)
   nn = knn.topk(np.asarray(src_vecs, np.float32), np.asarray(tgt_vecs, np.float32), k=c)
   pos = np.sum(np.asarray(src_vecs, np.float64) * np.asarray(tgt_vecs, np.float64), axis=1)
@@ -133,10 +133,6 @@ def mine(encoder, pairs_path: str, output: str, f: Filter, source_lang: Optional
     raise InputError(f"{output} exists: pass --overwrite to replace it")
   f.check()
   sources, targets, skipped = read_pairs(pairs_path, empty_sides)
-  if len(sources) < 2:   # no other target to be a negative (e.g. a mixture's 1-pair task)
-    storage.write_atomic(out, "")
-    return {"pairs": len(sources), "written": 0, "left_out": len(sources),
-            "skipped_empty": skipped, "dropped": {}, "output": str(out)}
   src = encoder.encode_counting(sources, lang=source_lang)[0]
   tgt = encoder.encode_counting(targets, lang=target_lang)[0]
   idx, dropped = select(sources, targets, src, tgt, f)
