@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The methods on one CPU budget: VMSST and its baselines, EMS and its ablations, MPCL vs +Single.
+r"""The methods on one CPU budget: VMSST and its baselines, EMS and its ablations, MPCL vs +Single.
 
   VMX_DATA_DIR=../shared/data python benchmarks/compare_tiny.py --out=/tmp/vmx/compare \
       [--only=EMS,"EMS no XTR"] [--sts]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Sentences encoded per second by `Encoder.encode` (tokenization included), for each model
+r"""Sentences encoded per second by `Encoder.encode` (tokenization included), for each model
 directory given: e.g. a static encoder against the one-hour transformer (issue 58's bar:
 >= 50x on a CPU).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GEMM-only lower bound on a dual-encoder train step, per matmul library.
+r"""GEMM-only lower bound on a dual-encoder train step, per matmul library.
 
 Times, one at a time, every matrix product of one CONTRASTIVE train step (both sides
 of a shared Transformer encoder, forward and backward) and adds the times up. No

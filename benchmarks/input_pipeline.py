@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The training input of a gin experiment on its real data: seconds until the first batch,
+r"""The training input of a gin experiment on its real data: seconds until the first batch,
 examples per second after it, and the seconds a run resumed at step `--skip` takes to
 its first batch.
 

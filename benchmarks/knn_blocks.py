@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The kNN kernel's block sizes on this machine's devices: one N x M search of random unit
+r"""The kNN kernel's block sizes on this machine's devices: one N x M search of random unit
 vectors (a mining job's shard pair) timed for each setting, its neighbours checked against
 the first setting's.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The mining job at scale: N x N sentences through launch/mine.py's stages, each timed,
+r"""The mining job at scale: N x N sentences through launch/mine.py's stages, each timed,
 the job's peak memory, faiss on the same vectors, and an estimate for larger corpora.
 
   python benchmarks/mine_scale.py --checkpoint_dir=DIR --n=100000 [--faiss]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Rooms: the modules of this repository a reader opens to follow a command from its
+r"""Rooms: the modules of this repository a reader opens to follow a command from its
 launcher to a target (issue 53 sets a bar of 8 from `launch/eval.py --tasks=tatoeba` to
 the encoder, and from `launch/finetune.py` to the training loop; the figures measured
 are in docs/configuration.md).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The sweep behind contrastive_small_1h.gin: settings compared at one wall-clock budget
+r"""The sweep behind contrastive_small_1h.gin: settings compared at one wall-clock budget
 on the dev sets and Tatoeba (the data the project selects on; never a held-out test set).
 
   VMX_DATA_DIR=../shared/data python benchmarks/sweep_1h.py --out=/tmp/vmx/sweep \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Where a training step's CPU goes, by thread: one JSON line.
+r"""Where a training step's CPU goes, by thread: one JSON line.
 
   VMX_DATA_DIR=../shared/data python benchmarks/thread_cpu.py \
       --gin_file=contrastive_small_1h.gin [--from_step=200] [--to_step=600] [--gin.X=V ...]

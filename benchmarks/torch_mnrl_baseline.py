@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Reference point for train_throughput.py: a sentence-transformers training step with
+r"""Reference point for train_throughput.py: a sentence-transformers training step with
 MultipleNegativesRankingLoss on a randomly initialised BERT of the same shape
 (mean pooling, AdamW), on synthetic full-length batches. Needs torch, transformers and
 sentence-transformers (not vmx dependencies; use a separate venv):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training throughput of a gin experiment on synthetic full-length batches.
+r"""Training throughput of a gin experiment on synthetic full-length batches.
 
   python benchmarks/train_throughput.py --gin_file=contrastive_tiny.gin \
       --gin.NUM_LAYERS=4 --gin.EMB_DIM=256 --gin.NUM_HEADS=4 --gin.MLP_DIM=1024 \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a SentencePiece vocabulary (T5 conventions: pad 0, eos 1, unk 2; language tags
+r"""Train a SentencePiece vocabulary (T5 conventions: pad 0, eos 1, unk 2; language tags
 `<2xx>` as user-defined symbols).
 
   python launch/build_vocab.py --output=/tmp/vocab.model --vocab_size=32000 \

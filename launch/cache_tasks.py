@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write the token cache of an experiment (every task of every phase), in this process or
+r"""Write the token cache of an experiment (every task of every phase), in this process or
 on Apache Beam; or SeqIO's offline cache of tasks.
 
 A local run builds its token cache itself on first use. Build it ahead for a pod run

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Distil a static encoder from any vmx model directory (Model2Vec's way: each token's
+r"""Distil a static encoder from any vmx model directory (Model2Vec's way: each token's
 vector from the teacher, PCA, frequency weights; vmx/static_distill.py).
 
   python launch/distill_static.py --teacher_dir=/tmp/vmx/small_1h_packed --step=best \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Evaluate a trained vmx model on a suite of tasks (no TensorFlow needed).
+r"""Evaluate a trained vmx model on a suite of tasks (no TensorFlow needed).
 
   python launch/eval.py --checkpoint_dir=/tmp/vmx/contrastive_tiny --suite=standard \
       [--tasks=tatoeba,bucc] [--output_dir=DIR] [--data_dir=...] [--step=N|best|best:METRIC]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export a vmx model directory (a BERT / XLM-R encoder imported with
+r"""Export a vmx model directory (a BERT / XLM-R encoder imported with
 launch/import_checkpoint.py, then trained or not; or a static encoder, static_*.gin, as a
 `StaticEmbedding`) as a sentence-transformers folder, or a static encoder in Model2Vec's
 Hugging Face layout.

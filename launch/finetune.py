@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Fine-tune any vmx encoder for cross-lingual transfer and score it zero-shot (gin-configured).
+r"""Fine-tune any vmx encoder for cross-lingual transfer and score it zero-shot (gin-configured).
 
   python launch/finetune.py --gin_file=finetune/xnli_infoxlm_base.gin \
       --gin.INITIAL_CHECKPOINT_PATH="'DIR'" --gin.XNLI_DIR="'XNLI'" --gin.MODEL_DIR="'OUT'" \

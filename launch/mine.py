@@ -16,8 +16,8 @@ Beam workers embed and search them (--beam_runner, the `beam` extra; with
 --beam_runner=DataflowRunner every path on gs://, vmx/bitext_beam.py says what runs where):
 
   python launch/mine.py ... --beam_runner=DirectRunner --beam_workers=2
-  python launch/mine.py --checkpoint_dir=gs://b/model --source=gs://b/de.txt \
-      --target=gs://b/en.txt --output=gs://b/mined.tsv --beam_runner=DataflowRunner \
+  python launch/mine.py --checkpoint_dir=gs://b/model --source=gs://b/de.txt \\
+      --target=gs://b/en.txt --output=gs://b/mined.tsv --beam_runner=DataflowRunner \\
       --beam_options="--project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py"
 
 docs/mining.md has the stages and figures.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train a vmx model from gin files (t5x's shape).
+r"""Train a vmx model from gin files (t5x's shape).
 
   python launch/train.py --gin_file=contrastive_tiny.gin --gin.MODEL_DIR=/tmp/vmx_tiny
   python launch/train.py --gin_file=contrastive_24l.gin --gin.MODEL_DIR=gs://... \

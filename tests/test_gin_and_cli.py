@@ -1,4 +1,5 @@
 """Every gin experiment file parses; bad command lines give one clear error line."""
+import ast
 import os
 import subprocess
 import sys
@@ -98,6 +99,21 @@ def test_plain_string_values_need_no_quotes():
   bindings, rest = gin_utils.split_gin_bindings(["--gin.MODEL_DIR=/tmp/a b", "--x",
                                                  "--gin.N=3", "--gin.S='q'"])
   assert bindings == ["MODEL_DIR = '/tmp/a b'", "N = 3", "S = 'q'"] and rest == ["--x"]
+
+
+def test_scripts_help_keeps_the_commands_line_breaks():
+  """`--help` prints each script's module docstring: a `\\` ending a command's line there
+  must be kept (a raw docstring, or `\\\\`), or the command is printed joined and without it."""
+  joined = []
+  for script in sorted([*REPO.glob("launch/*.py"), *REPO.glob("benchmarks/*.py")]):
+    src = script.read_text()
+    body = ast.parse(src).body
+    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)):
+      continue
+    if body[0].value.value.count("\n") != ast.get_source_segment(src, body[0].value).count("\n"):
+      joined.append(script.relative_to(REPO).as_posix())
+  assert not joined, f"docstrings that lose a line break: {joined}"
 
 
 def test_build_vocab_sigterm_exits_75_and_writes_nothing(tmp_path):
