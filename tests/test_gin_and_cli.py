@@ -102,10 +102,12 @@ def test_plain_string_values_need_no_quotes():
 
 
 def test_scripts_help_keeps_the_commands_line_breaks():
-  """`--help` prints each script's module docstring: a `\\` ending a command's line there
-  must be kept (a raw docstring, or `\\\\`), or the command is printed joined and without it."""
+  """`--help` prints each script's module docstring (and `help()` a module's): a `\\` ending
+  a command's line there must be kept (a raw docstring, or `\\\\`), or the command is printed
+  joined and without it."""
   joined = []
-  for script in sorted([*REPO.glob("launch/*.py"), *REPO.glob("benchmarks/*.py")]):
+  for script in sorted(p for d in ("launch", "benchmarks", "vmx", "tasks")
+                       for p in REPO.glob(f"{d}/**/*.py")):
     src = script.read_text()
     body = ast.parse(src).body
     if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)

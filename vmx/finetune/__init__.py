@@ -1,4 +1,4 @@
-"""Cross-lingual transfer fine-tuning: `launch/finetune.py`'s gin-configured run.
+r"""Cross-lingual transfer fine-tuning: `launch/finetune.py`'s gin-configured run.
 
   python launch/finetune.py --gin_file=finetune/xnli_infoxlm_base.gin \
       --gin.INITIAL_CHECKPOINT_PATH="'gs://BUCKET/infoxlm_base'" --gin.XNLI_DIR="'DIR'" \

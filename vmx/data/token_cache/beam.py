@@ -1,4 +1,4 @@
-"""Building token caches on Apache Beam: the shards of every task are written by workers.
+r"""Building token caches on Apache Beam: the shards of every task are written by workers.
 
   python launch/cache_tasks.py --gin_file=contrastive_small_1h.gin \
       --beam_runner=DirectRunner --beam_workers=2            # this machine, 2 processes
