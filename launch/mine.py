@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Mine parallel sentences from two monolingual corpora (LASER's margin-scored kNN).
+r"""Mine parallel sentences from two monolingual corpora (LASER's margin-scored kNN).
 
-  python launch/mine.py --checkpoint_dir=DIR --source=de.txt --target=en.txt \\
+  python launch/mine.py --checkpoint_dir=DIR --source=de.txt --target=en.txt \
       --output=mined.tsv [--margin=ratio] [--k=4] [--retrieval=max] [--threshold=1.06]
 
 Corpora: text files (local, gs:// or .gz), one sentence a line, any size; empty lines are
@@ -16,8 +16,8 @@ Beam workers embed and search them (--beam_runner, the `beam` extra; with
 --beam_runner=DataflowRunner every path on gs://, vmx/bitext_beam.py says what runs where):
 
   python launch/mine.py ... --beam_runner=DirectRunner --beam_workers=2
-  python launch/mine.py --checkpoint_dir=gs://b/model --source=gs://b/de.txt \\
-      --target=gs://b/en.txt --output=gs://b/mined.tsv --beam_runner=DataflowRunner \\
+  python launch/mine.py --checkpoint_dir=gs://b/model --source=gs://b/de.txt \
+      --target=gs://b/en.txt --output=gs://b/mined.tsv --beam_runner=DataflowRunner \
       --beam_options="--project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py"
 
 docs/mining.md has the stages and figures.

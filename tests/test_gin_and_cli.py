@@ -109,11 +109,9 @@ def test_scripts_help_keeps_the_commands_line_breaks():
   for script in sorted(p for d in ("launch", "benchmarks", "vmx", "tasks")
                        for p in REPO.glob(f"{d}/**/*.py")):
     src = script.read_text()
-    body = ast.parse(src).body
-    if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-            and isinstance(body[0].value.value, str)):
-      continue
-    if body[0].value.value.count("\n") != ast.get_source_segment(src, body[0].value).count("\n"):
+    tree = ast.parse(src)
+    doc = ast.get_docstring(tree, clean=False)
+    if doc is not None and doc.count("\n") != ast.get_source_segment(src, tree.body[0].value).count("\n"):
       joined.append(script.relative_to(REPO).as_posix())
   assert not joined, f"docstrings that lose a line break: {joined}"
 
